@@ -1,0 +1,310 @@
+"""Command-line and YAML configuration.
+
+`parse_args(argv)`: `--config file.yaml` gives defaults, CLI flags override them. YAML values go through the same
+argparse type conversion as flags, then every dataclass validates itself in `__post_init__`, so a bad value fails
+with a one-line `ConfigError` naming the field, before any model or data is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field, fields
+
+import yaml
+from transformers import HfArgumentParser, TrainingArguments
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+CONTRAST_FORMS = ("simcse", "symmetric")
+LOSS_NAMES = ("infonce", "dcl", "hcl", "progcl", "unremix")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; its message is one line naming the field."""
+
+
+def _check(condition: bool, name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{name}: {message}")
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(
+        default="bert-base-uncased",
+        metadata={
+            "help": "Hub id or local folder of the encoder; 'builtin:tiny-bert' builds a tiny random BERT "
+            "with a character tokenizer in code (tests, offline smoke runs)."
+        },
+    )
+    pooler: str = field(
+        default="cls",
+        metadata={
+            "help": f"Sentence embedding pooler, one of {POOLERS}. 'cls' adds SimCSE's MLP head (dense+tanh).",
+            "choices": POOLERS,
+        },
+    )
+    mlp_only_train: bool = field(
+        default=True,
+        metadata={
+            "help": "Use the MLP head only in training and evaluate with the CLS vector before it "
+            "(SimCSE's unsupervised recipe)."
+        },
+    )
+    dropout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Override the encoder's hidden and attention dropout (the two views differ only by "
+            "dropout; SimCSE keeps BERT's 0.1)."
+        },
+    )
+
+    def __post_init__(self):
+        _check(self.pooler in POOLERS, "pooler", f"must be one of {', '.join(POOLERS)}, got {self.pooler!r}")
+        _check(self.dropout is None or 0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class DataArguments:
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Training sentences: a .txt file (one per line), .jsonl/.csv with `text_column`, or a "
+            "Hub dataset id (read through `datasets`; see train_data_files)."
+        },
+    )
+    train_data_files: str | None = field(
+        default=None,
+        metadata={"help": "With a Hub dataset id: the file inside the repo (e.g. wiki1m_for_simcse.txt)."},
+    )
+    text_column: str = field(default="text", metadata={"help": "Column holding the sentence in jsonl/csv/Hub data."})
+    max_seq_length: int = field(default=32, metadata={"help": "Token limit per sentence (SimCSE: 32)."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N sentences."})
+    drop_duplicates: bool = field(default=False, metadata={"help": "Remove repeated sentences (always counted)."})
+    eval_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "STS-B dev pairs for model selection: JSON Lines with sentence1, sentence2, score "
+            "(and optional split), or a Hub dataset id such as sentence-transformers/stsb."
+        },
+    )
+    eval_split: str = field(
+        default="dev", metadata={"help": "Split of eval_file to score ('dev' locally, 'validation' on the Hub)."}
+    )
+
+    def __post_init__(self):
+        _check(self.max_seq_length >= 2, "max_seq_length", f"must be >= 2, got {self.max_seq_length}")
+        _check(self.max_train_samples is None or self.max_train_samples > 0, "max_train_samples", "must be > 0")
+        for name in ("train_file", "eval_file"):
+            path = getattr(self, name)
+            if path is not None and _looks_local(path):
+                _check(os.path.isfile(path), name, f"file not found: {path}")
+
+
+def _looks_local(path: str) -> bool:
+    """A Hub id is 'owner/name' or 'name'; anything with a file suffix or an existing parent folder is local."""
+    return os.path.splitext(path)[1] != "" or path.startswith((".", "/", "~")) or os.path.exists(path)
+
+
+@dataclass
+class SimCSETrainingArguments(TrainingArguments):
+    # --- the objective ---
+    loss: str = field(default="infonce", metadata={"help": f"Contrastive objective, one of {LOSS_NAMES}."})
+    temperature: float = field(default=0.05, metadata={"help": "Softmax temperature t of cos/t (SimCSE: 0.05)."})
+    contrast_form: str = field(
+        default="symmetric",
+        metadata={
+            "help": "'simcse': first views against second views (the paper's loss); 'symmetric': every row "
+            "is an anchor against all 2N-2 other rows (NT-Xent; the form hard-negative losses use)."
+        },
+    )
+    hcl_beta: float = field(default=0.1, metadata={"help": "HCL concentration beta (tilt beta/t per unit cosine)."})
+    hcl_tau_plus: float = field(
+        default=0.0, metadata={"help": "HCL/DCL class prior tau+ in [0, 1); 0 avoids the debiasing clamp (losses.md)."}
+    )
+    hcl_detach_weights: bool = field(default=False, metadata={"help": "Stop gradients through HCL's weights."})
+    progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant: 'weight' or 'mix'."})
+    progcl_warmup_ratio: float = field(
+        default=0.2, metadata={"help": "Fraction of steps trained with plain InfoNCE before the mixture is used."}
+    )
+    progcl_refit_every: int = field(default=1, metadata={"help": "Refit the Beta mixture every N steps."})
+    progcl_em_iters: int = field(default=10, metadata={"help": "EM iterations per Beta-mixture fit."})
+    progcl_mix_k: int | None = field(default=None, metadata={"help": "ProGCL-mix: hardest K negatives (None: all)."})
+    progcl_warm_start: bool = field(default=False, metadata={"help": "Start each fit from the previous one."})
+    unremix_beta: float = field(default=1.0, metadata={"help": "UnReMix tilt on the standardised hardness score."})
+    unremix_tau_plus: float = field(default=0.0, metadata={"help": "UnReMix debiasing prior tau+ in [0, 1)."})
+    unremix_gradient: str = field(
+        default="head", metadata={"help": "Where UnReMix takes per-sample gradients: 'head' or 'embedding'."}
+    )
+    unremix_learn_mixture: bool = field(
+        default=False, metadata={"help": "Learn the component mixture theta (else equal weights, fixed)."}
+    )
+    # --- scale ---
+    gather_across_devices: bool | None = field(
+        default=None,
+        metadata={"help": "Use every process's rows as candidates (exact gradient). Default: on with >1 process."},
+    )
+    cache_minibatch_size: int | None = field(
+        default=None, metadata={"help": "GradCache: embed the batch in chunks of this many sentences (memory)."}
+    )
+    # --- SimCSE recipe defaults (differ from TrainingArguments) ---
+    output_dir: str = field(default="outputs/simcse", metadata={"help": "Where checkpoints and the model go."})
+    learning_rate: float = field(default=3e-5, metadata={"help": "SimCSE unsup BERT-base: 3e-5."})
+    per_device_train_batch_size: int = field(
+        default=64, metadata={"help": "Sentences per device per step (each becomes 2 rows; SimCSE: 64)."}
+    )
+    num_train_epochs: float = field(default=1.0, metadata={"help": "SimCSE trains one epoch on wiki1m."})
+    eval_strategy: IntervalStrategy | str = field(
+        default="steps", metadata={"help": "SimCSE evaluates STS-B dev during training."}
+    )
+    eval_steps: float | None = field(default=125, metadata={"help": "SimCSE: every 125 steps."})
+    save_strategy: SaveStrategy | str = field(default="steps", metadata={"help": "Checkpoints follow evaluation."})
+    save_steps: float = field(default=125, metadata={"help": "Keep equal to eval_steps for best-model selection."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Keep the best and the latest checkpoint."})
+    metric_for_best_model: str | None = field(default="stsb_spearman", metadata={"help": "STS-B dev Spearman x 100."})
+    greater_is_better: bool | None = field(default=True, metadata={"help": "Higher Spearman is better."})
+    load_best_model_at_end: bool = field(default=True, metadata={"help": "SimCSE keeps the best dev checkpoint."})
+    logging_steps: float = field(default=25, metadata={"help": "Loss and loss diagnostics every N steps."})
+    dataloader_drop_last: bool = field(
+        default=True,
+        metadata={
+            "help": "Drop a short last batch: a batch of one sentence has no negatives, and gathering needs "
+            "equal batches on every process."
+        },
+    )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "Every trainable parameter is used each step (the encoder's own pooler is frozen)."},
+    )
+    remove_unused_columns: bool = field(default=False, metadata={"help": "The collator needs the text column."})
+
+    def __post_init__(self):
+        _check(self.loss in LOSS_NAMES, "loss", f"unknown loss {self.loss!r}; choose one of {', '.join(LOSS_NAMES)}")
+        _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+        _check(
+            self.contrast_form in CONTRAST_FORMS,
+            "contrast_form",
+            f"must be one of {', '.join(CONTRAST_FORMS)}, got {self.contrast_form!r}",
+        )
+        _check(
+            self.loss == "infonce" or self.contrast_form == "symmetric",
+            "contrast_form",
+            f"loss {self.loss!r} is defined on the 'symmetric' form only",
+        )
+        _check(
+            self.per_device_train_batch_size >= 2,
+            "per_device_train_batch_size",
+            f"must be >= 2 (a sentence needs at least one in-batch negative), got {self.per_device_train_batch_size}",
+        )
+        for name in ("hcl_tau_plus", "unremix_tau_plus"):
+            value = getattr(self, name)
+            _check(0 <= value < 1, name, f"must be in [0, 1), got {value}")
+        _check(self.hcl_beta >= 0, "hcl_beta", f"must be >= 0, got {self.hcl_beta}")
+        _check(
+            self.progcl_mode in ("weight", "mix"),
+            "progcl_mode",
+            f"must be 'weight' or 'mix', got {self.progcl_mode!r}",
+        )
+        _check(
+            0 <= self.progcl_warmup_ratio <= 1,
+            "progcl_warmup_ratio",
+            f"must be in [0, 1], got {self.progcl_warmup_ratio}",
+        )
+        _check(self.progcl_refit_every >= 1, "progcl_refit_every", "must be >= 1")
+        _check(self.progcl_em_iters >= 1, "progcl_em_iters", "must be >= 1")
+        _check(self.progcl_mix_k is None or self.progcl_mix_k >= 1, "progcl_mix_k", "must be >= 1")
+        _check(
+            self.unremix_gradient in ("head", "embedding"),
+            "unremix_gradient",
+            f"must be 'head' or 'embedding', got {self.unremix_gradient!r}",
+        )
+        _check(
+            self.cache_minibatch_size is None or self.cache_minibatch_size >= 1, "cache_minibatch_size", "must be >= 1"
+        )
+        super().__post_init__()
+
+    def loss_kwargs(self) -> dict:
+        """build_loss() keyword arguments for `self.loss`, in the paper's symbols."""
+        kwargs = {"temperature": self.temperature}
+        if self.loss == "dcl":
+            kwargs.update(tau_plus=self.hcl_tau_plus)
+        elif self.loss == "hcl":
+            kwargs.update(beta=self.hcl_beta, tau_plus=self.hcl_tau_plus, detach_weights=self.hcl_detach_weights)
+        elif self.loss == "progcl":
+            kwargs.update(
+                mode=self.progcl_mode,
+                warmup_ratio=self.progcl_warmup_ratio,
+                refit_every=self.progcl_refit_every,
+                em_iters=self.progcl_em_iters,
+                mix_k=self.progcl_mix_k,
+                warm_start=self.progcl_warm_start,
+            )
+        elif self.loss == "unremix":
+            kwargs.update(
+                beta=self.unremix_beta,
+                tau_plus=self.unremix_tau_plus,
+                gradient=self.unremix_gradient,
+                learn_mixture=self.unremix_learn_mixture,
+            )
+        return kwargs
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
+
+
+class _Parser(HfArgumentParser):
+    def error(self, message):  # argparse would print usage and exit(2); we want one line the caller can report
+        raise ConfigError(message)
+
+
+def _yaml_to_argv(config: dict, path: str, known: set[str]) -> list[str]:
+    argv = []
+    for key, value in config.items():
+        _check(key in known, key, f"unknown key in {path}")
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            value = json.dumps(value)
+        values = value if isinstance(value, list) else [value]
+        argv.append(f"--{key}")
+        argv.extend(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+    return argv
+
+
+def load_yaml(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ConfigError(f"config: file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config: malformed YAML in {path}{where}: {problem}") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ConfigError(f"config: {path} must be a mapping of key: value, got {type(config).__name__}")
+    return config
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, SimCSETrainingArguments]:
+    """YAML `--config` gives defaults, CLI flags override them. Raises ConfigError (one line) on a bad value."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known_args, rest = pre.parse_known_args(argv)
+    parser = _Parser(ARGUMENT_CLASSES)
+    known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init}
+    yaml_argv = []
+    if known_args.config:
+        yaml_argv = _yaml_to_argv(load_yaml(known_args.config), known_args.config, known)
+    try:
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)
+    except ConfigError:
+        raise
+    except ValueError as e:  # TrainingArguments' own checks
+        raise ConfigError(str(e).strip().splitlines()[0]) from None
+    return model_args, data_args, training_args

@@ -1,0 +1,212 @@
+"""Training sentences, STS pairs, the [a, a', b, b', ...] collator and the contrastive targets.
+
+The only module that knows file formats of the inputs. User mistakes raise `DataError` with one line naming the
+file and the line or field.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+
+class DataError(ValueError):
+    """A problem with the user's data; the message is one line naming file and line or field."""
+
+
+def _read_lines(path: str) -> list[str]:
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        raw = f.read()
+    lines = raw.split(b"\n")
+    out = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            out.append(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{number}: not valid UTF-8 (byte {e.start + 1} of the line)") from None
+    if out and out[-1] == "":
+        out.pop()
+    return out
+
+
+def _read_jsonl_column(path: str, column: str) -> list[str]:
+    texts = []
+    for number, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            texts.append("")
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
+        if not isinstance(record, dict) or column not in record:
+            raise DataError(f"{path}:{number}: no field {column!r} (set --text_column)")
+        texts.append("" if record[column] is None else str(record[column]))
+    return texts
+
+
+def _read_csv_column(path: str, column: str) -> list[str]:
+    lines = _read_lines(path)
+    reader = csv.DictReader(lines, delimiter="\t" if path.endswith(".tsv") else ",")
+    if reader.fieldnames is None or column not in reader.fieldnames:
+        raise DataError(f"{path}:1: no column {column!r} in header {reader.fieldnames} (set --text_column)")
+    return [row[column] or "" for row in reader]
+
+
+def _read_hub_column(name: str, column: str, data_files: str | None, split: str = "train") -> list[str]:
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(name, data_files=data_files, split=split)
+    except Exception as e:  # network, missing repo, missing file: all user-facing
+        raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if column not in dataset.column_names:
+        raise DataError(f"{name}: no column {column!r} in {dataset.column_names} (set --text_column)")
+    return [t or "" for t in dataset[column]]
+
+
+def load_sentences(
+    path: str,
+    text_column: str = "text",
+    data_files: str | None = None,
+    max_samples: int | None = None,
+    drop_duplicates: bool = False,
+) -> list[str]:
+    """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id.
+
+    Strips white space, drops empty lines and reports how many; counts duplicates and drops them on request.
+    """
+    suffix = os.path.splitext(path)[1].lower()
+    if os.path.exists(path) or suffix:
+        if suffix == ".jsonl" or suffix == ".json":
+            raw = _read_jsonl_column(path, text_column)
+        elif suffix in (".csv", ".tsv"):
+            raw = _read_csv_column(path, text_column)
+        else:
+            raw = _read_lines(path)
+    else:
+        raw = _read_hub_column(path, text_column, data_files)
+
+    sentences = [s.strip() for s in raw]
+    sentences = [s for s in sentences if s]
+    if len(sentences) < len(raw):
+        logger.warning("%s: dropped %d empty lines of %d", path, len(raw) - len(sentences), len(raw))
+    if not sentences:
+        raise DataError(f"{path}: no sentences (the file is empty or only blank lines)")
+    unique = list(dict.fromkeys(sentences))
+    if len(unique) < len(sentences):
+        action = "dropped" if drop_duplicates else "kept (set drop_duplicates to remove them)"
+        logger.warning("%s: %d duplicated sentences %s", path, len(sentences) - len(unique), action)
+        if drop_duplicates:
+            sentences = unique
+    if max_samples is not None:
+        sentences = sentences[:max_samples]
+    return sentences
+
+
+@dataclass
+class STSPairs:
+    sentence1: list[str]
+    sentence2: list[str]
+    scores: list[float]
+
+
+def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
+    """STS pairs from JSON Lines (sentence1, sentence2, score, optional split) or a Hub dataset id.
+
+    Local rows whose `split` differs from `split` are skipped; rows without a `split` field are kept.
+    """
+    if not os.path.exists(path) and not os.path.splitext(path)[1]:
+        import datasets
+
+        try:
+            dataset = datasets.load_dataset(path, split=split or "validation")
+        except Exception as e:
+            raise DataError(f"{path}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        return STSPairs(list(dataset["sentence1"]), list(dataset["sentence2"]), [float(s) for s in dataset["score"]])
+
+    pairs = STSPairs([], [], [])
+    for number, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
+        for key in ("sentence1", "sentence2", "score"):
+            if not isinstance(record, dict) or key not in record:
+                raise DataError(f"{path}:{number}: missing field {key!r}")
+        if split is not None and "split" in record and record["split"] != split:
+            continue
+        try:
+            score = float(record["score"])
+        except (TypeError, ValueError):
+            raise DataError(f"{path}:{number}: field 'score' is not a number: {record['score']!r}") from None
+        pairs.sentence1.append(str(record["sentence1"]))
+        pairs.sentence2.append(str(record["sentence2"]))
+        pairs.scores.append(score)
+    if not pairs.scores:
+        raise DataError(f"{path}: no pairs" + (f" with split {split!r}" if split else ""))
+    return pairs
+
+
+class SimCSECollator:
+    """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
+    gives two dropout views of every sentence."""
+
+    def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text"):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.text_column = text_column
+
+    def __call__(self, features: list) -> dict[str, Tensor]:
+        texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
+        if len(texts) < 2:
+            raise ValueError(f"a batch needs at least 2 sentences to have negatives, got {len(texts)}")
+        batch = self.tokenizer(
+            texts, max_length=self.max_length, truncation=True, padding=True, return_tensors="pt"
+        )  # each (B, T)
+        return {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+
+
+def contrastive_targets(
+    num_rows: int,
+    form: str = "symmetric",
+    offset: int = 0,
+    num_candidates: int | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Targets for `num_rows` local rows [a, a', b, b', ...] whose global indices start at `offset`.
+
+    Returns anchor_rows (M,) into the local rows, positive_index (M,) into the candidates, and negative_mask
+    (M, num_candidates) bool. `symmetric`: every row is an anchor, negatives are all rows but itself and its
+    pair. `simcse`: anchors are the first views, candidates their second views (the paper's loss).
+    """
+    if num_rows % 2 or num_rows < 4:
+        raise ValueError(f"need an even number of rows from >= 2 sentences, got {num_rows} rows")
+    num_candidates = num_rows if num_candidates is None else num_candidates
+    if offset + num_rows > num_candidates:
+        raise ValueError(f"rows {offset}..{offset + num_rows} exceed {num_candidates} candidates")
+    if form == "symmetric":
+        anchor_rows = torch.arange(num_rows, device=device)
+    elif form == "simcse":
+        anchor_rows = torch.arange(0, num_rows, 2, device=device)
+    else:
+        raise ValueError(f"unknown contrast form {form!r}; use 'simcse' or 'symmetric'")
+    global_rows = anchor_rows + offset  # (M,)
+    positive_index = global_rows ^ 1  # (M,)
+    columns = torch.arange(num_candidates, device=device)  # (N,)
+    negative_mask = (columns[None] != global_rows[:, None]) & (columns[None] != positive_index[:, None])  # (M, N)
+    if form == "simcse":
+        negative_mask &= (columns % 2 == 1)[None]
+    return anchor_rows, positive_index, negative_mask

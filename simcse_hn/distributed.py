@@ -1,0 +1,68 @@
+"""Process-group helpers. The only place besides the trainer that knows about ranks.
+
+Without an initialised process group every helper is the identity (one process, rank 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """Concatenate every process's rows along dim 0 and route gradients back to their owners.
+
+    Backward sums the incoming gradient over processes before taking the local slice: every process's loss
+    depends on every process's rows, so the local rows' gradient is the sum of all those contributions.
+    (SimCSE's reference gathers without grad and re-inserts the local rows, which keeps only the local
+    loss's share of that sum.)
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor) -> Tensor:
+        ctx.rank, ctx.rows = dist.get_rank(), tensor.shape[0]
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows]
+
+
+def all_gather_with_grad(tensor: Tensor) -> Tensor:
+    """(n, ...) on each of W processes -> (W*n, ...) in rank order; differentiable. Identity with one process.
+
+    Every process must pass the same number of rows.
+    """
+    if world_size() == 1:
+        return tensor
+    return _AllGatherWithGrad.apply(tensor)
+
+
+def all_gather_no_grad(tensor: Tensor) -> Tensor:
+    """Gather without a gradient path; the local slice is the caller's tensor (SimCSE's reference gather).
+
+    Kept only so tests can show how its gradient differs from `all_gather_with_grad`.
+    """
+    if world_size() == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(world_size())]
+    dist.all_gather(parts, tensor.detach().contiguous())
+    parts[rank()] = tensor
+    return torch.cat(parts, dim=0)

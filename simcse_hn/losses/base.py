@@ -1,0 +1,156 @@
+"""Shared machinery of the contrastive losses (docs/losses.md sections 1, 2 and 6).
+
+Every loss sees embeddings and index tensors only: `anchors` (M, D), `candidates` (N, D), `positive_index` (M,)
+into the candidates, `negative_mask` (M, N) bool. Similarities and everything after them are computed in float32
+or wider. Nothing here synchronises with the host: no `.item()`, no numpy, no Python branch on tensor values,
+so every loss runs under `torch.compile(fullgraph=True)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class LossOutput:
+    """`loss`: differentiable scalar; `metrics`: detached scalar diagnostics; `weights`: (M, N) weights applied
+    to the negatives (zero outside `negative_mask`), None for plain InfoNCE."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+    weights: Tensor | None = None
+
+
+def cosine_similarities(anchors: Tensor, candidates: Tensor) -> Tensor:
+    """(M, D), (N, D) -> (M, N) cosine similarities in float32 (float64 stays float64), autocast disabled."""
+    dtype = torch.float64 if anchors.dtype == torch.float64 else torch.float32
+    with torch.autocast(device_type=anchors.device.type, enabled=False):
+        a = anchors.to(dtype)
+        c = candidates.to(dtype)
+        a = a / a.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        c = c / c.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        return a @ c.T
+
+
+def positive_logits(logits: Tensor, positive_index: Tensor) -> Tensor:
+    """(M, N), (M,) -> (M,)"""
+    return logits.gather(1, positive_index[:, None]).squeeze(1)
+
+
+def weighted_loss(
+    logits: Tensor, positive_index: Tensor, negative_mask: Tensor, log_weights: Tensor | None = None
+) -> Tensor:
+    """Form (W) per anchor: cross-entropy over {l_ip} and {l_ij + log w_ij : j in N(i)}. -> (M,)
+
+    `log_weights=None` is plain InfoNCE. Candidates that are neither the positive nor negatives are ignored.
+    """
+    pos = positive_logits(logits, positive_index)  # (M,)
+    neg = logits if log_weights is None else logits + log_weights
+    neg = torch.where(negative_mask, neg, NEG_INF)  # (M, N)
+    return torch.logsumexp(torch.cat([pos[:, None], neg], dim=1), dim=1) - pos
+
+
+def debiased_loss(
+    logits: Tensor,
+    positive_index: Tensor,
+    negative_mask: Tensor,
+    log_weights: Tensor | None,
+    tau_plus: float,
+    temperature: float,
+) -> tuple[Tensor, Tensor]:
+    """Form (D) per anchor, in log space. -> loss (M,), clamped (M,) bool.
+
+    R_i = sum_j w_ij e^{l_ij};  Ng_i = max((R_i - tau_plus n e^{l_ip}) / (1 - tau_plus), n e^{-1/t});
+    L_i = log(e^{l_ip} + Ng_i) - l_ip.
+    """
+    pos = positive_logits(logits, positive_index)  # (M,)
+    neg = logits if log_weights is None else logits + log_weights
+    log_r = torch.logsumexp(torch.where(negative_mask, neg, NEG_INF), dim=1)  # (M,)
+    n = negative_mask.sum(dim=1).to(logits.dtype)  # (M,)
+    log_n = torch.log(n)
+    if tau_plus > 0:
+        # log(R - tau_plus n e^{l_p}) = log R + log(1 - e^a),  a = log(tau_plus n) + l_p - log R  (defined for a < 0)
+        a = math.log(tau_plus) + log_n + pos - log_r
+        valid = a < 0
+        a_safe = torch.where(valid, a, torch.full_like(a, -1.0))  # keeps the unused branch's gradient finite
+        log_diff = torch.where(valid, log_r + torch.log(-torch.expm1(a_safe)), NEG_INF)
+        log_ng_raw = log_diff - math.log1p(-tau_plus)
+    else:
+        log_ng_raw = log_r
+    log_floor = log_n - 1.0 / temperature
+    clamped = log_ng_raw < log_floor
+    log_ng = torch.maximum(log_ng_raw, log_floor)
+    return torch.logaddexp(pos, log_ng) - pos, clamped
+
+
+def weight_stats(log_weights: Tensor | None, negative_mask: Tensor) -> dict[str, Tensor]:
+    """Max weight and mean entropy (nats) of the normalised weights w_ij / n over N(i)."""
+    n = negative_mask.sum(dim=1).to(torch.float32)
+    if log_weights is None:
+        return {"neg_weight_max": torch.ones((), device=negative_mask.device), "neg_weight_entropy": n.log().mean()}
+    lw = torch.where(negative_mask, log_weights.detach().float(), NEG_INF)
+    log_p = lw - torch.logsumexp(lw, dim=1, keepdim=True)
+    p = log_p.exp()
+    entropy = -(torch.where(p > 0, p * log_p, torch.zeros_like(p))).sum(dim=1)
+    return {"neg_weight_max": lw.exp().amax(dim=1).max(), "neg_weight_entropy": entropy.mean()}
+
+
+class ContrastiveLoss(nn.Module):
+    """Base class. Subclasses implement `objective`; `forward` adds similarities, diagnostics and the fallback.
+
+    Fallback: a non-finite objective is replaced by plain InfoNCE for the step (selected with `torch.where`,
+    no host synchronisation) and counted in `metrics["nonfinite_fallback"]`.
+    """
+
+    def __init__(self, temperature: float = 0.05):
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
+
+    def objective(
+        self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state
+    ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+        """-> per-anchor loss (M,), log-weights applied to the negatives (M, N) or None, extra metrics."""
+        raise NotImplementedError
+
+    def forward(
+        self, anchors: Tensor, candidates: Tensor, positive_index: Tensor, negative_mask: Tensor, **state
+    ) -> LossOutput:
+        sim = cosine_similarities(anchors, candidates)  # (M, N)
+        logits = sim / self.temperature
+        per_anchor, log_weights, extra = self.objective(sim, logits, positive_index, negative_mask, **state)
+        loss = per_anchor.mean()
+        plain = weighted_loss(logits, positive_index, negative_mask).mean()
+        finite = torch.isfinite(loss)
+        loss = torch.where(finite, loss, plain)
+
+        weights = None
+        if log_weights is not None:
+            weights = torch.where(negative_mask, log_weights.detach().exp(), 0.0)
+            weights = torch.where(torch.isfinite(weights) & finite, weights, 1.0 * negative_mask)
+        with torch.no_grad():
+            neg_sims = torch.where(negative_mask, sim, 0.0).sum() / negative_mask.sum().clamp_min(1)
+            metrics = {
+                "pos_sim": positive_logits(sim, positive_index).mean(),
+                "neg_sim": neg_sims,
+                **weight_stats(log_weights, negative_mask),
+                "clamp_frac": torch.zeros((), device=sim.device),
+                "nonfinite_fallback": (~finite).float(),
+            }
+            metrics.update({k: v.detach().float() for k, v in extra.items()})
+        return LossOutput(loss=loss, metrics=metrics, weights=weights)
+
+
+def log_normalised_weights(scores: Tensor, negative_mask: Tensor) -> Tensor:
+    """log w with w_ij = n softmax_{j in N(i)}(scores_ij), i.e. weights with mean one over N(i). (M, N)"""
+    n = negative_mask.sum(dim=1, keepdim=True).to(scores.dtype)
+    masked = torch.where(negative_mask, scores, NEG_INF)
+    return torch.where(negative_mask, F.log_softmax(masked, dim=1) + n.log(), NEG_INF)

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from torch import Tensor
+
+from simcse_hn.losses.base import ContrastiveLoss, weighted_loss
+
+
+class InfoNCELoss(ContrastiveLoss):
+    """Plain InfoNCE: L_i = -l_ip + log(e^{l_ip} + sum_{j in N(i)} e^{l_ij}),  l = cos / temperature.
+
+    SimCSE (arXiv:2104.08821). The `simcse` target form reproduces the paper's CE(z1 z2^T / t, arange); the
+    `symmetric` form is NT-Xent. No weights. Shapes: anchors (M, D), candidates (N, D), positive_index (M,),
+    negative_mask (M, N).
+    """
+
+    def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
+        return weighted_loss(logits, positive_index, negative_mask), None, {}

@@ -1,0 +1,243 @@
+"""SimCSEModel: any `AutoModel` encoder + a pooler + SimCSE's MLP head (used in training only by default)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import string
+import tempfile
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizerFast
+
+from simcse_hn.config import POOLERS
+
+logger = logging.getLogger(__name__)
+
+TINY_MODEL = "builtin:tiny-bert"
+SIMCSE_CONFIG = "simcse_config.json"
+HEAD_WEIGHTS = "simcse_head.safetensors"
+LOSS_STATE = "simcse_loss_state.safetensors"
+
+
+def build_tiny_bert(seed: int = 0, dropout: float = 0.1) -> tuple[BertModel, BertTokenizerFast]:
+    """A 2-layer, 32-wide BERT with a character-level WordPiece vocabulary, built in code (no download)."""
+    chars = string.ascii_lowercase + string.digits + string.punctuation
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(chars) + [f"##{c}" for c in chars]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "vocab.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(vocab) + "\n")
+        tokenizer = BertTokenizerFast(vocab_file=path, do_lower_case=True)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        encoder = BertModel(config)
+    return encoder, tokenizer
+
+
+def load_tokenizer(name_or_path: str):
+    if name_or_path == TINY_MODEL:
+        return build_tiny_bert()[1]
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+class MLPHead(nn.Module):
+    """SimCSE's MLPLayer: dense + tanh over the CLS vector."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.activation(self.dense(features))
+
+
+@dataclass
+class SimCSEOutput:
+    embeddings: Tensor  # (B, D)
+    head_inputs: Tensor | None = None  # (B, H): input of the MLP head's Linear, when the head ran and was asked for
+
+
+class SimCSEModel(nn.Module):
+    """Encoder + pooler (`cls`, `cls_before_pooler`, `avg`, `avg_first_last`, `avg_top2`) + MLP head.
+
+    `cls` runs the MLP head in training; at evaluation it runs only when `mlp_only_train` is False (SimCSE).
+    The encoder's own pooler layer, if it has one, is frozen: it is unused, and DDP must not wait for its
+    gradients.
+    """
+
+    def __init__(self, encoder: nn.Module, pooler: str = "cls", mlp_only_train: bool = True):
+        super().__init__()
+        if pooler not in POOLERS:
+            raise ValueError(f"pooler must be one of {POOLERS}, got {pooler!r}")
+        self.encoder = encoder
+        self.pooler = pooler
+        self.mlp_only_train = mlp_only_train
+        self.mlp = MLPHead(encoder.config.hidden_size) if pooler == "cls" else None
+        if getattr(encoder, "pooler", None) is not None:
+            encoder.pooler.requires_grad_(False)
+
+    @property
+    def config(self):
+        return self.encoder.config
+
+    @property
+    def uses_head(self) -> bool:
+        return self.mlp is not None and (self.training or not self.mlp_only_train)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None = None,
+        return_head_inputs: bool = False,
+    ) -> SimCSEOutput:
+        needs_layers = self.pooler in ("avg_first_last", "avg_top2")
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            inputs["token_type_ids"] = token_type_ids
+        outputs = self.encoder(**inputs, output_hidden_states=needs_layers, return_dict=True)
+        mask = attention_mask.unsqueeze(-1).to(outputs.last_hidden_state.dtype)  # (B, T, 1)
+
+        def mean(hidden: Tensor) -> Tensor:  # (B, T, H) -> (B, H)
+            return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1)
+
+        if self.pooler in ("cls", "cls_before_pooler"):
+            pooled = outputs.last_hidden_state[:, 0]
+        elif self.pooler == "avg":
+            pooled = mean(outputs.last_hidden_state)
+        elif self.pooler == "avg_first_last":
+            pooled = mean((outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2)
+        else:
+            pooled = mean((outputs.hidden_states[-2] + outputs.hidden_states[-1]) / 2)
+        if self.uses_head:
+            return SimCSEOutput(self.mlp(pooled), pooled if return_head_inputs else None)
+        return SimCSEOutput(pooled)
+
+    @torch.inference_mode()
+    def encode(
+        self,
+        sentences: list[str],
+        tokenizer,
+        batch_size: int = 128,
+        max_length: int | None = None,
+        show_progress_bar: bool = False,
+    ) -> Tensor:
+        """Embeddings (n, D), float32 on the CPU, in eval mode; batches sorted by length, order restored."""
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+        batches = range(0, len(order), batch_size)
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+
+            batches = tqdm(batches, desc="encoding", unit="batch")
+        out = [None] * len(sentences)
+        try:
+            for start in batches:
+                index = order[start : start + batch_size]
+                batch = tokenizer(
+                    [sentences[i] for i in index],
+                    padding=True,
+                    truncation=True,
+                    max_length=max_length,
+                    return_tensors="pt",
+                )
+                batch = {
+                    k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")
+                }
+                embeddings = self(**batch).embeddings.float().cpu()
+                for row, i in enumerate(index):
+                    out[i] = embeddings[row]
+        finally:
+            self.train(was_training)
+        if not out:
+            return torch.empty(0, self.config.hidden_size)
+        return torch.stack(out)
+
+    # --- saving and loading ---
+
+    def simcse_config(self) -> dict:
+        return {"pooler": self.pooler, "mlp_only_train": self.mlp_only_train}
+
+    def save_pretrained(self, output_dir: str, tokenizer=None, extra_config: dict | None = None) -> None:
+        """Encoder (transformers format), tokenizer, MLP head, hard-negative loss state, simcse_config.json and the
+        sentence-transformers files, so `AutoModel` and `SentenceTransformer` both load the folder."""
+        from simcse_hn.hub import write_sentence_transformers_files
+
+        os.makedirs(output_dir, exist_ok=True)
+        self.encoder.save_pretrained(output_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(output_dir)
+        if self.mlp is not None:
+            save_file(
+                {k: v.contiguous() for k, v in self.mlp.state_dict().items()}, os.path.join(output_dir, HEAD_WEIGHTS)
+            )
+        loss_fn = getattr(self, "loss_fn", None)
+        if loss_fn is not None and len(loss_fn.state_dict()):
+            state = {k: v.detach().contiguous() for k, v in loss_fn.state_dict().items()}
+            save_file(state, os.path.join(output_dir, LOSS_STATE))
+        config = {**self.simcse_config(), **(extra_config or {})}
+        with open(os.path.join(output_dir, SIMCSE_CONFIG), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        write_sentence_transformers_files(output_dir, self, tokenizer)
+
+    def load_weights(self, path: str) -> None:
+        """Load encoder, head and loss state saved by `save_pretrained` into this model (checkpoint resume)."""
+        encoder = type(self.encoder).from_pretrained(path, config=self.encoder.config)
+        self.encoder.load_state_dict(encoder.state_dict())
+        if self.mlp is not None and os.path.isfile(os.path.join(path, HEAD_WEIGHTS)):
+            self.mlp.load_state_dict(load_file(os.path.join(path, HEAD_WEIGHTS)))
+        loss_fn = getattr(self, "loss_fn", None)
+        if loss_fn is not None and os.path.isfile(os.path.join(path, LOSS_STATE)):
+            loss_fn.load_state_dict(load_file(os.path.join(path, LOSS_STATE)))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        pooler: str | None = None,
+        mlp_only_train: bool | None = None,
+        dropout: float | None = None,
+    ) -> SimCSEModel:
+        """A Hub id, a local folder (a saved SimCSEModel restores its pooler and head), or `builtin:tiny-bert`."""
+        if name_or_path == TINY_MODEL:
+            encoder = build_tiny_bert(dropout=0.1 if dropout is None else dropout)[0]
+            saved = {}
+        else:
+            config = AutoConfig.from_pretrained(name_or_path)
+            if dropout is not None:
+                for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+                    if hasattr(config, name):
+                        setattr(config, name, dropout)
+            encoder = AutoModel.from_pretrained(name_or_path, config=config)
+            saved = {}
+            config_path = os.path.join(name_or_path, SIMCSE_CONFIG)
+            if os.path.isfile(config_path):
+                with open(config_path, encoding="utf-8") as f:
+                    saved = json.load(f)
+        model = cls(
+            encoder,
+            pooler=pooler or saved.get("pooler", "cls"),
+            mlp_only_train=saved.get("mlp_only_train", True) if mlp_only_train is None else mlp_only_train,
+        )
+        head_path = os.path.join(name_or_path, HEAD_WEIGHTS)
+        if model.mlp is not None and os.path.isfile(head_path):
+            model.mlp.load_state_dict(load_file(head_path))
+        return model

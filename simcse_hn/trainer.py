@@ -1,0 +1,163 @@
+"""SimCSETrainer: a `transformers.Trainer` whose step is one SimCSE forward over [a, a', b, b', ...] and a
+contrastive loss. The only place besides distributed.py that knows about ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections import defaultdict
+
+import datasets
+import torch
+from transformers import Trainer, TrainerCallback
+from transformers.trainer import TRAINING_ARGS_NAME
+
+from simcse_hn import distributed
+from simcse_hn.data import STSPairs, contrastive_targets
+from simcse_hn.evaluation import sts_spearman
+from simcse_hn.losses import ContrastiveLoss
+
+logger = logging.getLogger(__name__)
+
+
+class _NonFiniteGradientGuard(TrainerCallback):
+    """Skips the optimizer step when any gradient is NaN/inf (e.g. an fp16 overflow in the encoder): gradients are
+    dropped (`grad = None`, so the optimizer leaves those weights and their moments alone) and the skip is counted.
+    Under DDP gradients are already all-reduced, so every process takes the same decision."""
+
+    def __init__(self, trainer: SimCSETrainer):
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        grads = [p.grad for p in self.trainer.model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        finite = torch.stack([torch.isfinite(g).all() for g in grads]).all()
+        if not bool(finite):  # one host synchronisation per optimizer step, outside the loss
+            for p in self.trainer.model.parameters():
+                p.grad = None
+            self.trainer.skipped_steps += 1
+            logger.warning(
+                "step %d: non-finite gradients, optimizer step skipped (%d so far)",
+                state.global_step + 1,
+                self.trainer.skipped_steps,
+            )
+
+
+class SimCSETrainer(Trainer):
+    """Trainer for `SimCSEModel` with a `ContrastiveLoss`.
+
+    compute_loss: embeddings (2B, D) -> candidates (gathered from every process with gradient when
+    `gather_across_devices`) -> targets offset by rank -> loss. Each process averages over its own anchors and DDP
+    averages gradients over processes, so W processes give exactly the gradient of one process on the global batch.
+    """
+
+    def __init__(
+        self,
+        model,
+        args,
+        loss_fn: ContrastiveLoss,
+        eval_pairs: STSPairs | None = None,
+        max_seq_length: int = 32,
+        simcse_config: dict | None = None,
+        **kwargs,
+    ):
+        model.loss_fn = loss_fn  # a submodule: learned loss parameters train, loss state is checkpointed
+        if eval_pairs is not None and kwargs.get("eval_dataset") is None:  # Trainer checks that one exists
+            kwargs["eval_dataset"] = datasets.Dataset.from_dict(dataclasses.asdict(eval_pairs))
+        super().__init__(model=model, args=args, **kwargs)
+        self.eval_pairs = eval_pairs
+        self.max_seq_length = max_seq_length
+        self.simcse_config = simcse_config or {}
+        self.skipped_steps = 0
+        self._metric_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=args.device))
+        self._metric_count = 0
+        self.add_callback(_NonFiniteGradientGuard(self))
+
+    @property
+    def gather_across_devices(self) -> bool:
+        flag = self.args.gather_across_devices
+        return distributed.world_size() > 1 if flag is None else flag
+
+    def contrastive_loss(self, model, embeddings, head_inputs=None):
+        """Loss of local embeddings (2B, D) against the (gathered) candidates. -> LossOutput"""
+        unwrapped = self.accelerator.unwrap_model(model)
+        num_rows = embeddings.shape[0]
+        candidates, candidate_features, offset = embeddings, head_inputs, 0
+        if self.gather_across_devices and distributed.world_size() > 1:
+            candidates = distributed.all_gather_with_grad(embeddings)  # (2BW, D)
+            if head_inputs is not None:
+                candidate_features = distributed.all_gather_with_grad(head_inputs)
+            offset = distributed.rank() * num_rows
+        anchor_rows, positive_index, negative_mask = contrastive_targets(
+            num_rows, self.args.contrast_form, offset, candidates.shape[0], device=embeddings.device
+        )
+        state = {"step": self.state.global_step, "max_steps": self.state.max_steps}
+        if head_inputs is not None:
+            state.update(anchor_features=head_inputs[anchor_rows], candidate_features=candidate_features)
+        return unwrapped.loss_fn(embeddings[anchor_rows], candidates, positive_index, negative_mask, **state)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        unwrapped = self.accelerator.unwrap_model(model)
+        needs_features = getattr(unwrapped.loss_fn, "needs_head_inputs", False)
+        output = model(**inputs, return_head_inputs=needs_features)
+        result = self.contrastive_loss(model, output.embeddings, output.head_inputs)
+        self._record_metrics(result.metrics)
+        return (result.loss, result) if return_outputs else result.loss
+
+    def _record_metrics(self, metrics: dict[str, torch.Tensor]) -> None:
+        if not self.model.training:
+            return
+        for key, value in metrics.items():
+            self._metric_sums[key] = self._metric_sums[key] + value.detach().float()
+        self._metric_count += 1
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._metric_count:
+            for key, total in self._metric_sums.items():
+                logs[key] = round(float(total) / self._metric_count, 6)
+            logs["skipped_steps"] = self.skipped_steps
+            self._metric_sums.clear()
+            self._metric_count = 0
+        super().log(logs, start_time)
+
+    # --- evaluation: STS-B dev Spearman x 100 ---
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        if self.eval_pairs is None:
+            return {}
+        model = self.accelerator.unwrap_model(self.model)
+        tokenizer = self.processing_class
+
+        def encode(sentences):
+            return model.encode(
+                sentences,
+                tokenizer,
+                batch_size=self.args.per_device_eval_batch_size * 16,
+                max_length=self.max_seq_length,
+            )
+
+        pairs = self.eval_pairs
+        score = sts_spearman(encode, pairs.sentence1, pairs.sentence2, pairs.scores)
+        metrics = {f"{metric_key_prefix}_stsb_spearman": score}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    # --- saving and loading: transformers + sentence-transformers folder, plus head and loss state ---
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        model = self.accelerator.unwrap_model(self.model)
+        model.save_pretrained(output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config)
+        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        (model or self.model).load_weights(resume_from_checkpoint)
+
+    def _load_best_model(self) -> None:
+        logger.info("loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
+        self.accelerator.unwrap_model(self.model).load_weights(self.state.best_model_checkpoint)

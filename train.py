@@ -1,0 +1,120 @@
+"""Train a SimCSE sentence encoder.
+
+python train.py --config configs/debug_tiny.yaml
+accelerate launch train.py --config configs/unsup_bert_base_hcl.yaml --hcl_beta 0.2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+
+import datasets
+import torch
+import transformers
+
+from simcse_hn.config import ConfigError, parse_args
+from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
+from simcse_hn.losses import build_loss
+from simcse_hn.modeling import SimCSEModel, load_tokenizer
+from simcse_hn.trainer import SimCSETrainer
+
+logger = logging.getLogger("simcse_hn.train")
+
+
+def _setup_logging(training_args) -> None:
+    level = logging.INFO if training_args.should_log else logging.WARNING
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level, stream=sys.stdout)
+    transformers.utils.logging.set_verbosity(logging.WARNING if level == logging.INFO else level)
+    datasets.utils.logging.set_verbosity(logging.WARNING)
+    logging.getLogger("simcse_hn").setLevel(level)
+
+
+def _cpu_fallback(argv: list[str] | None) -> list[str]:
+    """Under a multi-process launcher on a machine without a GPU, train on the CPU with gloo instead of failing."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available() and "--use_cpu" not in argv:
+        argv += ["--use_cpu", "true"]
+    return argv
+
+
+def run(argv: list[str] | None = None) -> SimCSETrainer:
+    model_args, data_args, training_args = parse_args(_cpu_fallback(argv))
+    _setup_logging(training_args)
+    logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
+
+    if data_args.train_file is None:
+        raise ConfigError("train_file: required (a text/jsonl/csv file or a Hub dataset id)")
+    if data_args.eval_file is None and training_args.eval_strategy != "no":
+        logger.warning("no eval_file: STS-B dev evaluation and best-model selection are off")
+        training_args = dataclasses.replace(
+            training_args, eval_strategy="no", load_best_model_at_end=False, metric_for_best_model=None
+        )
+
+    sentences = load_sentences(
+        data_args.train_file,
+        data_args.text_column,
+        data_args.train_data_files,
+        data_args.max_train_samples,
+        data_args.drop_duplicates,
+    )
+    global_batch = training_args.per_device_train_batch_size * training_args.world_size
+    if len(sentences) < global_batch:
+        raise DataError(
+            f"{data_args.train_file}: {len(sentences)} sentences, fewer than one batch "
+            f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
+        )
+    eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
+    logger.info("%d training sentences, %s STS dev pairs", len(sentences), len(eval_pairs.scores) if eval_pairs else 0)
+
+    tokenizer = load_tokenizer(model_args.model_name_or_path)
+    model = SimCSEModel.from_pretrained(
+        model_args.model_name_or_path,
+        pooler=model_args.pooler,
+        mlp_only_train=model_args.mlp_only_train,
+        dropout=model_args.dropout,
+    )
+    loss_fn = build_loss(training_args.loss, **training_args.loss_kwargs())
+    simcse_config = {
+        "base_model": model_args.model_name_or_path,
+        "loss": training_args.loss,
+        "loss_kwargs": training_args.loss_kwargs(),
+        "contrast_form": training_args.contrast_form,
+        "max_seq_length": data_args.max_seq_length,
+        "train_file": data_args.train_file,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "world_size": training_args.world_size,
+        "learning_rate": training_args.learning_rate,
+    }
+    trainer = SimCSETrainer(
+        model=model,
+        args=training_args,
+        loss_fn=loss_fn,
+        eval_pairs=eval_pairs,
+        max_seq_length=data_args.max_seq_length,
+        simcse_config=simcse_config,
+        train_dataset=datasets.Dataset.from_dict({"text": sentences}),
+        data_collator=SimCSECollator(tokenizer, data_args.max_seq_length),
+        processing_class=tokenizer,
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    if eval_pairs is not None:
+        metrics = trainer.evaluate()
+        logger.info("final STS-B dev Spearman x 100: %.2f", metrics["eval_stsb_spearman"])
+    return trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run(argv)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
