@@ -102,11 +102,30 @@ def weight_stats(log_weights: Tensor | None, negative_mask: Tensor) -> dict[str,
     return {"neg_weight_max": lw.exp().amax(dim=1).max(), "neg_weight_entropy": entropy.mean()}
 
 
+class _DropNonFiniteGrad(torch.autograd.Function):
+    """Identity whose backward passes the gradient on only when all of it is finite, else zeros."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return torch.where(torch.isfinite(grad).all(), grad, 0.0)
+
+
+def drop_nonfinite_grad(x: Tensor) -> Tensor:
+    """Guards a tensor that feeds an objective: when the loss falls back, the objective's branch receives a zero
+    gradient, but its backward can still turn 0 * inf into NaN; this keeps that NaN out of the embeddings."""
+    return _DropNonFiniteGrad.apply(x)
+
+
 class ContrastiveLoss(nn.Module):
     """Base class. Subclasses implement `objective`; `forward` adds similarities, diagnostics and the fallback.
 
     Fallback: a non-finite objective is replaced by plain InfoNCE for the step (selected with `torch.where`,
-    no host synchronisation) and counted in `metrics["nonfinite_fallback"]`.
+    no host synchronisation) and counted in `metrics["nonfinite_fallback"]`. The objective sees `sim` through
+    `drop_nonfinite_grad`, so a non-finite gradient from its branch is dropped and the step keeps InfoNCE's.
     """
 
     def __init__(self, temperature: float = 0.05):
@@ -126,7 +145,10 @@ class ContrastiveLoss(nn.Module):
     ) -> LossOutput:
         sim = cosine_similarities(anchors, candidates)  # (M, N)
         logits = sim / self.temperature
-        per_anchor, log_weights, extra = self.objective(sim, logits, positive_index, negative_mask, **state)
+        guarded = drop_nonfinite_grad(sim)
+        per_anchor, log_weights, extra = self.objective(
+            guarded, guarded / self.temperature, positive_index, negative_mask, **state
+        )
         loss = per_anchor.mean()
         plain = weighted_loss(logits, positive_index, negative_mask).mean()
         finite = torch.isfinite(loss)
