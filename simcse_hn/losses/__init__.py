@@ -1,0 +1,36 @@
+"""Contrastive objectives. `build_loss(name, temperature=..., **paper_symbols)` -> ContrastiveLoss."""
+
+from __future__ import annotations
+
+from simcse_hn.losses.base import ContrastiveLoss, LossOutput
+from simcse_hn.losses.hcl import DCLLoss, HCLLoss
+from simcse_hn.losses.infonce import InfoNCELoss
+from simcse_hn.losses.progcl import ProGCLLoss
+from simcse_hn.losses.unremix import UnReMixLoss
+
+LOSSES: dict[str, type[ContrastiveLoss]] = {
+    "infonce": InfoNCELoss,
+    "dcl": DCLLoss,
+    "hcl": HCLLoss,
+    "progcl": ProGCLLoss,
+    "unremix": UnReMixLoss,
+}
+
+
+def build_loss(name: str, **kwargs) -> ContrastiveLoss:
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}")
+    return LOSSES[name](**kwargs)
+
+
+__all__ = [
+    "LOSSES",
+    "ContrastiveLoss",
+    "DCLLoss",
+    "HCLLoss",
+    "InfoNCELoss",
+    "LossOutput",
+    "ProGCLLoss",
+    "UnReMixLoss",
+    "build_loss",
+]

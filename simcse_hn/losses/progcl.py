@@ -1,0 +1,245 @@
+"""ProGCL (docs/losses.md section 4): a two-component Beta mixture over negative similarities, fitted on the device."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, positive_logits, weighted_loss
+
+BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
+EPS = 1e-12
+MODES = ("weight", "mix")
+
+
+class BetaMixture(NamedTuple):
+    """Parameters of a two-component Beta mixture, each (2,) float64; `valid` () bool (False: degenerate fit)."""
+
+    alpha: Tensor
+    beta: Tensor
+    pi: Tensor
+    valid: Tensor
+
+
+def _default_init(device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(torch.tensor(p, dtype=torch.float64, device=device) for p in BMM_INIT)
+
+
+def _log_likelihoods(features: Tensor, alpha: Tensor, beta: Tensor, pi: Tensor) -> Tensor:
+    """log(pi_c Beta(x; alpha_c, beta_c)) for both components. features: (3, K) = [log x, log(1-x), 1]. -> (2, K)"""
+    log_norm = torch.lgamma(alpha) + torch.lgamma(beta) - torch.lgamma(alpha + beta)  # (2,)
+    coef = torch.stack([alpha - 1, beta - 1, pi.log() - log_norm], dim=1)  # (2, 3)
+    return coef @ features
+
+
+def _features(x: Tensor) -> Tensor:
+    """x (K,) float64 in (0, 1) -> (3, K) [log x, log(1-x), 1]; with x >= 1e-12 this equals xlogy's density."""
+    return torch.stack([x.log(), torch.log1p(-x), torch.ones_like(x)])
+
+
+def beta_mixture_em(
+    x: Tensor,
+    iters: int = 10,
+    init: tuple[Tensor, Tensor, Tensor] | None = None,
+    mask: Tensor | None = None,
+    all_reduce: Callable[[Tensor], Tensor] | None = None,
+) -> BetaMixture:
+    """EM for a two-component Beta mixture (the ProGCL reference's BetaMixture1D, in torch, float64, no host sync).
+
+    x: data in [0, 1], any shape (detached, clamped to [1e-12, 1 - 1e-12]). mask: same shape, bool; only True entries
+    are data. init: (alpha, beta, pi), each (2,); default Beta(1, 2), Beta(2, 1), pi = (0.95, 0.05).
+    all_reduce: optional in-place-free sum over processes applied to every sufficient statistic, so that W processes
+    fit the mixture of all their data (identity when None).
+    `valid` is False when any component's variance fell to <= 1e-12 or a parameter is non-finite or non-positive.
+    """
+    reduce = all_reduce if all_reduce is not None else (lambda t: t)
+    x = x.detach().to(torch.float64).reshape(-1).clamp(EPS, 1 - EPS)  # (K,)
+    m = torch.ones_like(x) if mask is None else mask.detach().reshape(-1).to(torch.float64)
+    x = torch.where(m > 0, x, 0.5)  # keeps excluded entries finite; their weight is zero
+    features = _features(x)  # (3, K)
+    total = reduce(m.sum())
+    if init is None:
+        alpha, beta, pi = _default_init(x.device)
+    else:
+        alpha, beta, pi = (p.detach().to(device=x.device, dtype=torch.float64) for p in init)
+    valid = torch.ones((), dtype=torch.bool, device=x.device)
+    for _ in range(iters):
+        lik = _log_likelihoods(features, alpha, beta, pi).exp().clamp_min(EPS)  # (2, K)
+        r = lik / lik.sum(dim=0, keepdim=True) * m  # (2, K), zero outside the data
+        r_sum = reduce(r.sum(dim=1))  # (2,)
+        mean = reduce(r @ x) / r_sum  # (2,)
+        var = reduce((r * (x - mean[:, None]).square()).sum(dim=1)) / r_sum  # (2,)
+        alpha = mean * (mean * (1 - mean) / var - 1)
+        beta = alpha * (1 - mean) / mean
+        beta = torch.cat([beta[:1], torch.where(beta[1:] < 1, 1.01, beta[1:])])
+        pi = r_sum / total
+        valid = valid & (var > EPS).all()
+    params = torch.stack([alpha, beta, pi])
+    valid = valid & torch.isfinite(params).all() & (alpha > 0).all() & (beta > 0).all()
+    return BetaMixture(alpha, beta, pi, valid)
+
+
+def fit_beta_mixture(
+    x: Tensor, iters: int = 10, init: tuple[Tensor, Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Fit a two-component Beta mixture to `x` (values in [0, 1]). -> alpha (2,), beta (2,), pi (2,), float64.
+
+    Use `beta_mixture_em` for the validity flag, a mask, or a multi-process fit.
+    """
+    fit = beta_mixture_em(x, iters=iters, init=init)
+    return fit.alpha, fit.beta, fit.pi
+
+
+def negative_posteriors(x: Tensor, fit: BetaMixture) -> tuple[Tensor, Tensor]:
+    """p(c | x) = pi_c Beta_c(x) / (sum_c' pi_c' Beta_c'(x) + 1e-12) for c = the true-negative component (the lower
+    mean alpha / (alpha + beta)) and the false-negative one. x: any shape, float64 in [1e-12, 1 - 1e-12].
+    -> p_true, p_false, each shaped like x."""
+    lik = _log_likelihoods(_features(x.reshape(-1)), fit.alpha, fit.beta, fit.pi).exp()  # (2, K)
+    post = (lik / (lik.sum(dim=0, keepdim=True) + EPS)).reshape(2, *x.shape)
+    means = fit.alpha / (fit.alpha + fit.beta)
+    first_is_true = means[0] <= means[1]
+    return torch.where(first_is_true, post[0], post[1]), torch.where(first_is_true, post[1], post[0])
+
+
+class ProGCLLoss(ContrastiveLoss):
+    """ProGCL (Xia et al., arXiv:2110.02027), adapted to SimCSE batches (docs/losses.md section 4).
+
+    A Beta mixture fitted to x = (s + 1) / 2 over all (anchor, negative) pairs gives B_ij = p(true | x_ij) x_ij
+    (detached).
+    * mode "weight": w_ij = B_ij / mean_{k in N(i)} B_ik, then form (W): L_i = -l_ip + log(e^{l_ip} + sum w e^{l_ij}).
+    * mode "mix": InfoNCE plus K synthetic logits m_ik / t, m_ik = (B_k s_k + B_sk s_sk) / (B_k + B_sk + 1e-12) over
+      the top-K negatives by B, with one random permutation sigma per step.
+    Plain InfoNCE while `step < warmup_ratio * max_steps`; neutral setting: warmup_ratio = 1.0. No gradient flows
+    through B; in "mix" the similarities inside m carry gradient. A degenerate fit gives plain InfoNCE for the step
+    (uniform weights, no synthetic negatives) and `bmm_fallback = 1`.
+
+    The last valid fit lives in buffers (`bmm_alpha`, `bmm_beta`, `bmm_pi`; `bmm_valid` says whether the latest fit
+    was valid): saved with the state dict, reused between refits (`refit_every`), the initial point when
+    `warm_start`, and what the `bmm_*` metrics report. Keep the module on the embeddings'
+    device. Shapes: anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N).
+    State (all optional): `step`, `max_steps` (ints; without them the loss is past warm-up and refits every call),
+    `all_reduce` (a sum over processes, so every process fits the mixture of the gathered batch),
+    `mix_permutation` ((K,) long, replaces the random sigma, for tests).
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.05,
+        mode: str = "weight",
+        warmup_ratio: float = 0.2,
+        refit_every: int = 1,
+        em_iters: int = 10,
+        mix_k: int | None = None,
+        warm_start: bool = False,
+    ):
+        super().__init__(temperature)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not 0.0 <= warmup_ratio <= 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1], got {warmup_ratio}")
+        if int(refit_every) != refit_every or refit_every < 1:
+            raise ValueError(f"refit_every must be an integer >= 1, got {refit_every}")
+        if int(em_iters) != em_iters or em_iters < 1:
+            raise ValueError(f"em_iters must be an integer >= 1, got {em_iters}")
+        if mix_k is not None and (int(mix_k) != mix_k or mix_k < 1):
+            raise ValueError(f"mix_k must be None or an integer >= 1, got {mix_k}")
+        self.mode = mode
+        self.warmup_ratio = float(warmup_ratio)
+        self.refit_every = int(refit_every)
+        self.em_iters = int(em_iters)
+        self.mix_k = None if mix_k is None else int(mix_k)
+        self.warm_start = bool(warm_start)
+        alpha, beta, pi = _default_init(torch.device("cpu"))
+        self.register_buffer("bmm_alpha", alpha)
+        self.register_buffer("bmm_beta", beta)
+        self.register_buffer("bmm_pi", pi)
+        self.register_buffer("bmm_valid", torch.zeros((), dtype=torch.bool))
+
+    def in_warmup(self, step: int | None, max_steps: int | None) -> bool:
+        if self.warmup_ratio >= 1.0:
+            return True
+        if step is None or max_steps is None:
+            return False
+        return step < self.warmup_ratio * max_steps
+
+    def refits(self, step: int | None, max_steps: int | None) -> bool:
+        if step is None or self.refit_every == 1:
+            return True
+        first = math.ceil(self.warmup_ratio * max_steps) if max_steps is not None else 0
+        return (step - first) % self.refit_every == 0
+
+    def stored_fit(self) -> BetaMixture:
+        return BetaMixture(self.bmm_alpha.double(), self.bmm_beta.double(), self.bmm_pi.double(), self.bmm_valid)
+
+    def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
+        step, max_steps = state.get("step"), state.get("max_steps")
+        if self.in_warmup(step, max_steps):
+            zero = torch.zeros((), device=sim.device)
+            metrics = self._metrics(self.stored_fit(), zero, zero)
+            return weighted_loss(logits, positive_index, negative_mask), None, metrics
+
+        x = ((sim.detach().to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)  # (M, N)
+        if self.refits(step, max_steps):
+            init = self.stored_fit()[:3] if self.warm_start else None
+            fit = beta_mixture_em(x, self.em_iters, init, mask=negative_mask, all_reduce=state.get("all_reduce"))
+            with torch.no_grad():  # the buffers keep the last valid fit, so they never hold NaN
+                for buffer, value in zip((self.bmm_alpha, self.bmm_beta, self.bmm_pi), fit[:3]):
+                    buffer.copy_(torch.where(fit.valid, value, buffer))
+                self.bmm_valid.copy_(fit.valid)
+        else:
+            fit = self.stored_fit()
+
+        p_true, p_false = negative_posteriors(x, fit)  # (M, N) each
+        # A degenerate fit may hold NaN: replace B before it touches anything with a gradient.
+        hardness = torch.where(fit.valid & negative_mask, p_true * x, 0.0)  # B, (M, N)
+        neg_pairs = negative_mask.sum().clamp_min(1)
+        est_false = torch.where(fit.valid, torch.where(negative_mask, p_false, 0.0).sum() / neg_pairs, 0.0)
+        metrics = self._metrics(self.stored_fit(), est_false, (~fit.valid).float())
+
+        if self.mode == "weight":
+            n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
+            row_mean = hardness.sum(dim=1, keepdim=True) / n.clamp_min(1)  # (M, 1)
+            log_w = hardness.log() - row_mean.log()  # B = 0 -> w = 0 -> -inf, as form (W) allows
+            log_w = torch.where(fit.valid & (row_mean > 0), log_w, 0.0)  # degenerate fit or all-zero row -> w = 1
+            log_w = torch.where(negative_mask, log_w, NEG_INF).to(logits.dtype)
+            return weighted_loss(logits, positive_index, negative_mask, log_w), log_w, metrics
+        return self._mix_loss(sim, logits, positive_index, negative_mask, hardness, fit.valid, state), None, metrics
+
+    def _mix_loss(self, sim, logits, positive_index, negative_mask, hardness, valid, state) -> Tensor:
+        num_candidates = sim.shape[1]
+        k = num_candidates if self.mix_k is None else min(self.mix_k, num_candidates)
+        key = torch.where(negative_mask, hardness, NEG_INF)
+        sorted_b, order = torch.sort(key, dim=1, descending=True, stable=True)
+        sorted_b, order = sorted_b[:, :k], order[:, :k]  # (M, K), negatives first
+        sorted_s = sim.gather(1, order)  # (M, K), carries gradient
+        n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
+        in_top = torch.arange(k, device=sim.device)[None, :] < n.clamp_max(k)  # (M, K)
+
+        permutation = state.get("mix_permutation")
+        if permutation is None:
+            draw = torch.rand(k, device=sim.device)
+        else:  # draw[permutation[j]] = j, so that argsort(draw) == permutation
+            draw = torch.empty(k, device=sim.device).scatter_(
+                0, permutation.to(sim.device), torch.arange(k, device=sim.device, dtype=torch.float32) / k
+            )
+        # Positions beyond a row's negatives sort last, so every row pairs negatives with negatives; rows with at
+        # least K negatives all use the same sigma.
+        sigma = torch.argsort(torch.where(in_top, draw[None, :], 2.0), dim=1, stable=True)  # (M, K)
+        b = torch.where(in_top, sorted_b, 0.0).to(sim.dtype)
+        b_partner, s_partner = b.gather(1, sigma), sorted_s.gather(1, sigma)
+        mixed = (b * sorted_s + b_partner * s_partner) / (b + b_partner + EPS)  # (M, K)
+        synthetic = torch.where(in_top & valid, mixed / self.temperature, NEG_INF)
+
+        pos = positive_logits(logits, positive_index)  # (M,)
+        neg = torch.where(negative_mask, logits, NEG_INF)
+        return torch.logsumexp(torch.cat([pos[:, None], neg, synthetic], dim=1), dim=1) - pos
+
+    def _metrics(self, fit: BetaMixture, est_false: Tensor, fallback: Tensor) -> dict[str, Tensor]:
+        metrics = {"est_false_neg_frac": est_false, "bmm_fallback": fallback}
+        for name, values in zip(("alpha", "beta", "pi"), fit[:3]):
+            metrics[f"bmm_{name}_0"], metrics[f"bmm_{name}_1"] = values[0], values[1]
+        return metrics

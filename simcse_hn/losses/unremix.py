@@ -1,0 +1,213 @@
+"""UnReMix (docs/losses.md section 5): negatives scored by anchor similarity, model uncertainty, representativeness."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from simcse_hn.losses.base import (
+    NEG_INF,
+    ContrastiveLoss,
+    debiased_loss,
+    drop_nonfinite_grad,
+    log_normalised_weights,
+)
+from simcse_hn.losses.hcl import check_tau_plus
+
+GRADIENTS = ("head", "embedding")
+STD_EPS = 1e-6
+
+
+def _unit(z: Tensor) -> tuple[Tensor, Tensor]:
+    norm = z.norm(dim=-1, keepdim=True).clamp_min(1e-12)  # (K, 1)
+    return z / norm, norm
+
+
+def _embedding_gradients(
+    z_hat: Tensor, norm: Tensor, logits: Tensor, others_hat: Tensor, temperature: float
+) -> Tensor:
+    """delta_k = (I - z_k z_k^T) sum_m (q_km - 1[m = y_k]) o_m / (t |z_k|) for masked logits (K, L) (-inf outside the
+    other rows), unit rows z_hat (K, D), norms (K, 1), unit others (L, D). -> (K, D)"""
+    q = torch.softmax(logits, dim=1)  # (K, L)
+    residual = q - F.one_hot(logits.argmax(dim=1), logits.shape[1]).to(q.dtype)
+    v = residual @ others_hat / temperature  # (K, D)
+    return (v - z_hat * (z_hat * v).sum(dim=1, keepdim=True)) / norm
+
+
+def uncertainty_gradients(z: Tensor, others: Tensor, other_mask: Tensor, temperature: float) -> Tensor:
+    """Closed-form gradient at the embedding z_k of CE(q_k, argmax q_k), q_k = softmax over the rows m of `others`
+    with other_mask[k, m] of cos(z_k, o_m) / t, the other rows held fixed. z (K, D), others (L, D), other_mask (K, L)
+    bool. -> delta (K, D)"""
+    z_hat, norm = _unit(z)
+    others_hat, _ = _unit(others)
+    logits = torch.where(other_mask, z_hat @ others_hat.T / temperature, NEG_INF)  # (K, L)
+    return _embedding_gradients(z_hat, norm, logits, others_hat, temperature)
+
+
+def uncertainty_from_gradients(
+    anchor_delta: Tensor,
+    candidate_delta: Tensor,
+    anchors: Tensor,
+    candidates: Tensor,
+    anchor_features: Tensor | None = None,
+    candidate_features: Tensor | None = None,
+) -> Tensor:
+    """U_ij = g_i . g_j. Without features g = delta (gradient at the embedding). With the head inputs h of
+    z = tanh(W h + b): delta' = delta * (1 - z^2) and U_ij = (delta'_i . delta'_j)(h_i . h_j + 1) (weight + bias).
+    -> (M, N)"""
+    if anchor_features is None or candidate_features is None:
+        return anchor_delta @ candidate_delta.T
+    anchor_delta = anchor_delta * (1 - anchors.square())
+    candidate_delta = candidate_delta * (1 - candidates.square())
+    inputs = anchor_features.to(anchor_delta.dtype) @ candidate_features.to(anchor_delta.dtype).T + 1  # (M, N)
+    return (anchor_delta @ candidate_delta.T) * inputs
+
+
+def uncertainty_scores(
+    anchors: Tensor,
+    candidates: Tensor,
+    anchor_other_mask: Tensor,
+    temperature: float,
+    anchor_features: Tensor | None = None,
+    candidate_features: Tensor | None = None,
+) -> Tensor:
+    """UnReMix model uncertainty U_ij = g_i^T g_j in closed form (no per-sample backward passes).
+
+    Anchor i's pseudo-posterior runs over the candidates with anchor_other_mask[i] (its positive and negatives);
+    candidate j's over all other candidates. anchors (M, D), candidates (N, D), anchor_other_mask (M, N) bool,
+    features (M, H) and (N, H) or None (then g is the gradient at the embedding). -> (M, N)
+    """
+    n = candidates.shape[0]
+    eye = torch.eye(n, dtype=torch.bool, device=candidates.device)
+    anchor_delta = uncertainty_gradients(anchors, candidates, anchor_other_mask, temperature)
+    candidate_delta = uncertainty_gradients(candidates, candidates, ~eye, temperature)
+    return uncertainty_from_gradients(
+        anchor_delta, candidate_delta, anchors, candidates, anchor_features, candidate_features
+    )
+
+
+def standardise(x: Tensor, mask: Tensor) -> Tensor:
+    """(x - mean) / (std + 1e-6) over the True entries of each row (population std); 0 elsewhere. (M, N)
+
+    The spread is measured after dividing by the row's largest deviation, so huge scores (a zero-norm row's
+    uncertainty) do not overflow the square.
+    """
+    n = mask.sum(dim=1, keepdim=True).clamp_min(1).to(x.dtype)
+    mean = torch.where(mask, x, 0.0).sum(dim=1, keepdim=True) / n
+    dev = torch.where(mask, x - mean, 0.0)
+    scale = dev.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    std = scale * ((dev / scale).square().sum(dim=1, keepdim=True) / n).sqrt()
+    return dev / (std + STD_EPS)
+
+
+class UnReMixLoss(ContrastiveLoss):
+    """UnReMix (Tabassum et al., arXiv:2206.01197), adapted to SimCSE batches (docs/losses.md section 5).
+
+    C_ij = l_A std(s_ij) + l_U std(U_ij) + l_R std(R_ij), standardised over N(i), (l_A, l_U, l_R) = softmax(theta);
+    U_ij = g_i . g_j (last-layer gradients of the pseudo-label loss, closed form), R_ij = mean_{k in N(i), k != j}
+    (1 - s_jk); w_ij = n softmax_{j in N(i)}(beta C_ij), then form (D) with tau_plus.
+
+    Neutral setting: beta = 0 -> plain InfoNCE. The scores are detached; with `learn_mixture` theta is a parameter
+    trained through the weights (gradient reaches theta only), otherwise a fixed buffer of equal weights.
+    gradient = "head": g is the gradient w.r.t. the MLP head's Linear (W, b) of z = tanh(W h + b); it needs the state
+    `anchor_features` (M, H) and `candidate_features` (N, H) = h, and falls back to "embedding" (g = gradient at z)
+    when they are missing (metric `u_from_head` = 0). When anchors and candidates are the same tensor (one process,
+    symmetric form) each row's pseudo-posterior runs over its positive and negatives and all scores reuse `sim`.
+    Shapes: anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N).
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.05,
+        beta: float = 1.0,
+        tau_plus: float = 0.0,
+        gradient: str = "head",
+        learn_mixture: bool = False,
+    ):
+        super().__init__(temperature)
+        if not beta >= 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        if gradient not in GRADIENTS:
+            raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
+        self.beta = float(beta)
+        self.tau_plus = check_tau_plus(tau_plus)
+        self.gradient = gradient
+        self.learn_mixture = bool(learn_mixture)
+        theta = torch.zeros(3)
+        if self.learn_mixture:
+            self.theta = nn.Parameter(theta)
+        else:
+            self.register_buffer("theta", theta)
+
+    @property
+    def needs_head_inputs(self) -> bool:
+        return self.gradient == "head"
+
+    def forward(self, anchors: Tensor, candidates: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
+        state = {**state, "anchor_embeddings": anchors, "candidate_embeddings": candidates}
+        return super().forward(anchors, candidates, positive_index, negative_mask, **state)
+
+    def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
+        lam = torch.softmax(drop_nonfinite_grad(self.theta).float(), dim=0)  # (3,)
+        anchors, candidates = state.get("anchor_embeddings"), state.get("candidate_embeddings")
+        anchor_features, candidate_features = state.get("anchor_features"), state.get("candidate_features")
+        use_head = self.needs_head_inputs and anchor_features is not None and candidate_features is not None
+        metrics = {"lambda_A": lam[0], "lambda_U": lam[1], "lambda_R": lam[2]}
+        metrics["u_from_head"] = torch.tensor(float(use_head), device=sim.device)
+
+        log_weights = None
+        if self.beta > 0 and anchors is not None:
+            with torch.no_grad():
+                features = (anchor_features, candidate_features) if use_head else (None, None)
+                scores = self.component_scores(sim, anchors, candidates, positive_index, negative_mask, *features)
+            combined = torch.einsum("c,cmn->mn", lam.to(sim.dtype), scores)  # (M, N)
+            log_weights = log_normalised_weights(self.beta * combined, negative_mask)
+        loss, clamped = debiased_loss(
+            logits, positive_index, negative_mask, log_weights, self.tau_plus, self.temperature
+        )
+        metrics["clamp_frac"] = clamped.float().mean()
+        return loss, log_weights, metrics
+
+    def component_scores(
+        self,
+        sim: Tensor,
+        anchors: Tensor,
+        candidates: Tensor,
+        positive_index: Tensor,
+        negative_mask: Tensor,
+        anchor_features: Tensor | None = None,
+        candidate_features: Tensor | None = None,
+    ) -> Tensor:
+        """Standardised (A, U, R) over N(i), stacked. -> (3, M, N), detached."""
+        dtype = sim.dtype
+        sim = sim.detach()
+        with torch.autocast(device_type=sim.device.type, enabled=False):
+            a = anchors.detach().to(dtype)
+            a_hat, a_norm = _unit(a)
+            same = anchors is candidates
+            c = a if same else candidates.detach().to(dtype)
+            c_hat, c_norm = _unit(c)
+            n_cand = c.shape[0]
+            other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
+            logits = torch.where(other_mask, sim / self.temperature, NEG_INF)
+            anchor_delta = _embedding_gradients(a_hat, a_norm, logits, c_hat, self.temperature)  # (M, D)
+            if same:
+                cand_sim, candidate_delta = sim, anchor_delta
+            else:
+                cand_sim = c_hat @ c_hat.T  # (N, N)
+                eye = torch.eye(n_cand, dtype=torch.bool, device=sim.device)
+                cand_logits = torch.where(eye, NEG_INF, cand_sim / self.temperature)
+                candidate_delta = _embedding_gradients(c_hat, c_norm, cand_logits, c_hat, self.temperature)
+            uncertainty = uncertainty_from_gradients(
+                anchor_delta, candidate_delta, a, c, anchor_features, candidate_features
+            )  # (M, N)
+
+            # R_ij = (n_i - sum_{k in N(i)} s_jk - (1 - s_jj)) / (n_i - 1), using s symmetric.
+            mask = negative_mask.to(dtype)
+            n = mask.sum(dim=1, keepdim=True)  # (M, 1)
+            self_sim = c_hat.square().sum(dim=1)  # (N,), 1 (0 for a zero-norm row)
+            neg_sim_sum = mask @ cand_sim  # (M, N)
+            represent = (n - neg_sim_sum - (1 - self_sim)[None, :]) / (n - 1).clamp_min(1)
+
+            return torch.stack([standardise(x, negative_mask) for x in (sim, uncertainty, represent)])
