@@ -69,6 +69,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
     logger.info("%d training sentences, %s STS dev pairs", len(sentences), len(eval_pairs.scores) if eval_pairs else 0)
 
+    transformers.set_seed(training_args.seed)  # the MLP head and any new weights start the same in every run
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     model = SimCSEModel.from_pretrained(
         model_args.model_name_or_path,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from dataclasses import dataclass, field, fields
 
 import yaml
@@ -255,8 +256,9 @@ ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
 
 
 class _Parser(HfArgumentParser):
-    def error(self, message):  # argparse would print usage and exit(2); we want one line the caller can report
-        raise ConfigError(message)
+    def error(self, message):  # argparse would print usage and exit(2); we want one line naming the field
+        match = re.match(r"argument --([\w]+)(?:/--[\w-]+)*: (.*)", message)
+        raise ConfigError(f"{match.group(1)}: {match.group(2)}" if match else message)
 
 
 def _yaml_to_argv(config: dict, path: str, known: set[str]) -> list[str]:
@@ -298,12 +300,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     known_args, rest = pre.parse_known_args(argv)
     parser = _Parser(ARGUMENT_CLASSES)
     known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init}
-    yaml_argv = []
-    if known_args.config:
-        yaml_argv = _yaml_to_argv(load_yaml(known_args.config), known_args.config, known)
+    config = load_yaml(known_args.config) if known_args.config else {}
+    yaml_argv = _yaml_to_argv(config, known_args.config, known)
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)
-    except ConfigError:
+    except ConfigError as e:
+        name = str(e).split(":")[0]
+        if name in config and f"--{name}" not in rest:
+            raise ConfigError(f"{e} (in {known_args.config})") from None
         raise
     except ValueError as e:  # TrainingArguments' own checks
         raise ConfigError(str(e).strip().splitlines()[0]) from None

@@ -240,4 +240,4 @@ class SimCSEModel(nn.Module):
         head_path = os.path.join(name_or_path, HEAD_WEIGHTS)
         if model.mlp is not None and os.path.isfile(head_path):
             model.mlp.load_state_dict(load_file(head_path))
-        return model
+        return model.eval()  # as transformers' from_pretrained; the Trainer switches to train mode

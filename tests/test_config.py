@@ -1,0 +1,93 @@
+"""YAML + CLI configuration: overrides, and one-line errors naming the field before any model loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import train
+from simcse_hn.config import ConfigError, parse_args
+
+from conftest import FIXTURES, ROOT
+
+
+def test_yaml_gives_defaults_and_cli_overrides(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("loss: hcl\nhcl_beta: 0.5\nlearning_rate: 1.0e-4\nreport_to: [tensorboard]\n", encoding="utf-8")
+    model_args, data_args, args = parse_args(["--config", str(config), "--hcl_beta", "0.2", "--output_dir", str(tmp_path)])
+    assert (args.loss, args.hcl_beta, args.learning_rate, args.report_to) == ("hcl", 0.2, 1e-4, ["tensorboard"])
+    assert args.loss_kwargs() == {"temperature": 0.05, "beta": 0.2, "tau_plus": 0.0, "detach_weights": False}
+    # SimCSE recipe defaults where nothing is said
+    assert (args.per_device_train_batch_size, data_args.max_seq_length, model_args.pooler) == (64, 32, "cls")
+    assert args.metric_for_best_model == "stsb_spearman"
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--loss", "supcon"], "loss: unknown loss 'supcon'"),
+        (["--temperature", "0"], "temperature: must be > 0"),
+        (["--temperature", "-0.05"], "temperature: must be > 0"),
+        (["--per_device_train_batch_size", "1"], "per_device_train_batch_size: must be >= 2"),
+        (["--contrast_form", "pairs"], "contrast_form: must be one of"),
+        (["--loss", "hcl", "--contrast_form", "simcse"], "contrast_form: loss 'hcl' is defined on the 'symmetric'"),
+        (["--pooler", "max"], "pooler"),
+        (["--hcl_tau_plus", "1.0"], "hcl_tau_plus: must be in [0, 1)"),
+        (["--unremix_tau_plus", "-0.1"], "unremix_tau_plus: must be in [0, 1)"),
+        (["--progcl_mode", "both"], "progcl_mode: must be 'weight' or 'mix'"),
+        (["--temperature", "abc"], "temperature: invalid float value: 'abc'"),
+        (["--train_file", "no/such/file.txt"], "train_file: file not found: no/such/file.txt"),
+    ],
+)
+def test_bad_values_fail_with_a_one_line_error(argv, field, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        parse_args(argv + ["--output_dir", str(tmp_path)])
+    assert field in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        ("loss: infonce\nlerning_rate: 3e-5\n", "lerning_rate: unknown key in"),
+        ("temperature: [0.05\n", "malformed YAML in"),
+        ("learning_rate: fast\n", "learning_rate: invalid float value: 'fast' (in "),
+        ("- just\n- a list\n", "must be a mapping"),
+        ("hcl_tau_plus: 1.5\n", "hcl_tau_plus: must be in [0, 1)"),
+    ],
+)
+def test_bad_yaml_fails_with_a_one_line_error(tmp_path, yaml_text, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml_text, encoding="utf-8")
+    with pytest.raises(ConfigError) as error:
+        parse_args(["--config", str(config), "--output_dir", str(tmp_path)])
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_train_main_reports_a_user_mistake_on_one_line_and_exits_2(capsys, tmp_path, monkeypatch):
+    import simcse_hn.modeling
+
+    def no_model_loads(*args, **kwargs):
+        raise AssertionError("a model was loaded before the configuration was validated")
+
+    monkeypatch.setattr(simcse_hn.modeling.SimCSEModel, "from_pretrained", no_model_loads)
+    code = train.main(["--config", str(ROOT / "configs/debug_tiny.yaml"), "--temperature", "0", "--output_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == "error: temperature: must be > 0, got 0.0\n"
+
+
+def test_train_cli_missing_data_file_is_one_line_not_a_traceback(tmp_path):
+    bad = tmp_path / "empty.txt"
+    bad.write_text("\n\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "train.py", "--config", "configs/debug_tiny.yaml", "--train_file", str(bad),
+         "--output_dir", str(tmp_path / "out"), "--eval_file", str(FIXTURES / "sts_tiny.jsonl")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"error: {bad}: no sentences (the file is empty or only blank lines)"
+    assert "Traceback" not in result.stderr

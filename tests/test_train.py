@@ -1,0 +1,80 @@
+"""train.py end to end on the tiny config, as a user runs it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from simcse_hn.modeling import SimCSEModel, load_tokenizer
+from conftest import FIXTURES, ROOT
+
+SENTENCES = ["A man is playing a guitar.", "The weather is cold today.", "Stocks fell sharply on Monday."]
+
+
+def test_debug_tiny_trains_evaluates_saves_and_reloads(tiny_args, tmp_path, monkeypatch):
+    initial = {}
+    original = SimCSEModel.from_pretrained.__func__
+
+    def recording_from_pretrained(cls, *args, **kwargs):
+        model = original(cls, *args, **kwargs)
+        initial.update({k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad})
+        return model
+
+    monkeypatch.setattr(SimCSEModel, "from_pretrained", classmethod(recording_from_pretrained))
+    trainer = train.run(tiny_args)
+    model = trainer.model
+
+    unchanged = [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p.detach(), initial[n])]
+    assert initial and not unchanged, f"parameters that did not train: {unchanged}"
+
+    evals = [entry["eval_stsb_spearman"] for entry in trainer.state.log_history if "eval_stsb_spearman" in entry]
+    assert len(evals) >= 2 and all(-100 <= e <= 100 for e in evals)
+    assert trainer.state.best_model_checkpoint is not None
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert {"pos_sim", "neg_sim", "neg_weight_max", "clamp_frac", "nonfinite_fallback"} <= set(logged[0])
+
+    out = tmp_path / "out"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "simcse_config.json", "simcse_head.safetensors"):
+        assert (out / name).is_file(), name
+    saved_config = json.loads((out / "simcse_config.json").read_text())
+    assert saved_config["pooler"] == "cls" and saved_config["loss"] == "infonce"
+
+    reloaded = SimCSEModel.from_pretrained(str(out))
+    tokenizer = load_tokenizer(str(out))
+    expected = model.encode(SENTENCES, trainer.processing_class)
+    torch.testing.assert_close(reloaded.encode(SENTENCES, tokenizer), expected, rtol=0, atol=1e-6)
+    assert not reloaded.training and reloaded.pooler == "cls" and reloaded.mlp_only_train
+
+
+def test_debug_tiny_config_runs_from_the_command_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "train.py", "--config", "configs/debug_tiny.yaml", "--output_dir", str(tmp_path / "o"),
+         "--max_steps", "4", "--eval_steps", "2", "--save_steps", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "final STS-B dev Spearman x 100" in result.stdout
+    assert (tmp_path / "o" / "model.safetensors").is_file()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_two_processes_with_accelerate_launch(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+         "no", "--dynamo_backend", "no", "train.py", "--config", "configs/debug_tiny.yaml",
+         "--train_file", str(FIXTURES / "tiny_corpus.txt"), "--output_dir", str(tmp_path / "mp"), "--max_steps", "6",
+         "--eval_steps", "3", "--save_steps", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "world size 2 (process 0)" in result.stdout
+    assert (tmp_path / "mp" / "model.safetensors").is_file()
