@@ -123,7 +123,8 @@ class ProGCLLoss(ContrastiveLoss):
     device. Shapes: anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N).
     State (all optional): `step`, `max_steps` (ints; without them the loss is past warm-up and refits every call),
     `all_reduce` (a sum over processes, so every process fits the mixture of the gathered batch),
-    `mix_permutation` ((K,) long, replaces the random sigma, for tests).
+    `mix_permutation` ((K,) long permutation of 0..K-1, K = min(mix_k, N); replaces the random draw, e.g. in tests;
+    a row with fewer than K negatives uses its entries below that count, in order).
     """
 
     def __init__(
@@ -182,6 +183,20 @@ class ProGCLLoss(ContrastiveLoss):
             metrics = self._metrics(self.stored_fit(), zero, zero)
             return weighted_loss(logits, positive_index, negative_mask), None, metrics
 
+        hardness, valid, metrics = self.fit_hardness(sim, negative_mask, **state)
+        if self.mode == "weight":
+            n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
+            row_mean = hardness.sum(dim=1, keepdim=True) / n.clamp_min(1)  # (M, 1)
+            log_w = hardness.log() - row_mean.log()  # B = 0 -> w = 0 -> -inf, as form (W) allows
+            log_w = torch.where(valid & (row_mean > 0), log_w, 0.0)  # degenerate fit or all-zero row -> w = 1
+            log_w = torch.where(negative_mask, log_w, NEG_INF).to(logits.dtype)
+            return weighted_loss(logits, positive_index, negative_mask, log_w), log_w, metrics
+        return self._mix_loss(sim, logits, positive_index, negative_mask, hardness, valid, state), None, metrics
+
+    def fit_hardness(self, sim: Tensor, negative_mask: Tensor, **state) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(Re)fit the mixture if the schedule says so and score the negatives.
+        -> B (M, N) float64, detached, 0 outside N(i); the fit's validity (); the bmm metrics."""
+        step, max_steps = state.get("step"), state.get("max_steps")
         x = ((sim.detach().to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)  # (M, N)
         if self.refits(step, max_steps):
             init = self.stored_fit()[:3] if self.warm_start else None
@@ -198,16 +213,7 @@ class ProGCLLoss(ContrastiveLoss):
         hardness = torch.where(fit.valid & negative_mask, p_true * x, 0.0)  # B, (M, N)
         neg_pairs = negative_mask.sum().clamp_min(1)
         est_false = torch.where(fit.valid, torch.where(negative_mask, p_false, 0.0).sum() / neg_pairs, 0.0)
-        metrics = self._metrics(self.stored_fit(), est_false, (~fit.valid).float())
-
-        if self.mode == "weight":
-            n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
-            row_mean = hardness.sum(dim=1, keepdim=True) / n.clamp_min(1)  # (M, 1)
-            log_w = hardness.log() - row_mean.log()  # B = 0 -> w = 0 -> -inf, as form (W) allows
-            log_w = torch.where(fit.valid & (row_mean > 0), log_w, 0.0)  # degenerate fit or all-zero row -> w = 1
-            log_w = torch.where(negative_mask, log_w, NEG_INF).to(logits.dtype)
-            return weighted_loss(logits, positive_index, negative_mask, log_w), log_w, metrics
-        return self._mix_loss(sim, logits, positive_index, negative_mask, hardness, fit.valid, state), None, metrics
+        return hardness, fit.valid, self._metrics(self.stored_fit(), est_false, (~fit.valid).float())
 
     def _mix_loss(self, sim, logits, positive_index, negative_mask, hardness, valid, state) -> Tensor:
         num_candidates = sim.shape[1]

@@ -1,0 +1,284 @@
+"""ProGCL: the torch Beta-mixture EM against SciPy, the loss against a loop-based reference, schedule and state."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from simcse_hn.losses import InfoNCELoss, ProGCLLoss, build_loss
+from simcse_hn.losses.progcl import beta_mixture_em, fit_beta_mixture
+
+
+def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [a, a', b, b', ...]: positive of i is i ^ 1, negatives are all rows but i and i ^ 1."""
+    rows = torch.arange(num_rows)
+    positive_index = rows ^ 1
+    negative_mask = torch.ones(num_rows, num_rows, dtype=torch.bool)
+    negative_mask[rows, rows] = False
+    negative_mask[rows, positive_index] = False
+    return positive_index, negative_mask
+
+
+def simcse_like(num_rows: int, dim: int, seed: int, dtype=torch.float64) -> torch.Tensor:
+    """Close dropout positives, one repeated sentence (rows -2, -1 repeat rows 0, 1): a real false negative."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(num_rows, dim, generator=g, dtype=dtype)
+    z[1::2] = z[0::2] + 0.2 * torch.randn(num_rows // 2, dim, generator=g, dtype=dtype)
+    z[-2:] = z[:2] + 0.05 * torch.randn(2, dim, generator=g, dtype=dtype)
+    return z
+
+
+def scipy_em(x: np.ndarray, iters: int = 10, init=((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))):
+    """The ProGCL reference's BetaMixture1D.fit, with scipy.stats.beta."""
+    x = np.clip(x.astype(np.float64), 1e-12, 1 - 1e-12)
+    alpha, beta, pi = (np.array(p, dtype=np.float64) for p in init)
+    for _ in range(iters):
+        r = np.array([pi[c] * stats.beta.pdf(x, alpha[c], beta[c]) for c in range(2)])
+        r[r <= 1e-12] = 1e-12
+        r /= r.sum(axis=0)
+        for c in range(2):
+            mean = np.sum(r[c] * x) / np.sum(r[c])
+            var = np.sum(r[c] * (x - mean) ** 2) / np.sum(r[c])
+            alpha[c] = mean * (mean * (1 - mean) / var - 1)
+            beta[c] = alpha[c] * (1 - mean) / mean
+        if beta[1] < 1:
+            beta[1] = 1.01
+        pi = r.sum(axis=1) / r.sum()
+    return alpha, beta, pi
+
+
+def scipy_true_posterior(x: np.ndarray, alpha, beta, pi) -> np.ndarray:
+    lik = np.array([pi[c] * stats.beta.pdf(x, alpha[c], beta[c]) for c in range(2)])
+    true = int(np.argmin(alpha / (alpha + beta)))
+    return lik[true] / (lik.sum(axis=0) + 1e-12)
+
+
+def negative_x(z: torch.Tensor, negative_mask: torch.Tensor) -> np.ndarray:
+    zn = torch.nn.functional.normalize(z.detach().double(), dim=1)
+    return ((zn @ zn.T + 1) / 2)[negative_mask].numpy()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_em_matches_scipy(seed):
+    z = simcse_like(24, 16, seed)
+    _, negative_mask = symmetric_targets(24)
+    x = negative_x(z, negative_mask)
+    ref = scipy_em(x)
+    got = fit_beta_mixture(torch.from_numpy(x), iters=10)
+    for value, expected in zip(got, ref):
+        np.testing.assert_allclose(value.numpy(), expected, rtol=1e-6, atol=1e-9)
+    assert beta_mixture_em(torch.from_numpy(x)).valid
+
+
+def test_em_masked_and_warm_started_fits_match_scipy():
+    z = simcse_like(16, 8, 3)
+    _, negative_mask = symmetric_targets(16)
+    zn = torch.nn.functional.normalize(z, dim=1)
+    x_all = (zn @ zn.T + 1) / 2  # (M, N): positives and self included, the mask excludes them
+    init = ((3.0, 8.0), (5.0, 2.0), (0.7, 0.3))
+    ref = scipy_em(negative_x(z, negative_mask), iters=4, init=init)
+    fit = beta_mixture_em(x_all, iters=4, init=tuple(torch.tensor(p) for p in init), mask=negative_mask)
+    for value, expected in zip(fit[:3], ref):
+        np.testing.assert_allclose(value.numpy(), expected, rtol=1e-6, atol=1e-9)
+
+
+def test_em_all_reduce_hook_fits_the_union_of_two_processes():
+    """Two threads stand in for two processes, each holding half the data; the hook sums their statistics."""
+    x = torch.from_numpy(negative_x(simcse_like(20, 8, 4), symmetric_targets(20)[1]))
+    halves = [x[: len(x) // 2 + 7], x[len(x) // 2 + 7 :]]  # unequal halves
+    barrier, slots, results = threading.Barrier(2), [None, None], [None, None]
+
+    def run(rank):
+        def all_reduce(t):
+            slots[rank] = t
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()
+            return total
+
+        results[rank] = beta_mixture_em(halves[rank], iters=10, all_reduce=all_reduce)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    whole = beta_mixture_em(x, iters=10)
+    for fit in results:
+        for value, expected in zip(fit[:3], whole[:3]):
+            torch.testing.assert_close(value, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_degenerate_fit_falls_back_to_uniform_weights():
+    z = torch.randn(1, 8).repeat(8, 1)  # collapsed batch: every similarity is 1
+    positive_index, negative_mask = symmetric_targets(8)
+    assert not beta_mixture_em(torch.ones(40)).valid
+    loss_fn = ProGCLLoss(0.05)
+    defaults = [b.clone() for b in (loss_fn.bmm_alpha, loss_fn.bmm_beta, loss_fn.bmm_pi)]
+    out = loss_fn(z, z, positive_index, negative_mask)
+    assert out.metrics["bmm_fallback"].item() == 1
+    assert out.metrics["est_false_neg_frac"].item() == 0
+    assert torch.equal(out.weights, negative_mask.float())
+    assert out.loss.item() == pytest.approx(math.log(1 + 6), rel=1e-6)
+    assert not loss_fn.bmm_valid
+    for buffer, default in zip((loss_fn.bmm_alpha, loss_fn.bmm_beta, loss_fn.bmm_pi), defaults):
+        assert torch.equal(buffer, default)  # a degenerate fit never overwrites the stored one
+
+
+def reference_progcl(anchors, candidates, hardness, temperature, mode, permutation=None, mix_k=None):
+    """docs/losses.md section 4 with loops over anchors and negatives; `hardness[i][j]` is B_ij (a float)."""
+    total = 0.0
+    units = [c / c.norm().clamp_min(1e-12) for c in candidates]
+    for i in range(anchors.shape[0]):
+        a = anchors[i] / anchors[i].norm().clamp_min(1e-12)
+        negatives = [j for j in range(candidates.shape[0]) if j not in (i, i ^ 1)]
+        s = {j: a @ units[j] for j in negatives}
+        pos = torch.exp(a @ units[i ^ 1] / temperature)
+        b = hardness[i]
+        if mode == "weight":
+            mean_b = sum(b[j] for j in negatives) / len(negatives)
+            denom = pos + sum(b[j] / mean_b * torch.exp(s[j] / temperature) for j in negatives)
+        else:
+            order = sorted(negatives, key=lambda j: -b[j])[: mix_k or len(negatives)]
+            sigma = [p for p in permutation if p < len(order)]
+            denom = pos + sum(torch.exp(s[j] / temperature) for j in negatives)
+            for k, j in enumerate(order):
+                partner = order[sigma[k]]
+                mixed = (b[j] * s[j] + b[partner] * s[partner]) / (b[j] + b[partner] + 1e-12)
+                denom = denom + torch.exp(mixed / temperature)
+        total = total - torch.log(pos / denom)
+    return total / anchors.shape[0]
+
+
+@pytest.mark.parametrize("mode, mix_k", [("weight", None), ("mix", None), ("mix", 3)])
+def test_loss_matches_loop_reference_with_scipy_mixture(mode, mix_k):
+    num_rows, temperature = 16, 0.1
+    z = simcse_like(num_rows, 12, 5)
+    positive_index, negative_mask = symmetric_targets(num_rows)
+    alpha, beta, pi = scipy_em(negative_x(z, negative_mask))
+    zn = torch.nn.functional.normalize(z, dim=1)
+    x = np.clip(((zn @ zn.T + 1) / 2).numpy(), 1e-12, 1 - 1e-12)
+    hardness = (scipy_true_posterior(x, alpha, beta, pi) * x).tolist()
+    k = min(mix_k or num_rows, num_rows)
+    permutation = torch.randperm(k, generator=torch.Generator().manual_seed(0))
+
+    loss_fn = ProGCLLoss(temperature, mode=mode, mix_k=mix_k)
+    a, c = (z.clone().requires_grad_(True) for _ in range(2))
+    out = loss_fn(a, c, positive_index, negative_mask, mix_permutation=permutation)
+    out.loss.backward()
+    ra, rc = (z.clone().requires_grad_(True) for _ in range(2))
+    ref = reference_progcl(ra, rc, hardness, temperature, mode, permutation.tolist(), mix_k)
+    ref.backward()
+    torch.testing.assert_close(out.loss, ref, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(a.grad, ra.grad, rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(c.grad, rc.grad, rtol=1e-7, atol=1e-10)
+    assert out.metrics["bmm_fallback"].item() == 0
+    np.testing.assert_allclose(out.metrics["bmm_alpha_0"].item(), alpha[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["weight", "mix"])
+def test_gradcheck_with_detached_mixture(mode, monkeypatch):
+    """B is detached: hold it at its value for the unperturbed batch, then finite differences must agree."""
+    z = simcse_like(8, 4, 6)
+    positive_index, negative_mask = symmetric_targets(8)
+    loss_fn = ProGCLLoss(0.2, mode=mode)
+    zn = torch.nn.functional.normalize(z, dim=1)
+    fixed = loss_fn.fit_hardness(zn @ zn.T, negative_mask)
+    monkeypatch.setattr(loss_fn, "fit_hardness", lambda *args, **kwargs: fixed)
+    permutation = torch.randperm(8, generator=torch.Generator().manual_seed(1))
+    a, c = (z.clone().requires_grad_(True) for _ in range(2))
+    func = lambda x, y: loss_fn(x, y, positive_index, negative_mask, mix_permutation=permutation).loss  # noqa: E731
+    assert torch.autograd.gradcheck(func, (a, c))
+
+
+def test_warmup_and_neutral_setting_are_infonce():
+    z = simcse_like(12, 8, 7)
+    positive_index, negative_mask = symmetric_targets(12)
+    plain = InfoNCELoss(0.05)(z, z, positive_index, negative_mask).loss
+    neutral = ProGCLLoss(0.05, warmup_ratio=1.0)
+    assert torch.equal(neutral(z, z, positive_index, negative_mask).loss, plain)
+    assert torch.equal(neutral(z, z, positive_index, negative_mask, step=99, max_steps=100).loss, plain)
+    scheduled = ProGCLLoss(0.05, warmup_ratio=0.2)
+    warm = scheduled(z, z, positive_index, negative_mask, step=1, max_steps=10)
+    assert torch.equal(warm.loss, plain) and warm.weights is None
+    assert not scheduled.bmm_valid  # no fit during warm-up
+    after = scheduled(z, z, positive_index, negative_mask, step=2, max_steps=10)
+    assert after.weights is not None and not torch.equal(after.loss, plain)
+    assert scheduled.bmm_valid
+
+
+def test_duplicated_sentence_gets_weight_near_zero():
+    z = simcse_like(32, 32, 8, dtype=torch.float32)
+    positive_index, negative_mask = symmetric_targets(32)
+    out = ProGCLLoss(0.05)(z, z, positive_index, negative_mask)
+    assert out.metrics["bmm_fallback"].item() == 0
+    assert out.weights[0, 30] < 1e-3 and out.weights[1, 31] < 1e-3  # the repeated sentence
+    assert 0 < out.metrics["est_false_neg_frac"].item() < 0.1
+
+
+def test_refit_schedule_state_dict_and_warm_start():
+    positive_index, negative_mask = symmetric_targets(16)
+    first, second = simcse_like(16, 8, 9), simcse_like(16, 8, 10)
+    loss_fn = ProGCLLoss(0.05, refit_every=3, warmup_ratio=0.2)
+    loss_fn(first, first, positive_index, negative_mask, step=2, max_steps=10)  # first step after warm-up: fit
+    fitted = {k: v.clone() for k, v in loss_fn.state_dict().items()}
+    assert set(fitted) == {"bmm_alpha", "bmm_beta", "bmm_pi", "bmm_valid"}
+    reused = loss_fn(second, second, positive_index, negative_mask, step=4, max_steps=10)  # not a refit step
+    assert all(torch.equal(v, fitted[k]) for k, v in loss_fn.state_dict().items())
+
+    restored = ProGCLLoss(0.05, refit_every=3, warmup_ratio=0.2)
+    restored.load_state_dict(fitted)  # e.g. resuming from a checkpoint
+    again = restored(second, second, positive_index, negative_mask, step=4, max_steps=10)
+    torch.testing.assert_close(again.loss, reused.loss, rtol=0, atol=0)
+
+    loss_fn(second, second, positive_index, negative_mask, step=5, max_steps=10)  # refit step
+    assert not torch.equal(loss_fn.bmm_alpha, fitted["bmm_alpha"])
+
+    warm = ProGCLLoss(0.05, em_iters=1, warm_start=True)
+    warm.load_state_dict(fitted)
+    warm(second, second, positive_index, negative_mask)
+    zn = torch.nn.functional.normalize(second, dim=1)
+    init = (fitted["bmm_alpha"], fitted["bmm_beta"], fitted["bmm_pi"])
+    expected = beta_mixture_em((zn @ zn.T + 1) / 2, iters=1, init=init, mask=negative_mask)
+    torch.testing.assert_close(warm.bmm_alpha, expected.alpha)
+    torch.testing.assert_close(warm.bmm_pi, expected.pi)
+
+
+@pytest.mark.parametrize("mode", ["weight", "mix"])
+def test_compiles_without_graph_breaks_and_matches_eager(mode):
+    z = simcse_like(12, 8, 11, dtype=torch.float32)
+    positive_index, negative_mask = symmetric_targets(12)
+    permutation = torch.randperm(12, generator=torch.Generator().manual_seed(2))
+    eager_fn, compiled_fn = ProGCLLoss(0.05, mode=mode), ProGCLLoss(0.05, mode=mode)
+    torch._dynamo.reset()
+    compiled = torch.compile(compiled_fn, fullgraph=True, backend="aot_eager")
+    a = z.clone().requires_grad_(True)
+    out = compiled(a, a, positive_index, negative_mask, step=5, max_steps=10, mix_permutation=permutation)
+    out.loss.backward()
+    r = z.clone().requires_grad_(True)
+    ref = eager_fn(r, r, positive_index, negative_mask, step=5, max_steps=10, mix_permutation=permutation)
+    ref.loss.backward()
+    torch._dynamo.reset()
+    torch.testing.assert_close(out.loss, ref.loss)
+    torch.testing.assert_close(a.grad, r.grad)
+    for key in ref.metrics:
+        torch.testing.assert_close(out.metrics[key], ref.metrics[key])
+    torch.testing.assert_close(compiled_fn.bmm_alpha, eager_fn.bmm_alpha)  # the buffer update happened in the graph
+
+
+def test_argument_errors():
+    for kwargs, name in [
+        ({"mode": "mixup"}, "mode"),
+        ({"warmup_ratio": 1.5}, "warmup_ratio"),
+        ({"refit_every": 0}, "refit_every"),
+        ({"em_iters": 0}, "em_iters"),
+        ({"mix_k": 0}, "mix_k"),
+        ({"temperature": -1.0}, "temperature"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            build_loss("progcl", **{"temperature": 0.05, **kwargs})
