@@ -162,20 +162,37 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
 
 class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
-    gives two dropout views of every sentence."""
+    gives two dropout views of every sentence.
+
+    Sentences longer than `max_length` tokens are truncated; `num_truncated` / `num_sentences` count them (a warning
+    is logged the first time)."""
 
     def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text"):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.text_column = text_column
+        self.num_sentences = 0
+        self.num_truncated = 0
 
     def __call__(self, features: list) -> dict[str, Tensor]:
         texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
         if len(texts) < 2:
             raise ValueError(f"a batch needs at least 2 sentences to have negatives, got {len(texts)}")
         batch = self.tokenizer(
-            texts, max_length=self.max_length, truncation=True, padding=True, return_tensors="pt"
-        )  # each (B, T)
+            texts, max_length=self.max_length, truncation=True, padding=True, return_tensors="pt",
+            return_overflowing_tokens=True,
+        )  # each (B + overflow rows, T)
+        sample = batch.pop("overflow_to_sample_mapping", None)
+        if sample is not None and len(sample) > len(texts):  # keep each sentence's first window
+            first = torch.ones_like(sample, dtype=torch.bool)
+            first[1:] = sample[1:] != sample[:-1]
+            batch = {key: value[first] for key, value in batch.items()}
+            truncated = int(sample[~first].unique().numel())
+            if self.num_truncated == 0:
+                logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d)",
+                               self.max_length, truncated, len(texts))
+            self.num_truncated += truncated
+        self.num_sentences += len(texts)
         return {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
 
 

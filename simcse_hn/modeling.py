@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import string
-import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -28,11 +27,7 @@ def build_tiny_bert(seed: int = 0, dropout: float = 0.1) -> tuple[BertModel, Ber
     """A 2-layer, 32-wide BERT with a character-level WordPiece vocabulary, built in code (no download)."""
     chars = string.ascii_lowercase + string.digits + string.punctuation
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(chars) + [f"##{c}" for c in chars]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "vocab.txt")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("\n".join(vocab) + "\n")
-        tokenizer = BertTokenizerFast(vocab_file=path, do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, do_lower_case=True)
     config = BertConfig(
         vocab_size=len(vocab),
         hidden_size=32,
