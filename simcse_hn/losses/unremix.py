@@ -149,7 +149,7 @@ class UnReMixLoss(ContrastiveLoss):
         return super().forward(anchors, candidates, positive_index, negative_mask, **state)
 
     def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
-        lam = torch.softmax(drop_nonfinite_grad(self.theta).float(), dim=0)  # (3,)
+        lam = torch.softmax(drop_nonfinite_grad(self.theta).to(sim.dtype), dim=0)  # (3,)
         anchors, candidates = state.get("anchor_embeddings"), state.get("candidate_embeddings")
         anchor_features, candidate_features = state.get("anchor_features"), state.get("candidate_features")
         use_head = self.needs_head_inputs and anchor_features is not None and candidate_features is not None
@@ -161,7 +161,7 @@ class UnReMixLoss(ContrastiveLoss):
             with torch.no_grad():
                 features = (anchor_features, candidate_features) if use_head else (None, None)
                 scores = self.component_scores(sim, anchors, candidates, positive_index, negative_mask, *features)
-            combined = torch.einsum("c,cmn->mn", lam.to(sim.dtype), scores)  # (M, N)
+            combined = torch.einsum("c,cmn->mn", lam, scores)  # (M, N)
             log_weights = log_normalised_weights(self.beta * combined, negative_mask)
         loss, clamped = debiased_loss(
             logits, positive_index, negative_mask, log_weights, self.tau_plus, self.temperature
