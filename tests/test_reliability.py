@@ -1,0 +1,53 @@
+"""Failures a user meets mid-run: non-finite embeddings, too little data, overlong lines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import train
+from simcse_hn.data import DataError
+from simcse_hn.modeling import SimCSEModel
+
+
+def test_nan_embeddings_skip_the_step_and_training_continues(tiny_args, monkeypatch):
+    forward = SimCSEModel.forward
+    calls = {"train": 0}
+
+    def overflowing_forward(self, *args, **kwargs):
+        output = forward(self, *args, **kwargs)
+        if self.training:
+            calls["train"] += 1
+            if calls["train"] == 3:  # as an fp16 overflow would: the whole batch is inf/NaN
+                output.embeddings = output.embeddings * torch.tensor(float("nan"))
+        return output
+
+    monkeypatch.setattr(SimCSEModel, "forward", overflowing_forward)
+    trainer = train.run(tiny_args + ["--max_steps", "6", "--logging_steps", "1", "--eval_steps", "3",
+                                     "--save_steps", "3"])
+    assert trainer.state.global_step == 6
+    assert trainer.skipped_steps == 1
+    logged = [entry for entry in trainer.state.log_history if "skipped_steps" in entry]
+    assert [entry["skipped_steps"] for entry in logged] == [0, 0, 1, 1, 1, 1]
+    assert logged[2]["nonfinite_fallback"] == 1.0  # the loss saw it too, and could not fall back on NaN inputs
+    for name, parameter in trainer.model.named_parameters():
+        assert torch.isfinite(parameter).all(), name
+
+
+def test_fewer_sentences_than_one_batch_is_a_clear_error(tiny_args, tmp_path):
+    small = tmp_path / "small.txt"
+    small.write_text("one sentence\nanother one\nthird\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"small.txt: 3 sentences, fewer than one batch \(16 x 1 processes\)"):
+        train.run(tiny_args + ["--train_file", str(small)])
+
+
+def test_overlong_lines_are_truncated_and_counted(tiny_args, tmp_path, caplog):
+    corpus = tmp_path / "long.txt"
+    lines = [f"sentence number {i} is short" for i in range(30)] + ["word " * 5000] * 2
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        trainer = train.run(tiny_args + ["--train_file", str(corpus), "--max_steps", "2", "--eval_strategy", "no",
+                                         "--load_best_model_at_end", "false", "--per_device_train_batch_size", "16"])
+    collator = trainer.data_collator
+    assert (collator.num_truncated, collator.num_sentences) == (sum(len(s) > 30 for s in lines), 32)
+    assert f"{collator.num_truncated} of 32 sentences were longer than 32 tokens and were truncated" in caplog.text
