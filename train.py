@@ -17,6 +17,7 @@ import transformers
 
 from simcse_hn.config import ConfigError, parse_args
 from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
+from simcse_hn.hub import HubError, find_token, push_to_hub, write_model_card
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling import SimCSEModel, load_tokenizer
 from simcse_hn.trainer import SimCSETrainer
@@ -47,6 +48,10 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
 
     if data_args.train_file is None:
         raise ConfigError("train_file: required (a text/jsonl/csv file or a Hub dataset id)")
+    if training_args.push_to_hub and not training_args.hub_model_id:
+        raise ConfigError("hub_model_id: required with push_to_hub (e.g. user/unsup-simcse-bert-base)")
+    if training_args.push_to_hub and find_token(training_args.hub_token) is None:
+        logger.warning("no Hugging Face token (HF_TOKEN or `hf auth login`): the model will be saved, not pushed")
     if data_args.eval_file is None and training_args.eval_strategy != "no":
         logger.warning("no eval_file: STS-B dev evaluation and best-model selection are off")
         training_args = dataclasses.replace(
@@ -102,16 +107,26 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
+    dev_spearman = None
     if eval_pairs is not None:
-        metrics = trainer.evaluate()
-        logger.info("final STS-B dev Spearman x 100: %.2f", metrics["eval_stsb_spearman"])
+        dev_spearman = trainer.evaluate()["eval_stsb_spearman"]
+        logger.info("final STS-B dev Spearman x 100: %.2f", dev_spearman)
+    if trainer.is_world_process_zero():
+        write_model_card(training_args.output_dir, repo_id=training_args.hub_model_id, dev_spearman=dev_spearman)
+        if training_args.push_to_hub:  # one push of the finished folder; SimCSETrainer never pushes by itself
+            push_to_hub(
+                training_args.output_dir,
+                training_args.hub_model_id,
+                token=training_args.hub_token,
+                private=training_args.hub_private_repo,
+            )
     return trainer
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         run(argv)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, HubError) as e:  # a HubError comes after the model is saved
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -161,3 +161,36 @@ class SimCSETrainer(Trainer):
     def _load_best_model(self) -> None:
         logger.info("loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
         self.accelerator.unwrap_model(self.model).load_weights(self.state.best_model_checkpoint)
+
+    # --- the Hub: train.py pushes the finished folder once (simcse_hn.hub), the Trainer never pushes by itself ---
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        self.push_in_progress = None  # no repo at start-up: simcse_hn.hub.push_to_hub creates it at the end
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        pass  # checkpoints stay local
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call=True)  # no push here: the card and STS results come later
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs,
+    ) -> str | None:
+        """Upload `args.output_dir` as it is on disk to `args.hub_model_id` (simcse_hn.hub.push_to_hub)."""
+        from simcse_hn import hub
+
+        if not self.is_world_process_zero():
+            return None
+        return hub.push_to_hub(
+            self.args.output_dir,
+            self.args.hub_model_id,
+            token=token if token is not None else self.args.hub_token,
+            private=private if private is not None else self.args.hub_private_repo,
+            commit_message=commit_message or "End of training",
+        )
