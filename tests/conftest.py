@@ -20,9 +20,14 @@ sys.path.insert(0, str(ROOT))  # train.py and eval/ live at the top level
 def tiny_args(tmp_path):
     """Arguments of a fast debug_tiny run writing into tmp_path."""
     return [
-        "--config", str(ROOT / "configs" / "debug_tiny.yaml"),
-        "--train_file", str(FIXTURES / "tiny_corpus.txt"),
-        "--eval_file", str(FIXTURES / "sts_tiny.jsonl"),
-        "--output_dir", str(tmp_path / "out"),
-        "--disable_tqdm", "true",
+        "--config",
+        str(ROOT / "configs" / "debug_tiny.yaml"),
+        "--train_file",
+        str(FIXTURES / "tiny_corpus.txt"),
+        "--eval_file",
+        str(FIXTURES / "sts_tiny.jsonl"),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--disable_tqdm",
+        "true",
     ]

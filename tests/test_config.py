@@ -6,17 +6,18 @@ import subprocess
 import sys
 
 import pytest
+from conftest import FIXTURES, ROOT
 
 import train
 from simcse_hn.config import ConfigError, parse_args
-
-from conftest import FIXTURES, ROOT
 
 
 def test_yaml_gives_defaults_and_cli_overrides(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("loss: hcl\nhcl_beta: 0.5\nlearning_rate: 1.0e-4\nreport_to: [tensorboard]\n", encoding="utf-8")
-    model_args, data_args, args = parse_args(["--config", str(config), "--hcl_beta", "0.2", "--output_dir", str(tmp_path)])
+    model_args, data_args, args = parse_args(
+        ["--config", str(config), "--hcl_beta", "0.2", "--output_dir", str(tmp_path)]
+    )
     assert (args.loss, args.hcl_beta, args.learning_rate, args.report_to) == ("hcl", 0.2, 1e-4, ["tensorboard"])
     assert args.loss_kwargs() == {"temperature": 0.05, "beta": 0.2, "tau_plus": 0.0, "detach_weights": False}
     # SimCSE recipe defaults where nothing is said
@@ -74,7 +75,9 @@ def test_train_main_reports_a_user_mistake_on_one_line_and_exits_2(capsys, tmp_p
         raise AssertionError("a model was loaded before the configuration was validated")
 
     monkeypatch.setattr(simcse_hn.modeling.SimCSEModel, "from_pretrained", no_model_loads)
-    code = train.main(["--config", str(ROOT / "configs/debug_tiny.yaml"), "--temperature", "0", "--output_dir", str(tmp_path)])
+    code = train.main(
+        ["--config", str(ROOT / "configs/debug_tiny.yaml"), "--temperature", "0", "--output_dir", str(tmp_path)]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err == "error: temperature: must be > 0, got 0.0\n"
@@ -84,10 +87,25 @@ def test_train_cli_missing_data_file_is_one_line_not_a_traceback(tmp_path):
     bad = tmp_path / "empty.txt"
     bad.write_text("\n\n", encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "train.py", "--config", "configs/debug_tiny.yaml", "--train_file", str(bad),
-         "--output_dir", str(tmp_path / "out"), "--eval_file", str(FIXTURES / "sts_tiny.jsonl")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "configs/debug_tiny.yaml",
+            "--train_file",
+            str(bad),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--eval_file",
+            str(FIXTURES / "sts_tiny.jsonl"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == f"error: {bad}: no sentences (the file is empty or only blank lines)"
+    assert (
+        result.stderr.strip().splitlines()[-1] == f"error: {bad}: no sentences (the file is empty or only blank lines)"
+    )
     assert "Traceback" not in result.stderr

@@ -84,7 +84,11 @@ def test_load_sentences_from_a_hub_dataset_goes_through_datasets(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     sentences = load_sentences("princeton-nlp/datasets-for-simcse", data_files="wiki1m_for_simcse.txt")
     assert sentences == ["a sentence", "another"]
-    assert calls == {"name": "princeton-nlp/datasets-for-simcse", "data_files": "wiki1m_for_simcse.txt", "split": "train"}
+    assert calls == {
+        "name": "princeton-nlp/datasets-for-simcse",
+        "data_files": "wiki1m_for_simcse.txt",
+        "split": "train",
+    }
 
 
 def test_sts_pairs_keep_the_requested_split(tmp_path):

@@ -23,8 +23,9 @@ def test_nan_embeddings_skip_the_step_and_training_continues(tiny_args, monkeypa
         return output
 
     monkeypatch.setattr(SimCSEModel, "forward", overflowing_forward)
-    trainer = train.run(tiny_args + ["--max_steps", "6", "--logging_steps", "1", "--eval_steps", "3",
-                                     "--save_steps", "3"])
+    trainer = train.run(
+        tiny_args + ["--max_steps", "6", "--logging_steps", "1", "--eval_steps", "3", "--save_steps", "3"]
+    )
     assert trainer.state.global_step == 6
     assert trainer.skipped_steps == 1
     logged = [entry for entry in trainer.state.log_history if "skipped_steps" in entry]
@@ -46,8 +47,21 @@ def test_overlong_lines_are_truncated_and_counted(tiny_args, tmp_path, caplog):
     lines = [f"sentence number {i} is short" for i in range(30)] + ["word " * 5000] * 2
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with caplog.at_level("WARNING"):
-        trainer = train.run(tiny_args + ["--train_file", str(corpus), "--max_steps", "2", "--eval_strategy", "no",
-                                         "--load_best_model_at_end", "false", "--per_device_train_batch_size", "16"])
+        trainer = train.run(
+            tiny_args
+            + [
+                "--train_file",
+                str(corpus),
+                "--max_steps",
+                "2",
+                "--eval_strategy",
+                "no",
+                "--load_best_model_at_end",
+                "false",
+                "--per_device_train_batch_size",
+                "16",
+            ]
+        )
     collator = trainer.data_collator
     assert (collator.num_truncated, collator.num_sentences) == (sum(len(s) > 30 for s in lines), 32)
     assert f"{collator.num_truncated} of 32 sentences were longer than 32 tokens and were truncated" in caplog.text

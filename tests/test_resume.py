@@ -10,9 +10,8 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import FIXTURES, ROOT
+from safetensors.torch import load_file
 
 # Crash like a SIGKILL right after step 5 finished (checkpoint-4 is on disk, checkpoint-6 is not).
 CRASH = """
@@ -37,8 +36,9 @@ sys.exit(train.main(sys.argv[1:]))
 def _run(args, crash=False):
     code = ["-c", CRASH] if crash else ["train.py"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *code, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, *code, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def _weights(folder):
@@ -60,10 +60,29 @@ def _weights(folder):
     ids=["progcl", "unremix"],
 )
 def test_killed_run_resumes_to_the_same_weights(tmp_path, loss_args):
-    common = ["--config", "configs/debug_tiny.yaml", "--train_file", str(FIXTURES / "tiny_corpus.txt"),
-              "--eval_file", str(FIXTURES / "sts_tiny.jsonl"), "--max_steps", "8", "--save_steps", "2",
-              "--eval_steps", "2", "--save_total_limit", "2", "--load_best_model_at_end", "false",
-              "--disable_tqdm", "true", "--seed", "7", *loss_args]
+    common = [
+        "--config",
+        "configs/debug_tiny.yaml",
+        "--train_file",
+        str(FIXTURES / "tiny_corpus.txt"),
+        "--eval_file",
+        str(FIXTURES / "sts_tiny.jsonl"),
+        "--max_steps",
+        "8",
+        "--save_steps",
+        "2",
+        "--eval_steps",
+        "2",
+        "--save_total_limit",
+        "2",
+        "--load_best_model_at_end",
+        "false",
+        "--disable_tqdm",
+        "true",
+        "--seed",
+        "7",
+        *loss_args,
+    ]
     straight = tmp_path / "straight"
     crashed = tmp_path / "crashed"
     result = _run([*common, "--output_dir", str(straight)])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -10,10 +9,10 @@ import sys
 
 import pytest
 import torch
+from conftest import FIXTURES, ROOT
 
 import train
 from simcse_hn.modeling import SimCSEModel, load_tokenizer
-from conftest import FIXTURES, ROOT
 
 SENTENCES = ["A man is playing a guitar.", "The weather is cold today.", "Stocks fell sharply on Monday."]
 
@@ -41,7 +40,13 @@ def test_debug_tiny_trains_evaluates_saves_and_reloads(tiny_args, tmp_path, monk
     assert {"pos_sim", "neg_sim", "neg_weight_max", "clamp_frac", "nonfinite_fallback"} <= set(logged[0])
 
     out = tmp_path / "out"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "simcse_config.json", "simcse_head.safetensors"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "simcse_config.json",
+        "simcse_head.safetensors",
+    ):
         assert (out / name).is_file(), name
     saved_config = json.loads((out / "simcse_config.json").read_text())
     assert saved_config["pooler"] == "cls" and saved_config["loss"] == "infonce"
@@ -55,9 +60,24 @@ def test_debug_tiny_trains_evaluates_saves_and_reloads(tiny_args, tmp_path, monk
 
 def test_debug_tiny_config_runs_from_the_command_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, "train.py", "--config", "configs/debug_tiny.yaml", "--output_dir", str(tmp_path / "o"),
-         "--max_steps", "4", "--eval_steps", "2", "--save_steps", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "configs/debug_tiny.yaml",
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--max_steps",
+            "4",
+            "--eval_steps",
+            "2",
+            "--save_steps",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "final STS-B dev Spearman x 100" in result.stdout
@@ -69,11 +89,37 @@ def test_debug_tiny_config_runs_from_the_command_line(tmp_path):
 def test_two_processes_with_accelerate_launch(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-         "no", "--dynamo_backend", "no", "train.py", "--config", "configs/debug_tiny.yaml",
-         "--train_file", str(FIXTURES / "tiny_corpus.txt"), "--output_dir", str(tmp_path / "mp"), "--max_steps", "6",
-         "--eval_steps", "3", "--save_steps", "3"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env,
+        [
+            "accelerate",
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "train.py",
+            "--config",
+            "configs/debug_tiny.yaml",
+            "--train_file",
+            str(FIXTURES / "tiny_corpus.txt"),
+            "--output_dir",
+            str(tmp_path / "mp"),
+            "--max_steps",
+            "6",
+            "--eval_steps",
+            "3",
+            "--save_steps",
+            "3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "world size 2 (process 0)" in result.stdout
