@@ -15,6 +15,7 @@ import datasets
 import torch
 import transformers
 
+from simcse_hn.checkpoints import resolve_resume
 from simcse_hn.config import ConfigError, parse_args
 from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
 from simcse_hn.hub import HubError, find_token, push_to_hub, write_model_card
@@ -46,6 +47,9 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     _setup_logging(training_args)
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
+    checkpoint = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+    if checkpoint is not None:
+        logger.info("resuming from %s", checkpoint)
     if data_args.train_file is None:
         raise ConfigError("train_file: required (a text/jsonl/csv file or a Hub dataset id)")
     if training_args.push_to_hub and not training_args.hub_model_id:
@@ -105,7 +109,11 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         data_collator=SimCSECollator(tokenizer, data_args.max_seq_length),
         processing_class=tokenizer,
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    collator = trainer.data_collator
+    if collator.num_truncated:
+        logger.warning("%d of %d sentences were longer than %d tokens and were truncated",
+                       collator.num_truncated, collator.num_sentences, data_args.max_seq_length)
     trainer.save_model(training_args.output_dir)
     dev_spearman = None
     if eval_pairs is not None:
