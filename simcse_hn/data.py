@@ -227,3 +227,149 @@ def contrastive_targets(
     if form == "simcse":
         negative_mask &= (columns % 2 == 1)[None]
     return anchor_rows, positive_index, negative_mask
+
+
+# --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---
+
+STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
+STS_FILES = {
+    "STS12": "sts12.jsonl",
+    "STS13": "sts13.jsonl",
+    "STS14": "sts14.jsonl",
+    "STS15": "sts15.jsonl",
+    "STS16": "sts16.jsonl",
+    "STS-B": "stsb.jsonl",
+    "SICK-R": "sickr.jsonl",
+}
+# MTEB's copies carry no sub-file labels (only `all` aggregation), and its SICK-R test split holds all 9,927 pairs.
+STS_HUB = {
+    "STS12": "mteb/sts12-sts",
+    "STS13": "mteb/sts13-sts",
+    "STS14": "mteb/sts14-sts",
+    "STS15": "mteb/sts15-sts",
+    "STS16": "mteb/sts16-sts",
+    "STS-B": "sentence-transformers/stsb",
+    "SICK-R": "mteb/sickr-sts",
+}
+SENTEVAL_MULTI_FILE = ("STS12", "STS13", "STS14", "STS15", "STS16")
+
+
+@dataclass
+class STSTask:
+    """One task of the suite. STS12-16: `subsets` are SentEval's sub-files and `aggregation` applies to them.
+    STS-B, SICK-R: one file each, so the score is always one correlation; `subsets` (splits) are detail only.
+    Pairs without a sub-file label are grouped under "all" (`labelled` is then False)."""
+
+    name: str
+    source: str
+    subsets: dict[str, STSPairs]
+    multi_file: bool
+    labelled: bool = True
+
+    @property
+    def pairs(self) -> int:
+        return sum(len(p.scores) for p in self.subsets.values())
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _sts_row(record, where: str) -> dict:
+    """A validated STS record: sentence1/sentence2 strings, a finite numeric score, optional split and subset."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for key in ("sentence1", "sentence2", "score"):
+        if record.get(key) is None:
+            raise DataError(f"{where}: missing field {key!r}")
+    for key in ("sentence1", "sentence2"):
+        if not isinstance(record[key], str):
+            raise DataError(f"{where}: field {key!r} is not a string: {_short(record[key])}")
+    raw = record["score"]
+    try:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+            raise ValueError
+        score = float(raw)
+    except ValueError:
+        raise DataError(f"{where}: field 'score' is not a number: {_short(raw)}") from None
+    if not abs(score) < float("inf"):
+        raise DataError(f"{where}: field 'score' is not a finite number: {_short(raw)}")
+    subset = record.get("subset")
+    split = record.get("split")
+    return {
+        "sentence1": record["sentence1"],
+        "sentence2": record["sentence2"],
+        "score": score,
+        "split": None if split is None else str(split),
+        "subset": None if subset is None else str(subset),
+    }
+
+
+def read_sts_jsonl(path: str) -> list[dict]:
+    """Validated rows of an STS JSON Lines file (sentence1, sentence2, score, split, subset); blank lines skipped."""
+    rows = []
+    for number, line in enumerate(_read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
+        rows.append(_sts_row(record, f"{path}:{number}"))
+    return rows
+
+
+def _read_sts_hub(name: str, split: str = "test") -> list[dict]:
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(name, split=split)
+    except Exception as e:  # offline, missing repo or split: all user-facing
+        raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    missing = [c for c in ("sentence1", "sentence2", "score") if c not in dataset.column_names]
+    if missing:
+        raise DataError(f"{name}: no column {missing[0]!r} in {dataset.column_names}")
+    return [_sts_row(record, f"{name}[{split}]:row {i}") for i, record in enumerate(dataset)]
+
+
+def load_sts_task(task: str, data_dir: str | None = None, sickr_all: bool = False) -> STSTask:
+    """One task of the suite from `data_dir` (stsNN.jsonl, stsb.jsonl, sickr.jsonl) or, without it, from the Hub.
+
+    STS12-16 and STS-B: the test pairs. SICK-R: its 4,927 test pairs (SimCSE), or all 9,927 with `sickr_all` (MTEB).
+    """
+    if task not in STS_TASKS:
+        raise DataError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
+    if data_dir is not None:
+        source = os.path.join(data_dir, STS_FILES[task])
+        if not os.path.isfile(source):
+            raise DataError(f"{source}: file not found ({task} expects {STS_FILES[task]} in the data folder)")
+        rows = read_sts_jsonl(source)
+    else:
+        source = STS_HUB[task]
+        rows = _read_sts_hub(source)
+
+    multi_file = task in SENTEVAL_MULTI_FILE
+    if task == "SICK-R" and sickr_all:
+        selected = rows
+    else:
+        if task == "SICK-R" and all(row["split"] is None for row in rows):
+            raise DataError(
+                f"{source}: no 'split' field to pick SimCSE's 4,927 SICK-R test pairs; "
+                "pass --sickr_all (MTEB: all 9,927 pairs) or a data folder with split labels"
+            )
+        selected = [row for row in rows if row["split"] in (None, "test")]
+    if not selected:
+        raise DataError(f"{source}: no test pairs for {task}")
+
+    subsets: dict[str, STSPairs] = {}
+    for row in selected:
+        key = row["subset"] if multi_file else row["split"]
+        pairs = subsets.setdefault(key or "all", STSPairs([], [], []))
+        pairs.sentence1.append(row["sentence1"])
+        pairs.sentence2.append(row["sentence2"])
+        pairs.scores.append(row["score"])
+    labelled = not multi_file or all(row["subset"] is not None for row in selected)
+    if not labelled and len(subsets) > 1:
+        raise DataError(f"{source}: some {task} pairs have a 'subset' field and some do not")
+    return STSTask(task, source, subsets, multi_file, labelled)

@@ -1,0 +1,173 @@
+"""The STS suite (STS12-16, STS-B test, SICK-R test) for a SimCSE folder, a Hub id or a sentence-transformers model.
+
+    python eval/sts.py --model PATH_OR_ID [--pooler avg] --data_dir ../shared/data/sts --output runs/sts \
+        [--tasks all|sts12,stsb,...] [--aggregation all|mean|wmean] [--sickr_all] [--batch_size 128] \
+        [--max_seq_length N] [--device cpu] [--save_to_model] [--push_to_hub --hub_model_id user/name]
+
+Writes results.json, results.md (the SimCSE paper's table + sub-file scores) and results.png into --output.
+Without --data_dir the tasks come from the Hub (mteb/*-sts, sentence-transformers/stsb) through `datasets`.
+User errors (a missing or malformed task file, a bad flag) print one `error: ...` line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+try:
+    import simcse_hn  # noqa: F401
+except ImportError:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from simcse_hn.data import DataError, load_sts_task
+from simcse_hn.evaluation import (
+    AGGREGATION_HELP,
+    AGGREGATIONS,
+    load_encoder,
+    model_label,
+    parse_tasks,
+    plot_results,
+    results_markdown,
+    results_table,
+    score_sts_tasks,
+    sts_results,
+)
+
+logger = logging.getLogger("eval.sts")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="SimCSE output folder, Hub id, or sentence-transformers model.")
+    parser.add_argument(
+        "--pooler",
+        default=None,
+        help="Evaluate as a SimCSEModel with this pooler: cls, cls_before_pooler, avg, avg_first_last, avg_top2. "
+        "Default: the pooler saved in simcse_config.json, else the model's sentence-transformers modules when it has "
+        "modules.json, else 'cls'.",
+    )
+    parser.add_argument(
+        "--data_dir",
+        default=None,
+        help="Folder with sts12..16.jsonl, stsb.jsonl, sickr.jsonl. "
+        "Default: the public copies on the Hub (needs network).",
+    )
+    parser.add_argument("--output", required=True, help="Folder for results.json, results.md and results.png.")
+    parser.add_argument("--tasks", default="all", help="'all' or a comma-separated list, e.g. sts12,stsb,sickr.")
+    parser.add_argument(
+        "--aggregation",
+        choices=AGGREGATIONS,
+        default="all",
+        help="; ".join(AGGREGATION_HELP.values()) + ". STS-B and SICK-R are single files either way.",
+    )
+    parser.add_argument(
+        "--sickr_all",
+        action="store_true",
+        help="Score SICK-R on all 9,927 pairs as MTEB does, "
+        "instead of SimCSE's 4,927 test pairs; labelled as such in every output.",
+    )
+    parser.add_argument("--batch_size", type=int, default=128, help="Sentences per encoder batch.")
+    parser.add_argument("--max_seq_length", type=int, default=None, help="Truncate longer inputs (tokens).")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... Default: cuda when available.")
+    parser.add_argument(
+        "--save_to_model",
+        action="store_true",
+        help="Also write sts_results.json into the local --model folder (the model card and push read it).",
+    )
+    parser.add_argument("--push_to_hub", action="store_true", help="Upload the results to the model's Hub repo.")
+    parser.add_argument(
+        "--hub_model_id", default=None, help="Hub repo for --push_to_hub (default: --model when it is a Hub id)."
+    )
+    parser.add_argument("--no_progress_bar", action="store_true", help="Hide the encoding progress bar.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    local_model = os.path.isdir(args.model)
+    if args.save_to_model and not local_model:
+        raise DataError(f"--save_to_model needs a local model folder; {args.model!r} is not one")
+    hub_repo = args.hub_model_id or (None if local_model else args.model)
+    if args.push_to_hub and not hub_repo:
+        raise DataError("--push_to_hub needs --hub_model_id when --model is a local folder")
+    if args.pooler is not None:
+        from simcse_hn.config import POOLERS  # imports transformers: only when needed, so data errors come fast
+
+        if args.pooler not in POOLERS:
+            raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
+    if args.batch_size < 1:
+        raise DataError(f"--batch_size must be >= 1, got {args.batch_size}")
+    try:
+        names = parse_tasks(args.tasks)
+    except ValueError as e:
+        raise DataError(f"--tasks: {e}") from None
+
+    # Read and check every task file before the model loads: a bad line fails in seconds.
+    tasks = [load_sts_task(name, args.data_dir, sickr_all=args.sickr_all) for name in names]
+    for task in tasks:
+        logger.info("%s: %d pairs from %s (%s)", task.name, task.pairs, task.source, ", ".join(task.subsets))
+
+    try:
+        encode, info = load_encoder(
+            args.model,
+            pooler=args.pooler,
+            device=args.device,
+            batch_size=args.batch_size,
+            max_seq_length=args.max_seq_length,
+            show_progress_bar=not args.no_progress_bar,
+        )
+    except OSError as e:  # missing folder or Hub repo, no network, unreadable weights
+        raise DataError(f"could not load model {args.model!r} ({str(e).splitlines()[0]})") from None
+
+    scores = score_sts_tasks(encode, tasks, args.aggregation)
+    settings = {
+        "tasks": names,
+        "data": args.data_dir or "hub",
+        "sources": {task.name: task.source for task in tasks},
+        "encoder": info["backend"],
+        "modules": info["modules"],
+        "batch_size": args.batch_size,
+        "max_seq_length": args.max_seq_length,
+        "device": info["device"],
+    }
+    results = sts_results(scores, args.model, info["pooler"], sickr_all=args.sickr_all, settings=settings)
+
+    os.makedirs(args.output, exist_ok=True)
+    write_json(os.path.join(args.output, "results.json"), results)
+    with open(os.path.join(args.output, "results.md"), "w", encoding="utf-8") as f:
+        f.write(results_markdown(results))
+    label = model_label(args.model)
+    plot_results([(label, results)], os.path.join(args.output, "results.png"), title=f"STS: {label}")
+    if args.save_to_model:
+        write_json(os.path.join(args.model, "sts_results.json"), results)
+    print(results_table([(label, results)]), end="")
+    logger.info("wrote results.json, results.md and results.png to %s", args.output)
+
+    if args.push_to_hub:
+        from simcse_hn.hub import push_sts_results
+
+        push_sts_results(hub_repo, results, token=None)  # the token comes from HF_TOKEN or `hf auth login`
+        logger.info("pushed STS results to %s", hub_repo)
+    return 0
+
+
+def write_json(path: str, results: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

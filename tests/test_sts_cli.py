@@ -1,0 +1,222 @@
+"""eval/sts.py and eval/compare.py as a user runs them: the files they write, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+from simcse_hn.data import STS_TASKS, load_sts_task
+from simcse_hn.evaluation import load_encoder, score_sts_tasks
+from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+
+RESULT_KEYS = {"model", "pooler", "aggregation", "sickr_pairs", "date", "versions", "settings", "tasks", "average"}
+FILES = {
+    "sts12.jsonl": ("test", ["MSRpar", "MSRvid"]),
+    "sts13.jsonl": ("test", ["FNWN", "headlines"]),
+    "sts14.jsonl": ("test", ["images", "OnWN"]),
+    "sts15.jsonl": ("test", ["belief", "images"]),
+    "sts16.jsonl": ("test", ["plagiarism", "postediting"]),
+    "stsb.jsonl": ("test", ["MSRvid"]),
+    "sickr.jsonl": ("test", ["SICK"]),
+}
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"eval_{name}", ROOT / "eval" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_data(root, pairs_per_subset: int = 8):
+    """Task files in the shared-data layout (plus a dev split in stsb/sickr that must be ignored)."""
+    rng = random.Random(0)
+    words = "a the man dog cat plays runs guitar ball park red big small old river tree bird near".split()
+    root.mkdir(parents=True, exist_ok=True)
+    for filename, (split, subsets) in FILES.items():
+        rows = []
+        for subset in subsets:
+            for _ in range(pairs_per_subset):
+                s1, s2 = (" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(2))
+                rows.append({"sentence1": s1, "sentence2": s2, "score": rng.randint(0, 50) / 10, "split": split,
+                             "subset": subset})  # fmt: skip
+        if filename in ("stsb.jsonl", "sickr.jsonl"):
+            rows += [dict(row, split="dev", score=5.0 - row["score"]) for row in rows[:3]]
+        (root / filename).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A SimCSE output folder (simcse_config.json with pooler avg, tokenizer, sentence-transformers files)."""
+    path = str(tmp_path_factory.mktemp("model"))
+    encoder, tokenizer = build_tiny_bert(seed=4, dropout=0.0)
+    SimCSEModel(encoder, pooler="avg").save_pretrained(path, tokenizer)
+    return path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH="")
+    return subprocess.run(
+        [sys.executable, str(ROOT / "eval" / "sts.py"), *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_cli_writes_results_json_markdown_plot_and_model_copy(tmp_path, model_dir):
+    data = write_data(tmp_path / "sts")
+    out = tmp_path / "out"
+    result = run_cli("--model", model_dir, "--data_dir", str(data), "--output", str(out), "--aggregation", "wmean",
+                     "--batch_size", "5", "--save_to_model", "--no_progress_bar", "--device", "cpu")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == RESULT_KEYS
+    assert results["model"] == model_dir and results["pooler"] == "avg"  # restored from simcse_config.json
+    assert results["aggregation"] == "wmean" and results["sickr_pairs"] == "test"
+    assert list(results["tasks"]) == list(STS_TASKS)
+    assert results["tasks"]["STS12"]["pairs"] == 16
+    assert set(results["tasks"]["STS12"]["subsets"]) == {"MSRpar", "MSRvid"}
+    assert results["tasks"]["STS-B"]["pairs"] == 8 and list(results["tasks"]["SICK-R"]["subsets"]) == ["test"]
+    for task in results["tasks"].values():
+        assert set(task) == {"spearman", "pairs", "subsets"}
+        assert all(set(s) == {"spearman", "pairs"} for s in task["subsets"].values())
+    assert {"torch", "transformers", "sentence-transformers", "scipy"} <= set(results["versions"])
+    assert results["settings"]["batch_size"] == 5 and results["settings"]["encoder"] == "simcse"
+    with open(os.path.join(model_dir, "sts_results.json"), encoding="utf-8") as f:
+        assert json.load(f) == results
+
+    # the same numbers in-process, through the library
+    tasks = [load_sts_task(name, str(data)) for name in STS_TASKS]
+    encode, _ = load_encoder(model_dir, device="cpu", batch_size=3)
+    expected = score_sts_tasks(encode, tasks, "wmean")
+    for name, task in expected["tasks"].items():
+        assert results["tasks"][name]["spearman"] == pytest.approx(task["spearman"], abs=1e-6)
+    assert results["average"] == pytest.approx(expected["average"], abs=1e-6)
+
+    markdown = (out / "results.md").read_text()
+    assert "| Model | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |" in markdown
+    row = " | ".join(f"{results['tasks'][n]['spearman']:.2f}" for n in STS_TASKS) + f" | {results['average']:.2f} |"
+    assert row in markdown and row in result.stdout
+    assert "wmean (SentEval" in markdown and "| MSRpar | 8 |" in markdown
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+BAD_INPUTS = [
+    ("missing", "sts14.jsonl: file not found (STS14 expects sts14.jsonl in the data folder)"),
+    ('{"sentence1": "a", "sentence2": "b", "score": ', "sts14.jsonl:3: malformed JSON (Expecting value)"),
+    ('{"sentence1": "a", "sentence2": "b", "score": "n/a"}', "sts14.jsonl:3: field 'score' is not a number: 'n/a'"),
+    ('{"sentence2": "b", "score": 1.0}', "sts14.jsonl:3: missing field 'sentence1'"),
+]
+
+
+def damaged_data(root, damage: str):
+    data = write_data(root, pairs_per_subset=3)
+    path = data / "sts14.jsonl"
+    if damage == "missing":
+        path.unlink()
+    else:
+        lines = path.read_text().splitlines()
+        lines[2] = damage
+        path.write_text("\n".join(lines) + "\n")
+    return data
+
+
+@pytest.mark.parametrize("damage, message", BAD_INPUTS)
+def test_cli_bad_task_file_prints_one_error_line_and_exits_2(tmp_path, capsys, damage, message):
+    data = damaged_data(tmp_path / "sts", damage)
+    argv = ["--model", "builtin:tiny-bert", "--data_dir", str(data), "--output", str(tmp_path / "out")]
+    assert load_script("sts").main(argv) == 2
+    assert capsys.readouterr().err == f"error: {data}/{message}\n"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("damage, message", BAD_INPUTS[1:3])
+def test_cli_bad_task_file_in_a_subprocess(tmp_path, damage, message):
+    data = damaged_data(tmp_path / "sts", damage)
+    result = run_cli("--model", "builtin:tiny-bert", "--data_dir", str(data), "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == f"error: {data}/{message}"
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_usage_errors_exit_2(tmp_path, capsys):
+    sts = load_script("sts")
+    data = write_data(tmp_path / "sts", pairs_per_subset=3)
+    common = ["--data_dir", str(data), "--output", str(tmp_path / "out")]
+    cases = [
+        (["--model", "user/model", "--save_to_model"], "--save_to_model needs a local model folder"),
+        (["--model", str(tmp_path), "--push_to_hub"], "--push_to_hub needs --hub_model_id"),
+        (["--model", "builtin:tiny-bert", "--tasks", "sts12,sts99"], "--tasks: unknown STS task 'sts99'"),
+        (["--model", str(tmp_path / "nowhere"), "--tasks", "sts12"], "could not load model"),
+        (["--model", "builtin:tiny-bert", "--pooler", "max"], "--pooler must be one of cls, cls_before_pooler"),
+    ]
+    for argv, message in cases:
+        assert sts.main(argv + common) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error: ") and message in err[-1], err
+
+
+def test_cli_sickr_all_and_push_to_hub(tmp_path, monkeypatch, capsys):
+    import simcse_hn.hub
+
+    pushed = []
+
+    def push_sts_results(repo_id: str, results: dict, token: str | None = None) -> None:
+        pushed.append((repo_id, results, token))
+
+    monkeypatch.setattr(simcse_hn.hub, "push_sts_results", push_sts_results, raising=False)
+    sts = load_script("sts")
+    data = write_data(tmp_path / "sts", pairs_per_subset=4)
+    out = tmp_path / "out"
+    argv = ["--model", "builtin:tiny-bert", "--pooler", "cls", "--data_dir", str(data), "--output", str(out),
+            "--tasks", "stsb,sickr", "--sickr_all", "--push_to_hub", "--hub_model_id", "me/tiny"]  # fmt: skip
+    assert sts.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["sickr_pairs"] == "all" and list(results["tasks"]) == ["STS-B", "SICK-R"]
+    assert results["tasks"]["SICK-R"]["pairs"] == 7 and set(results["tasks"]["SICK-R"]["subsets"]) == {"test", "dev"}
+    assert results["pooler"] == "cls"
+    assert "all 9,927 pairs (MTEB's protocol" in (out / "results.md").read_text()
+    assert pushed == [("me/tiny", results, None)]
+
+
+def test_compare_puts_runs_side_by_side(tmp_path, capsys):
+    compare = load_script("compare")
+
+    def fake(model, spearman, aggregation="all", tasks=STS_TASKS):
+        scored = {t: {"spearman": spearman + k, "pairs": 10, "subsets": {}} for k, t in enumerate(tasks)}
+        average = sum(s["spearman"] for s in scored.values()) / len(scored)
+        return {"model": model, "pooler": "cls", "aggregation": aggregation, "sickr_pairs": "test", "date": "d",
+                "versions": {}, "settings": {}, "tasks": scored, "average": average}  # fmt: skip
+
+    (tmp_path / "infonce").mkdir()
+    (tmp_path / "infonce" / "results.json").write_text(json.dumps(fake("a", 70.0)))
+    (tmp_path / "hcl").mkdir()
+    (tmp_path / "hcl" / "sts_results.json").write_text(json.dumps(fake("b", 71.234)))
+    (tmp_path / "x.json").write_text(json.dumps(fake("c", 60.0, "mean", STS_TASKS[:2])))
+    out = tmp_path / "cmp"
+    assert compare.main([str(tmp_path / "infonce"), str(tmp_path / "hcl"), str(tmp_path / "x.json"), "--output",
+                         str(out)]) == 0  # fmt: skip
+    table = (out / "comparison.md").read_text()
+    assert "| Model | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. | Protocol |" in table
+    assert "| infonce | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 | aggregation all," in table
+    assert "| hcl | 71.23 | 72.23 |" in table
+    assert f"| {tmp_path.name} | 60.00 | 61.00 | – | – | – | – | – | 60.50 | aggregation mean," in table
+    assert (out / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    assert compare.main([str(tmp_path / "missing"), "--output", str(out)]) == 2
+    assert capsys.readouterr().err.strip().endswith("missing: file not found")
