@@ -156,9 +156,13 @@ def run(args: argparse.Namespace) -> int:
     logger.info("wrote results.json, results.md and results.png to %s", args.output)
 
     if args.push_to_hub:
-        from simcse_hn.hub import push_sts_results
+        from simcse_hn.hub import HubError, push_sts_results
 
-        push_sts_results(hub_repo, results, token=None)  # the token comes from HF_TOKEN or `hf auth login`
+        try:  # the token comes from HF_TOKEN or `hf auth login`
+            push_sts_results(hub_repo, results, token=None)
+        except HubError as e:  # one line already; the local results are written
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         logger.info("pushed STS results to %s", hub_repo)
     return 0
 

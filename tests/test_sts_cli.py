@@ -194,6 +194,15 @@ def test_cli_sickr_all_and_push_to_hub(tmp_path, monkeypatch, capsys):
     assert "all 9,927 pairs (MTEB's protocol" in (out / "results.md").read_text()
     assert pushed == [("me/tiny", results, None)]
 
+    def refuse(repo_id, results, token=None):
+        raise simcse_hn.hub.HubError(f"push STS results to {repo_id}: 401 Unauthorized")
+
+    monkeypatch.setattr(simcse_hn.hub, "push_sts_results", refuse)
+    capsys.readouterr()
+    assert sts.main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "error: push STS results to me/tiny: 401 Unauthorized"
+    assert json.loads((out / "results.json").read_text())["tasks"].keys() == results["tasks"].keys()
+
 
 def test_compare_puts_runs_side_by_side(tmp_path, capsys):
     compare = load_script("compare")
