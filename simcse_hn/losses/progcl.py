@@ -14,6 +14,8 @@ from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, positive_logits, wei
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
 EPS = 1e-12
 MODES = ("weight", "mix")
+LOG_EPS = math.log(EPS)
+BETA1_FLOOR = torch.tensor([-math.inf, 1.0], dtype=torch.float64)  # only component 1's beta is floored
 
 
 class BetaMixture(NamedTuple):
@@ -29,16 +31,18 @@ def _default_init(device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(torch.tensor(p, dtype=torch.float64, device=device) for p in BMM_INIT)
 
 
-def _log_likelihoods(features: Tensor, alpha: Tensor, beta: Tensor, pi: Tensor) -> Tensor:
-    """log(pi_c Beta(x; alpha_c, beta_c)) for both components. features: (3, K) = [log x, log(1-x), 1]. -> (2, K)"""
+def _log_likelihoods(features: tuple[Tensor, Tensor], alpha: Tensor, beta: Tensor, pi: Tensor, out: Tensor) -> Tensor:
+    """log(pi_c Beta(x; alpha_c, beta_c)) for both components, written into `out` (2, K). features: (log x,
+    log(1-x)), each (K,). In-place multiply-adds into a reused buffer: a fresh (2, K) float64 allocation per EM
+    iteration, or a (2, 3) @ (3, K) float64 matmul, is several times slower on CPUs."""
     log_norm = torch.lgamma(alpha) + torch.lgamma(beta) - torch.lgamma(alpha + beta)  # (2,)
-    coef = torch.stack([alpha - 1, beta - 1, pi.log() - log_norm], dim=1)  # (2, 3)
-    return coef @ features
+    torch.mul((alpha - 1)[:, None], features[0], out=out)
+    return out.addcmul_((beta - 1)[:, None], features[1]).add_((pi.log() - log_norm)[:, None])
 
 
-def _features(x: Tensor) -> Tensor:
-    """x (K,) float64 in (0, 1) -> (3, K) [log x, log(1-x), 1]; with x >= 1e-12 this equals xlogy's density."""
-    return torch.stack([x.log(), torch.log1p(-x), torch.ones_like(x)])
+def _features(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (K,) float64 in (0, 1) -> (log x, log(1-x)); with x >= 1e-12 this equals xlogy's density."""
+    return x.log(), torch.log1p(-x)
 
 
 def beta_mixture_em(
@@ -52,34 +56,56 @@ def beta_mixture_em(
 
     x: data in [0, 1], any shape (detached, clamped to [1e-12, 1 - 1e-12]). mask: same shape, bool; only True entries
     are data. init: (alpha, beta, pi), each (2,); default Beta(1, 2), Beta(2, 1), pi = (0.95, 0.05).
-    all_reduce: optional in-place-free sum over processes applied to every sufficient statistic, so that W processes
+    all_reduce: optional out-of-place sum over processes applied to every sufficient statistic, so that W processes
     fit the mixture of all their data (identity when None).
     `valid` is False when any component's variance fell to <= 1e-12 or a parameter is non-finite or non-positive.
     """
-    reduce = all_reduce if all_reduce is not None else (lambda t: t)
     x = x.detach().to(torch.float64).reshape(-1).clamp(EPS, 1 - EPS)  # (K,)
-    m = torch.ones_like(x) if mask is None else mask.detach().reshape(-1).to(torch.float64)
-    x = torch.where(m > 0, x, 0.5)  # keeps excluded entries finite; their weight is zero
-    features = _features(x)  # (3, K)
+    m = None if mask is None else mask.detach().reshape(-1)
+    if m is not None:
+        x = torch.where(m, x, 0.5)  # entries outside the mask only need finite densities
+    return _em(x, _features(x), m, iters, init, all_reduce)
+
+
+def _em(x: Tensor, features: Tensor, mask: Tensor | None, iters: int, init, all_reduce) -> BetaMixture:
+    """x (K,) float64 clamped (finite densities everywhere), features = _features(x), mask (K,) bool or None.
+
+    With two components r_1 = lik_1 / (lik_0 + lik_1) = sigmoid(log lik_1 - log lik_0) (floors applied in log
+    space), and component 0's statistics are the totals minus component 1's: one exp and one mat-vec per iteration.
+    """
+    reduce = all_reduce if all_reduce is not None else (lambda t: t)
+    m = torch.ones_like(x) if mask is None else mask.to(torch.float64)
     total = reduce(m.sum())
+    # Weighted moments of y = x - shift; the shift (the data mean) keeps the one-pass variance free of
+    # cancellation. Entries outside the mask get zero columns, hence no weight.
+    shift = reduce(m @ x) / total
+    moments = torch.empty((3, x.shape[0]), dtype=torch.float64, device=x.device)  # [1, y, y^2] on the data, else 0
+    moments[0] = m
+    torch.mul(x - shift, m, out=moments[1])
+    torch.mul(moments[1], x - shift, out=moments[2])
+    totals = reduce(moments.sum(dim=1))  # (3,)
     if init is None:
         alpha, beta, pi = _default_init(x.device)
     else:
         alpha, beta, pi = (p.detach().to(device=x.device, dtype=torch.float64) for p in init)
-    valid = torch.ones((), dtype=torch.bool, device=x.device)
+    min_var = torch.full((2,), math.inf, dtype=torch.float64, device=x.device)
+    log_lik = torch.empty((2, x.shape[0]), dtype=torch.float64, device=x.device)  # reused by every iteration
     for _ in range(iters):
-        lik = _log_likelihoods(features, alpha, beta, pi).exp().clamp_min(EPS)  # (2, K)
-        r = lik / lik.sum(dim=0, keepdim=True) * m  # (2, K), zero outside the data
-        r_sum = reduce(r.sum(dim=1))  # (2,)
-        mean = reduce(r @ x) / r_sum  # (2,)
-        var = reduce((r * (x - mean[:, None]).square()).sum(dim=1)) / r_sum  # (2,)
+        _log_likelihoods(features, alpha, beta, pi, out=log_lik).clamp_min_(LOG_EPS)  # (2, K), floored at 1e-12
+        r_1 = log_lik[1].sub_(log_lik[0]).sigmoid_()  # (K,)
+        stats_1 = reduce(moments @ r_1)  # (3,): sum r y^p, p = 0, 1, 2
+        stats = torch.stack([totals - stats_1, stats_1])  # (2, 3)
+        r_sum = stats[:, 0]
+        mean_y = stats[:, 1] / r_sum
+        var = stats[:, 2] / r_sum - mean_y.square()
+        mean = shift + mean_y
         alpha = mean * (mean * (1 - mean) / var - 1)
         beta = alpha * (1 - mean) / mean
-        beta = torch.cat([beta[:1], torch.where(beta[1:] < 1, 1.01, beta[1:])])
+        beta = torch.where(BETA1_FLOOR.to(beta.device) > beta, 1.01, beta)  # the reference's "if beta_1 < 1"
         pi = r_sum / total
-        valid = valid & (var > EPS).all()
+        min_var = torch.minimum(min_var, var)  # NaN propagates, and fails the check below
     params = torch.stack([alpha, beta, pi])
-    valid = valid & torch.isfinite(params).all() & (alpha > 0).all() & (beta > 0).all()
+    valid = (min_var > EPS).all() & torch.isfinite(params).all() & (alpha > 0).all() & (beta > 0).all()
     return BetaMixture(alpha, beta, pi, valid)
 
 
@@ -94,15 +120,20 @@ def fit_beta_mixture(
     return fit.alpha, fit.beta, fit.pi
 
 
-def negative_posteriors(x: Tensor, fit: BetaMixture) -> tuple[Tensor, Tensor]:
+def negative_posteriors(
+    x: Tensor, fit: BetaMixture, features: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
     """p(c | x) = pi_c Beta_c(x) / (sum_c' pi_c' Beta_c'(x) + 1e-12) for c = the true-negative component (the lower
-    mean alpha / (alpha + beta)) and the false-negative one. x: any shape, float64 in [1e-12, 1 - 1e-12].
-    -> p_true, p_false, each shaped like x."""
-    lik = _log_likelihoods(_features(x.reshape(-1)), fit.alpha, fit.beta, fit.pi).exp()  # (2, K)
-    post = (lik / (lik.sum(dim=0, keepdim=True) + EPS)).reshape(2, *x.shape)
+    mean alpha / (alpha + beta)) and the false-negative one. x: any shape, float64 in [1e-12, 1 - 1e-12];
+    features: `_features(x.reshape(-1))` when already computed. -> p_true, p_false, each shaped like x."""
+    features = _features(x.reshape(-1)) if features is None else features
     means = fit.alpha / (fit.alpha + fit.beta)
-    first_is_true = means[0] <= means[1]
-    return torch.where(first_is_true, post[0], post[1]), torch.where(first_is_true, post[1], post[0])
+    order = torch.where(means[0] <= means[1], 0, 1) ^ torch.tensor([0, 1], device=x.device)  # [true, false]
+    params = (p.index_select(0, order) for p in fit[:3])  # swapping the (2,) parameters, not the (2, K) results
+    lik = torch.empty((2, features[0].shape[0]), dtype=torch.float64, device=x.device)
+    _log_likelihoods(features, *params, out=lik).exp_()  # (2, K), no floor here
+    post = lik.div_(lik.sum(dim=0, keepdim=True).add_(EPS)).reshape(2, *x.shape)
+    return post[0], post[1]
 
 
 class ProGCLLoss(ContrastiveLoss):
@@ -198,9 +229,12 @@ class ProGCLLoss(ContrastiveLoss):
         -> B (M, N) float64, detached, 0 outside N(i); the fit's validity (); the bmm metrics."""
         step, max_steps = state.get("step"), state.get("max_steps")
         x = ((sim.detach().to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)  # (M, N)
+        x = torch.where(negative_mask, x, 0.5)  # self and positive pairs are not data: keep their densities tame
+        features = _features(x.reshape(-1))  # 2 x (M*N,), shared by the fit and the posterior
         if self.refits(step, max_steps):
             init = self.stored_fit()[:3] if self.warm_start else None
-            fit = beta_mixture_em(x, self.em_iters, init, mask=negative_mask, all_reduce=state.get("all_reduce"))
+            all_reduce = state.get("all_reduce")
+            fit = _em(x.reshape(-1), features, negative_mask.reshape(-1), self.em_iters, init, all_reduce)
             with torch.no_grad():  # the buffers keep the last valid fit, so they never hold NaN
                 for buffer, value in zip((self.bmm_alpha, self.bmm_beta, self.bmm_pi), fit[:3]):
                     buffer.copy_(torch.where(fit.valid, value, buffer))
@@ -208,7 +242,7 @@ class ProGCLLoss(ContrastiveLoss):
         else:
             fit = self.stored_fit()
 
-        p_true, p_false = negative_posteriors(x, fit)  # (M, N) each
+        p_true, p_false = negative_posteriors(x, fit, features)  # (M, N) each
         # A degenerate fit may hold NaN: replace B before it touches anything with a gradient.
         hardness = torch.where(fit.valid & negative_mask, p_true * x, 0.0)  # B, (M, N)
         neg_pairs = negative_mask.sum().clamp_min(1)
@@ -227,14 +261,15 @@ class ProGCLLoss(ContrastiveLoss):
 
         permutation = state.get("mix_permutation")
         if permutation is None:
-            draw = torch.rand(k, device=sim.device)
-        else:  # draw[permutation[j]] = j, so that argsort(draw) == permutation
-            draw = torch.empty(k, device=sim.device).scatter_(
-                0, permutation.to(sim.device), torch.arange(k, device=sim.device, dtype=torch.float32) / k
-            )
-        # Positions beyond a row's negatives sort last, so every row pairs negatives with negatives; rows with at
-        # least K negatives all use the same sigma.
-        sigma = torch.argsort(torch.where(in_top, draw[None, :], 2.0), dim=1, stable=True)  # (M, K)
+            permutation = torch.argsort(torch.rand(k, device=sim.device), stable=True)  # (K,)
+        permutation = permutation.to(sim.device)
+        # Row i's sigma: the permutation's entries below the row's count of negatives, in order, then the identity on
+        # the positions beyond, so every row pairs negatives with negatives and rows with at least K negatives all
+        # use the same sigma. Built by one scatter: a per-row argsort of (M, K) keys cost more than the loss.
+        keep = permutation[None, :] < n.clamp_max(k)  # (M, K)
+        slot = torch.where(keep, keep.cumsum(dim=1) - 1, k)  # (M, K), entries not kept land in a spare column
+        sigma = torch.arange(k + 1, device=sim.device).repeat(sim.shape[0], 1)  # (M, K + 1)
+        sigma = sigma.scatter(1, slot, permutation.expand_as(slot))[:, :k]  # (M, K)
         b = torch.where(in_top, sorted_b, 0.0).to(sim.dtype)
         b_partner, s_partner = b.gather(1, sigma), sorted_s.gather(1, sigma)
         mixed = (b * sorted_s + b_partner * s_partner) / (b + b_partner + EPS)  # (M, K)

@@ -88,16 +88,17 @@ def uncertainty_scores(
 
 
 def standardise(x: Tensor, mask: Tensor) -> Tensor:
-    """(x - mean) / (std + 1e-6) over the True entries of each row (population std); 0 elsewhere. (M, N)
+    """(x - mean) / (std + 1e-6) over the True entries of each row (population std); 0 elsewhere.
+    x (..., M, N), mask (M, N) -> (..., M, N)
 
     The spread is measured after dividing by the row's largest deviation, so huge scores (a zero-norm row's
     uncertainty) do not overflow the square.
     """
-    n = mask.sum(dim=1, keepdim=True).clamp_min(1).to(x.dtype)
-    mean = torch.where(mask, x, 0.0).sum(dim=1, keepdim=True) / n
+    n = mask.sum(dim=-1, keepdim=True).clamp_min(1).to(x.dtype)
+    mean = torch.where(mask, x, 0.0).sum(dim=-1, keepdim=True) / n
     dev = torch.where(mask, x - mean, 0.0)
-    scale = dev.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
-    std = scale * ((dev / scale).square().sum(dim=1, keepdim=True) / n).sqrt()
+    scale = dev.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    std = scale * ((dev / scale).square().sum(dim=-1, keepdim=True) / n).sqrt()
     return dev / (std + STD_EPS)
 
 
@@ -210,4 +211,4 @@ class UnReMixLoss(ContrastiveLoss):
             neg_sim_sum = mask @ cand_sim  # (M, N)
             represent = (n - neg_sim_sum - (1 - self_sim)[None, :]) / (n - 1).clamp_min(1)
 
-            return torch.stack([standardise(x, negative_mask) for x in (sim, uncertainty, represent)])
+            return standardise(torch.stack([sim, uncertainty, represent]), negative_mask)
