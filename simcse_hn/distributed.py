@@ -48,11 +48,23 @@ class _AllGatherWithGrad(torch.autograd.Function):
 def all_gather_with_grad(tensor: Tensor) -> Tensor:
     """(n, ...) on each of W processes -> (W*n, ...) in rank order; differentiable. Identity with one process.
 
-    Every process must pass the same number of rows.
+    Every process must pass the same number of rows (the trainer drops a short last batch for this).
     """
     if world_size() == 1:
         return tensor
     return _AllGatherWithGrad.apply(tensor)
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """Sum over processes, as a new tensor (the input is left unchanged); no gradient. Identity with one process.
+
+    For statistics that every process must agree on (ProGCL's Beta-mixture EM sums).
+    """
+    if world_size() == 1:
+        return tensor
+    total = tensor.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
 
 
 def all_gather_no_grad(tensor: Tensor) -> Tensor:

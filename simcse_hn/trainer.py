@@ -4,16 +4,18 @@ contrastive loss. The only place besides distributed.py that knows about ranks."
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from collections import defaultdict
 
 import datasets
 import torch
+from accelerate.utils import DistributedType
 from transformers import Trainer, TrainerCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 
-from simcse_hn import distributed
+from simcse_hn import distributed, grad_cache
 from simcse_hn.data import STSPairs, contrastive_targets
 from simcse_hn.evaluation import sts_spearman
 from simcse_hn.losses import ContrastiveLoss
@@ -51,7 +53,11 @@ class SimCSETrainer(Trainer):
     compute_loss: embeddings (2B, D) -> candidates (gathered from every process with gradient when
     `gather_across_devices`) -> targets offset by rank -> loss. Each process averages over its own anchors and DDP
     averages gradients over processes, so W processes give exactly the gradient of one process on the global batch.
+    With `cache_minibatch_size`, training_step is a GradCache step (grad_cache.py): same loss and gradient, the
+    activation memory of one mini-batch.
     """
+
+    loss_is_scaled_for_ga = False  # the loss is a per-batch mean: the Trainer divides it by the accumulation steps
 
     def __init__(
         self,
@@ -74,6 +80,10 @@ class SimCSETrainer(Trainer):
         self._metric_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=args.device))
         self._metric_count = 0
         self.add_callback(_NonFiniteGradientGuard(self))
+        if args.cache_minibatch_size is not None and (
+            self.accelerator.distributed_type == DistributedType.DEEPSPEED or args.n_gpu > 1
+        ):
+            raise ValueError("cache_minibatch_size: not supported with DeepSpeed or DataParallel; use DDP")
 
     @property
     def gather_across_devices(self) -> bool:
@@ -94,17 +104,43 @@ class SimCSETrainer(Trainer):
             num_rows, self.args.contrast_form, offset, candidates.shape[0], device=embeddings.device
         )
         state = {"step": self.state.global_step, "max_steps": self.state.max_steps}
+        if distributed.world_size() > 1:  # every process fits the same ProGCL mixture, from all processes' pairs
+            state["all_reduce"] = distributed.all_reduce_sum
         if head_inputs is not None:
             state.update(anchor_features=head_inputs[anchor_rows], candidate_features=candidate_features)
         return unwrapped.loss_fn(embeddings[anchor_rows], candidates, positive_index, negative_mask, **state)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        unwrapped = self.accelerator.unwrap_model(model)
-        needs_features = getattr(unwrapped.loss_fn, "needs_head_inputs", False)
+    def _embed(self, model, inputs):
+        """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""
+        needs_features = getattr(self.accelerator.unwrap_model(model).loss_fn, "needs_head_inputs", False)
         output = model(**inputs, return_head_inputs=needs_features)
-        result = self.contrastive_loss(model, output.embeddings, output.head_inputs)
+        return output.embeddings, output.head_inputs
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        result = self.contrastive_loss(model, *self._embed(model, inputs))
         self._record_metrics(result.metrics)
         return (result.loss, result) if return_outputs else result.loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        sentences = self.args.cache_minibatch_size
+        if sentences is None or 2 * sentences >= inputs["input_ids"].shape[0]:
+            return super().training_step(model, inputs, num_items_in_batch)
+        model.train()
+        if callable(getattr(self.optimizer, "train", None)):
+            self.optimizer.train()
+        inputs = self._prepare_inputs(inputs)
+        result = grad_cache.cached_step(
+            model,
+            grad_cache.split_pairs(inputs, sentences),
+            embed=self._embed,
+            loss_fn=functools.partial(self.contrastive_loss, model),
+            backward=lambda surrogate: self.accelerator.backward(surrogate / self.current_gradient_accumulation_steps),
+            no_sync=functools.partial(self.accelerator.no_sync, model),
+            autocast=self.compute_loss_context_manager,
+            loss_parameters=list(self.accelerator.unwrap_model(model).loss_fn.parameters()),
+        )
+        self._record_metrics(result.metrics)
+        return result.loss.detach() / self.current_gradient_accumulation_steps
 
     def _record_metrics(self, metrics: dict[str, torch.Tensor]) -> None:
         if not self.model.training:

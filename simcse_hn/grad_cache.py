@@ -1,0 +1,120 @@
+"""GradCache (Gao et al., arXiv:2101.06983): a contrastive step over a batch too large to back-propagate at once,
+with exactly the gradient of the plain step.
+
+1. Embed the batch in mini-batches without a graph, saving the RNG state before each one (its dropout masks).
+2. Compute the loss on all the embeddings (gathered across processes by the caller's loss function, if it gathers)
+   and its gradient with respect to them (and to any other model output the loss uses): the cache.
+3. Re-run each mini-batch from its saved RNG state, so dropout draws the same masks, and back-propagate its rows
+   of the cached gradient: the gradient of sum_k <e_k, g_k> with respect to the parameters is dL/dtheta.
+
+Peak activation memory is one mini-batch's graph plus the (2B, D) embeddings; the cost is a second forward pass.
+This module knows nothing about ranks or the Trainer: the caller passes the backward, no-sync and autocast hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import get_device_states, set_device_states
+
+from simcse_hn.losses import LossOutput
+
+Embed = Callable[[nn.Module, dict[str, Tensor]], tuple[Tensor, Tensor | None]]  # -> embeddings, head inputs or None
+
+
+@dataclass
+class RNGState:
+    """The CPU generator's state and, for inputs on an accelerator, that device's (as torch.utils.checkpoint)."""
+
+    cpu: Tensor
+    device_type: str
+    devices: list[int]
+    device_states: list[Tensor]
+
+    @classmethod
+    def capture(cls, like: Tensor) -> RNGState:
+        devices, states = get_device_states(like)
+        return cls(torch.get_rng_state(), like.device.type, devices, states)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.devices:
+            set_device_states(self.devices, self.device_states, device_type=self.device_type)
+
+
+def split_pairs(inputs: dict[str, Tensor], sentences: int) -> list[dict[str, Tensor]]:
+    """Rows [a, a', b, b', ...] -> mini-batches of `sentences` sentences (2 * sentences rows; the pairs stay
+    together), each without the trailing columns that are padding in all its rows."""
+    if sentences < 1:
+        raise ValueError(f"a mini-batch needs at least one sentence, got {sentences}")
+    rows = inputs["input_ids"].shape[0]
+    chunks = []
+    for start in range(0, rows, 2 * sentences):
+        chunk = {key: value[start : start + 2 * sentences] for key, value in inputs.items()}
+        mask = chunk.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            length = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else mask.shape[1]  # one host sync
+            chunk = {k: v[:, :length] if v.dim() >= 2 and v.shape[:2] == mask.shape else v for k, v in chunk.items()}
+        chunks.append(chunk)
+    return chunks
+
+
+def cached_step(
+    model: nn.Module,
+    chunks: Sequence[dict[str, Tensor]],
+    embed: Embed,
+    loss_fn: Callable[[Tensor, Tensor | None], LossOutput],
+    backward: Callable[[Tensor], None],
+    no_sync: Callable[[], AbstractContextManager] = nullcontext,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
+    loss_parameters: Sequence[Tensor] = (),
+) -> LossOutput:
+    """One GradCache step; gradients are accumulated into the parameters through `backward`. -> the loss's output.
+
+    embed(model, chunk) -> embeddings (b, D) and head inputs (b, H) or None; loss_fn(embeddings (2B, D), head inputs
+    (2B, H) or None) -> LossOutput on the whole batch. backward(scalar) back-propagates a surrogate whose gradient is
+    the parameters' share of dL/dtheta (the caller scales it for gradient accumulation and mixed precision).
+    All re-runs but the last are inside `no_sync()` (DDP all-reduces once, on the last backward); the loss and the
+    forward passes run inside `autocast()`. Trainable `loss_parameters` get their gradient in the last backward.
+    The RNG continues after the step as after the loss, so the next step does not replay these masks.
+    """
+    states, embeddings, head_inputs = [], [], []
+    with torch.no_grad(), autocast():
+        for chunk in chunks:
+            states.append(RNGState.capture(chunk["input_ids"]))
+            z, h = embed(model, chunk)
+            embeddings.append(z)
+            head_inputs.append(h)
+    z = torch.cat(embeddings).requires_grad_()  # (2B, D), a leaf: the cache is its gradient
+    h = None if head_inputs[0] is None else torch.cat(head_inputs).requires_grad_()  # (2B, H)
+    with autocast():
+        output = loss_fn(z, h)
+    leaves = [z] if h is None else [z, h]
+    trains_loss = any(p.requires_grad for p in loss_parameters)
+    cache = torch.autograd.grad(output.loss, leaves, retain_graph=trains_loss, allow_unused=True)
+    after = RNGState.capture(chunks[0]["input_ids"])
+
+    start = 0
+    for i, (chunk, state) in enumerate(zip(chunks, states)):
+        last = i == len(chunks) - 1
+        with nullcontext() if last else no_sync():
+            state.restore()
+            with autocast():
+                outputs = embed(model, chunk)
+            stop = start + outputs[0].shape[0]
+            # sum_k <e_k, g_k>: its gradient w.r.t. the mini-batch's outputs is their rows of the cache
+            surrogate = sum(
+                (out * g[start:stop].to(out.dtype)).sum()
+                for out, g in zip(outputs, cache)
+                if out is not None and g is not None
+            )
+            if last and trains_loss:
+                surrogate = surrogate + output.loss  # the loss's own parameters, in the one synchronised backward
+            backward(surrogate)
+        start = stop
+    after.restore()
+    return output

@@ -1,0 +1,128 @@
+"""GradCache (simcse_hn/grad_cache.py) through SimCSETrainer.training_step, one process, float64 tiny BERT.
+
+With dropout on, the reference is the plain step with the same dropout masks: the same mini-batches embedded with
+a graph from the same RNG state, one loss over all rows, one backward. With dropout off it is the Trainer's own
+plain step on the whole batch. Two processes with gathering: tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_worker_common import (
+    CACHE_SENTENCES,
+    batch,
+    cases,
+    global_texts,
+    gradients,
+    make_loss,
+    make_model,
+    make_trainer,
+    relative_error,
+)
+
+from simcse_hn import grad_cache
+
+CASES = cases()
+IDS = [case for case, _, _ in CASES]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny float64 matmuls: OpenMP threads only spin on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _same_masks_step(trainer, inputs, sentences):
+    model = trainer.model
+    model.train()
+    outputs = [trainer._embed(model, chunk) for chunk in grad_cache.split_pairs(inputs, sentences)]
+    embeddings = torch.cat([z for z, _ in outputs])
+    head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])
+    result = trainer.contrastive_loss(model, embeddings, head_inputs)
+    result.loss.backward()
+    return result.loss.detach()
+
+
+def test_split_pairs_keeps_pairs_together_and_trims_only_trailing_padding():
+    texts = ["a", "a b c d e f", "x y", "x y z", "p", "q", "long sentence number seven", "eight"]
+    inputs = batch(texts)  # rows [a, a', b, b', ...], padded to the longest
+    chunks = grad_cache.split_pairs(inputs, 3)
+    assert [c["input_ids"].shape[0] for c in chunks] == [6, 2]  # 3 sentences + 1 sentence, pairs never split
+    for start, chunk in zip((0, 6), chunks):
+        rows = slice(start, start + chunk["input_ids"].shape[0])
+        length = int(inputs["attention_mask"][rows].sum(dim=1).max())
+        assert chunk["input_ids"].shape[1] == length
+        for key, value in chunk.items():
+            assert torch.equal(value, inputs[key][rows, :length]), key
+        assert not inputs["attention_mask"][rows, length:].any()
+    with pytest.raises(ValueError, match="at least one sentence"):
+        grad_cache.split_pairs(inputs, 0)
+
+
+@pytest.mark.parametrize(("case", "loss", "form"), CASES, ids=IDS)
+def test_cached_step_equals_the_plain_step_with_the_same_dropout_masks(case, loss, form, tmp_path):
+    inputs = batch(global_texts())  # 8 sentences, mini-batches of 3 + 3 + 2
+
+    reference = make_trainer(make_model(dropout=0.1), make_loss(case, loss), tmp_path, form)
+    torch.manual_seed(7)
+    want_loss = _same_masks_step(reference, inputs, CACHE_SENTENCES)
+    want_rng = torch.get_rng_state()
+
+    cached = make_trainer(make_model(dropout=0.1), make_loss(case, loss), tmp_path, form, cache_minibatch_size=3)
+    torch.manual_seed(7)
+    got_loss = cached.training_step(cached.model, inputs)
+
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-12, atol=0)
+    assert relative_error(gradients(cached.model), gradients(reference.model)) < 1e-10
+    # the generator continues after the step as after the plain one (the next step draws fresh masks)
+    assert torch.equal(torch.get_rng_state(), want_rng)
+    assert cached._metric_count == 1 and {"pos_sim", "neg_sim", "nonfinite_fallback"} <= set(cached._metric_sums)
+
+    # dropout is on: masks drawn over the whole batch at once give another gradient
+    whole = make_trainer(make_model(dropout=0.1), make_loss(case, loss), tmp_path, form)
+    torch.manual_seed(7)
+    whole.training_step(whole.model, inputs)
+    assert relative_error(gradients(whole.model), gradients(reference.model)) > 1e-3
+
+
+def test_without_replaying_the_rng_state_the_gradient_is_wrong(tmp_path, monkeypatch):
+    inputs = batch(global_texts())
+    reference = make_trainer(make_model(dropout=0.1), make_loss("infonce", "infonce"), tmp_path)
+    torch.manual_seed(7)
+    _same_masks_step(reference, inputs, CACHE_SENTENCES)
+
+    monkeypatch.setattr(grad_cache.RNGState, "restore", lambda self: None)
+    cached = make_trainer(make_model(dropout=0.1), make_loss("infonce", "infonce"), tmp_path, cache_minibatch_size=3)
+    torch.manual_seed(7)
+    cached.training_step(cached.model, inputs)
+    assert relative_error(gradients(cached.model), gradients(reference.model)) > 1e-3
+
+
+@pytest.mark.parametrize(("case", "loss", "form"), CASES, ids=IDS)
+def test_cached_step_equals_the_trainers_plain_step_without_dropout(case, loss, form, tmp_path):
+    """Both through SimCSETrainer.training_step, with 2 gradient-accumulation steps (the loss is divided by 2)."""
+    inputs = batch(global_texts())
+    plain = make_trainer(make_model(), make_loss(case, loss), tmp_path, form)
+    cached = make_trainer(make_model(), make_loss(case, loss), tmp_path, form, cache_minibatch_size=CACHE_SENTENCES)
+    losses = []
+    for trainer in (plain, cached):
+        trainer.current_gradient_accumulation_steps = 2
+        losses.append(trainer.training_step(trainer.model, inputs))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-12, atol=0)
+    assert relative_error(gradients(cached.model), gradients(plain.model)) < 1e-10
+    for name, p in plain.model.named_parameters():  # every trainable parameter got a gradient (DDP needs it)
+        assert not p.requires_grad or name in gradients(cached.model), name
+    if case == "progcl":
+        for key, value in plain.model.loss_fn.state_dict().items():
+            torch.testing.assert_close(cached.model.loss_fn.state_dict()[key], value, rtol=1e-12, atol=0)
+
+
+def test_a_cache_as_large_as_the_batch_is_the_plain_step(tmp_path, monkeypatch):
+    inputs = batch(global_texts())
+    trainer = make_trainer(make_model(), make_loss("infonce", "infonce"), tmp_path, cache_minibatch_size=8)
+    monkeypatch.setattr(grad_cache, "cached_step", lambda *a, **k: pytest.fail("GradCache for a batch that fits"))
+    trainer.training_step(trainer.model, inputs)
