@@ -17,6 +17,12 @@ from simcse_hn.losses.hcl import check_tau_plus
 
 GRADIENTS = ("head", "embedding")
 STD_EPS = 1e-6
+U_MAX = 1e15
+
+
+def _same_rows(a: Tensor, b: Tensor) -> bool:
+    """True when two tensors view the same memory the same way (metadata only: no host synchronisation)."""
+    return a is b or (a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())
 
 
 def _unit(z: Tensor) -> tuple[Tensor, Tensor]:
@@ -29,8 +35,8 @@ def _embedding_gradients(
 ) -> Tensor:
     """delta_k = (I - z_k z_k^T) sum_m (q_km - 1[m = y_k]) o_m / (t |z_k|) for masked logits (K, L) (-inf outside the
     other rows), unit rows z_hat (K, D), norms (K, 1), unit others (L, D). -> (K, D)"""
-    q = torch.softmax(logits, dim=1)  # (K, L)
-    residual = q - F.one_hot(logits.argmax(dim=1), logits.shape[1]).to(q.dtype)
+    residual = torch.softmax(logits, dim=1)  # (K, L): q, minus one at the pseudo-label below
+    residual.scatter_add_(1, logits.argmax(dim=1, keepdim=True), torch.full_like(residual[:, :1], -1.0))
     v = residual @ others_hat / temperature  # (K, D)
     return (v - z_hat * (z_hat * v).sum(dim=1, keepdim=True)) / norm
 
@@ -52,16 +58,18 @@ def uncertainty_from_gradients(
     candidates: Tensor,
     anchor_features: Tensor | None = None,
     candidate_features: Tensor | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
     """U_ij = g_i . g_j. Without features g = delta (gradient at the embedding). With the head inputs h of
     z = tanh(W h + b): delta' = delta * (1 - z^2) and U_ij = (delta'_i . delta'_j)(h_i . h_j + 1) (weight + bias).
-    -> (M, N)"""
+    -> (M, N), written into `out` when given."""
     if anchor_features is None or candidate_features is None:
-        return anchor_delta @ candidate_delta.T
+        return torch.mm(anchor_delta, candidate_delta.T, out=out)
     anchor_delta = anchor_delta * (1 - anchors.square())
     candidate_delta = candidate_delta * (1 - candidates.square())
-    inputs = anchor_features.to(anchor_delta.dtype) @ candidate_features.to(anchor_delta.dtype).T + 1  # (M, N)
-    return (anchor_delta @ candidate_delta.T) * inputs
+    u = torch.mm(anchor_delta, candidate_delta.T, out=out)  # (M, N)
+    inputs = (anchor_features.to(u.dtype) @ candidate_features.to(u.dtype).T).add_(1)  # h_i . h_j + 1
+    return u.mul_(inputs)
 
 
 def uncertainty_scores(
@@ -87,18 +95,21 @@ def uncertainty_scores(
     )
 
 
+def centre(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Deviation from the mean over the True entries of each row (0 elsewhere) and the population std.
+    x (..., M, N) with |x| well below 1e17 (so the squares do not overflow float32), mask (M, N)
+    -> dev (..., M, N), std (..., M, 1)."""
+    weight = mask.to(x.dtype)
+    n = weight.sum(dim=-1, keepdim=True).clamp_min(1)  # (M, 1)
+    mean = torch.linalg.vecdot(x, weight)[..., None] / n  # (..., M, 1)
+    dev = (x - mean).masked_fill_(~mask, 0.0)
+    return dev, torch.linalg.vector_norm(dev, dim=-1, keepdim=True) / n.sqrt()
+
+
 def standardise(x: Tensor, mask: Tensor) -> Tensor:
     """(x - mean) / (std + 1e-6) over the True entries of each row (population std); 0 elsewhere.
-    x (..., M, N), mask (M, N) -> (..., M, N)
-
-    The spread is measured after dividing by the row's largest deviation, so huge scores (a zero-norm row's
-    uncertainty) do not overflow the square.
-    """
-    n = mask.sum(dim=-1, keepdim=True).clamp_min(1).to(x.dtype)
-    mean = torch.where(mask, x, 0.0).sum(dim=-1, keepdim=True) / n
-    dev = torch.where(mask, x - mean, 0.0)
-    scale = dev.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
-    std = scale * ((dev / scale).square().sum(dim=-1, keepdim=True) / n).sqrt()
+    x (..., M, N), mask (M, N) -> (..., M, N)"""
+    dev, std = centre(x, mask)
     return dev / (std + STD_EPS)
 
 
@@ -113,8 +124,9 @@ class UnReMixLoss(ContrastiveLoss):
     trained through the weights (gradient reaches theta only), otherwise a fixed buffer of equal weights.
     gradient = "head": g is the gradient w.r.t. the MLP head's Linear (W, b) of z = tanh(W h + b); it needs the state
     `anchor_features` (M, H) and `candidate_features` (N, H) = h, and falls back to "embedding" (g = gradient at z)
-    when they are missing (metric `u_from_head` = 0). When anchors and candidates are the same tensor (one process,
-    symmetric form) each row's pseudo-posterior runs over its positive and negatives and all scores reuse `sim`.
+    when they are missing (metric `u_from_head` = 0). When anchors and candidates are the same tensor or view (one
+    process, symmetric form) each row's pseudo-posterior runs over its positive and negatives and all scores reuse
+    `sim`, which saves two (N, N, D) products: pass `embeddings`, not `embeddings[arange]`, there.
     Shapes: anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N).
     """
 
@@ -161,8 +173,11 @@ class UnReMixLoss(ContrastiveLoss):
         if self.beta > 0 and anchors is not None:
             with torch.no_grad():
                 features = (anchor_features, candidate_features) if use_head else (None, None)
-                scores = self.component_scores(sim, anchors, candidates, positive_index, negative_mask, *features)
-            combined = torch.einsum("c,cmn->mn", lam, scores)  # (M, N)
+                raw = self.raw_scores(sim, anchors, candidates, positive_index, negative_mask, *features)
+                dev, std = centre(raw, negative_mask)  # (3, M, N), (3, M, 1)
+            # C = sum_c lambda_c dev_c / (std_c + 1e-6): the standardised scores are never materialised
+            kappa = lam[:, None, None] / (std + STD_EPS)  # (3, M, 1)
+            combined = (dev[0] * kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # (M, N)
             log_weights = log_normalised_weights(self.beta * combined, negative_mask)
         loss, clamped = debiased_loss(
             logits, positive_index, negative_mask, log_weights, self.tau_plus, self.temperature
@@ -181,15 +196,31 @@ class UnReMixLoss(ContrastiveLoss):
         candidate_features: Tensor | None = None,
     ) -> Tensor:
         """Standardised (A, U, R) over N(i), stacked. -> (3, M, N), detached."""
+        raw = self.raw_scores(
+            sim, anchors, candidates, positive_index, negative_mask, anchor_features, candidate_features
+        )
+        return standardise(raw, negative_mask)
+
+    def raw_scores(
+        self,
+        sim: Tensor,
+        anchors: Tensor,
+        candidates: Tensor,
+        positive_index: Tensor,
+        negative_mask: Tensor,
+        anchor_features: Tensor | None = None,
+        candidate_features: Tensor | None = None,
+    ) -> Tensor:
+        """(A, U, R) before standardisation, stacked. -> (3, M, N), detached."""
         dtype = sim.dtype
+        m, n_cand = sim.shape
         sim = sim.detach()
         with torch.autocast(device_type=sim.device.type, enabled=False):
             a = anchors.detach().to(dtype)
             a_hat, a_norm = _unit(a)
-            same = anchors is candidates
+            same = _same_rows(anchors, candidates)
             c = a if same else candidates.detach().to(dtype)
             c_hat, c_norm = _unit(c)
-            n_cand = c.shape[0]
             other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
             logits = torch.where(other_mask, sim / self.temperature, NEG_INF)
             anchor_delta = _embedding_gradients(a_hat, a_norm, logits, c_hat, self.temperature)  # (M, D)
@@ -200,15 +231,23 @@ class UnReMixLoss(ContrastiveLoss):
                 eye = torch.eye(n_cand, dtype=torch.bool, device=sim.device)
                 cand_logits = torch.where(eye, NEG_INF, cand_sim / self.temperature)
                 candidate_delta = _embedding_gradients(c_hat, c_norm, cand_logits, c_hat, self.temperature)
-            uncertainty = uncertainty_from_gradients(
-                anchor_delta, candidate_delta, a, c, anchor_features, candidate_features
-            )  # (M, N)
+            scores = torch.empty((3, m, n_cand), dtype=dtype, device=sim.device)  # (A, U, R), filled in place
+            scores[0] = sim
+            uncertainty_from_gradients(
+                anchor_delta, candidate_delta, a, c, anchor_features, candidate_features, out=scores[1]
+            )
+            # A zero-norm row's gradient is ~1/1e-12: saturate so the squares in `centre` stay finite. One huge score
+            # in a row standardises to about sqrt(n) whatever its size, so this changes nothing that matters.
+            scores[1].clamp_(-U_MAX, U_MAX)
 
-            # R_ij = (n_i - sum_{k in N(i)} s_jk - (1 - s_jj)) / (n_i - 1), using s symmetric.
+            # R_ij = (n_i - sum_{k in N(i)} s_jk - (1 - s_jj)) / (n_i - 1), s symmetric. The sum is mask @ S (M N^2
+            # flops) or (mask @ C) @ C^T (2 M N D), whichever is cheaper.
             mask = negative_mask.to(dtype)
             n = mask.sum(dim=1, keepdim=True)  # (M, 1)
             self_sim = c_hat.square().sum(dim=1)  # (N,), 1 (0 for a zero-norm row)
-            neg_sim_sum = mask @ cand_sim  # (M, N)
-            represent = (n - neg_sim_sum - (1 - self_sim)[None, :]) / (n - 1).clamp_min(1)
-
-            return standardise(torch.stack([sim, uncertainty, represent]), negative_mask)
+            if 2 * c.shape[1] < n_cand:
+                torch.mm(mask @ c_hat, c_hat.T, out=scores[2])
+            else:
+                torch.mm(mask, cand_sim, out=scores[2])
+            scores[2].neg_().add_(n).sub_(1 - self_sim).div_((n - 1).clamp_min(1))
+            return scores
