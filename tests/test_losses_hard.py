@@ -196,6 +196,23 @@ def test_edge_cases_are_finite(name, case):
 
 
 @pytest.mark.parametrize("name", list(EDGE_LOSSES))
+def test_autocast_does_not_lower_the_precision_of_the_loss(name):
+    """Similarities and everything after them stay float32 under bf16 autocast (the encoder's matmuls would not)."""
+    z = edge_batch("duplicate")
+    positive_index, negative_mask = symmetric_targets(8)
+    features = torch.randn(8, 12, generator=torch.Generator().manual_seed(0))
+    state = {"anchor_features": features, "candidate_features": features, "mix_permutation": torch.randperm(8)}
+    torch.manual_seed(0)
+    plain = EDGE_LOSSES[name]()(z, z, positive_index, negative_mask, **state)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = EDGE_LOSSES[name]()(z, z, positive_index, negative_mask, **state)
+    assert mixed.loss.dtype == torch.float32
+    torch.testing.assert_close(mixed.loss, plain.loss, rtol=1e-6, atol=1e-6)
+    if plain.weights is not None:
+        torch.testing.assert_close(mixed.weights, plain.weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(EDGE_LOSSES))
 def test_nonfinite_objective_falls_back_to_infonce(name, monkeypatch):
     torch.manual_seed(7)
     z = torch.randn(8, 16)

@@ -171,7 +171,7 @@ class UnReMixLoss(ContrastiveLoss):
 
         log_weights = None
         if self.beta > 0 and anchors is not None:
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast(device_type=sim.device.type, enabled=False):
                 features = (anchor_features, candidate_features) if use_head else (None, None)
                 raw = self.raw_scores(sim, anchors, candidates, positive_index, negative_mask, *features)
                 dev, std = centre(raw, negative_mask)  # (3, M, N), (3, M, 1)
