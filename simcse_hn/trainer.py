@@ -106,9 +106,13 @@ class SimCSETrainer(Trainer):
         state = {"step": self.state.global_step, "max_steps": self.state.max_steps}
         if distributed.world_size() > 1:  # every process fits the same ProGCL mixture, from all processes' pairs
             state["all_reduce"] = distributed.all_reduce_sum
+        every_row = self.args.contrast_form == "symmetric"  # anchors are all local rows: pass the tensor itself, so
+        # a loss can recognise anchors == candidates (one process) and reuse the similarity matrix
+        anchors = embeddings if every_row else embeddings[anchor_rows]
         if head_inputs is not None:
-            state.update(anchor_features=head_inputs[anchor_rows], candidate_features=candidate_features)
-        return unwrapped.loss_fn(embeddings[anchor_rows], candidates, positive_index, negative_mask, **state)
+            anchor_features = head_inputs if every_row else head_inputs[anchor_rows]
+            state.update(anchor_features=anchor_features, candidate_features=candidate_features)
+        return unwrapped.loss_fn(anchors, candidates, positive_index, negative_mask, **state)
 
     def _embed(self, model, inputs):
         """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""
