@@ -283,3 +283,23 @@ def test_argument_errors():
     ]:
         with pytest.raises(ValueError, match=name):
             build_loss("progcl", **{"temperature": 0.05, **kwargs})
+
+
+def test_mix_permutation_is_shared_across_processes_through_all_reduce():
+    """Each process draws its own noise; the all-reduced sum is the same everywhere, so is the permutation."""
+    z = simcse_like(8, 6, 9)
+    positive_index, negative_mask = symmetric_targets(8)
+    shared = torch.tensor([0.9, 0.1, 0.5, 0.3, 0.8, 0.2, 0.7, 0.4], dtype=torch.float32)
+    loss_fn = ProGCLLoss(0.1, mode="mix")
+    reduced = []
+
+    def all_reduce(t):
+        if t.shape == shared.shape and t.dtype == shared.dtype:  # the permutation noise
+            reduced.append(t)
+            return shared.clone()
+        return t  # EM statistics of this single "process"
+
+    got = loss_fn(z, z, positive_index, negative_mask, all_reduce=all_reduce).loss
+    expected = loss_fn(z, z, positive_index, negative_mask, mix_permutation=torch.argsort(shared, stable=True)).loss
+    assert len(reduced) == 1
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

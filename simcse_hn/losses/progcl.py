@@ -261,7 +261,10 @@ class ProGCLLoss(ContrastiveLoss):
 
         permutation = state.get("mix_permutation")
         if permutation is None:
-            permutation = torch.argsort(torch.rand(k, device=sim.device), stable=True)  # (K,)
+            noise = torch.rand(k, device=sim.device)  # (K,)
+            if state.get("all_reduce") is not None:  # one sigma on every process: the sum of their draws
+                noise = state["all_reduce"](noise)
+            permutation = torch.argsort(noise, stable=True)  # (K,)
         permutation = permutation.to(sim.device)
         # Row i's sigma: the permutation's entries below the row's count of negatives, in order, then the identity on
         # the positions beyond, so every row pairs negatives with negatives and rows with at least K negatives all
