@@ -5,7 +5,8 @@
 
 Both sides get the same SentenceTransformer object (all-MiniLM-L6-v2 by default), the same batch size and the same
 task files, and are timed after a warm-up; loading the files and the model is outside the timings. Ours: one
-encode call over the distinct sentences of all seven tasks (`score_sts_tasks`). Theirs: one
+encode call over the distinct sentences of all seven tasks, in batches of equal token length (`score_sts_tasks`
+with `sentence_transformers_encode_fn`). Theirs: one
 EmbeddingSimilarityEvaluator per SentEval sub-file (and one each for STS-B and SICK-R test), as a user would run
 them; each encodes its sentence1 and sentence2 lists. Also timed: our evaluator on the SimCSEModel path
 (`--pooler avg`, what eval/sts.py runs on a SimCSE folder). Wall and process CPU time are both recorded: the machine

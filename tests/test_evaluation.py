@@ -18,8 +18,10 @@ from simcse_hn.evaluation import (
     load_encoder,
     parse_tasks,
     score_sts_tasks,
+    sentence_transformers_encode_fn,
     simcse_encode_fn,
     sts_spearman,
+    token_length_batches,
 )
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
 
@@ -209,6 +211,35 @@ def test_each_distinct_sentence_is_encoded_once_in_one_call(tasks):
     assert len(calls) == 1
     assert calls[0] == list(dict.fromkeys(every))  # each distinct sentence once, in first-seen order
     assert len(every) > len(calls[0])  # the fixture does repeat sentences, within and across tasks
+
+
+def test_token_length_batches_group_equal_lengths_and_restore_order(tasks):
+    _, tokenizer = build_tiny_bert()
+    sentences = list(dict.fromkeys(s for t in tasks for p in t.subsets.values() for s in p.sentence1 + p.sentence2))
+    batches = []
+
+    def encode_batch(batch):  # one row per sentence: its token count and its index in `sentences`
+        batches.append(batch)
+        return torch.tensor([[len(tokenizer(s)["input_ids"]), sentences.index(s)] for s in batch], dtype=torch.float)
+
+    out = token_length_batches(encode_batch, tokenizer, batch_size=16)(sentences)
+    assert out[:, 1].tolist() == list(range(len(sentences)))  # order restored
+    assert [len(b) for b in batches[:-1]] == [16] * (len(batches) - 1) and 0 < len(batches[-1]) <= 16
+    lengths = [len(tokenizer(s)["input_ids"]) for b in batches for s in b]
+    assert lengths == sorted(lengths, reverse=True)  # longest first, so each batch pads to almost nothing
+
+
+def test_token_length_batched_encoders_equal_the_plain_ones(st_folder, tasks):
+    from sentence_transformers import SentenceTransformer
+
+    sentences = list(dict.fromkeys(s for t in tasks for p in t.subsets.values() for s in p.sentence1 + p.sentence2))
+    st = SentenceTransformer(st_folder, device="cpu")
+    expected = st.encode(sentences, batch_size=len(sentences), convert_to_tensor=True)
+    assert torch.allclose(sentence_transformers_encode_fn(st, batch_size=5)(sentences), expected, atol=1e-5)
+    encoder, tokenizer = build_tiny_bert(seed=5)
+    model = SimCSEModel(encoder, pooler="avg_top2")
+    expected = model.encode(sentences, tokenizer, batch_size=len(sentences))
+    assert torch.allclose(simcse_encode_fn(model, tokenizer, batch_size=5)(sentences), expected, atol=1e-5)
 
 
 def test_aggregations_on_fixed_embeddings(tasks):
