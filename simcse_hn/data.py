@@ -135,26 +135,8 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
             raise DataError(f"{path}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
         return STSPairs(list(dataset["sentence1"]), list(dataset["sentence2"]), [float(s) for s in dataset["score"]])
 
-    pairs = STSPairs([], [], [])
-    for number, line in enumerate(_read_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
-        for key in ("sentence1", "sentence2", "score"):
-            if not isinstance(record, dict) or key not in record:
-                raise DataError(f"{path}:{number}: missing field {key!r}")
-        if split is not None and "split" in record and record["split"] != split:
-            continue
-        try:
-            score = float(record["score"])
-        except (TypeError, ValueError):
-            raise DataError(f"{path}:{number}: field 'score' is not a number: {record['score']!r}") from None
-        pairs.sentence1.append(str(record["sentence1"]))
-        pairs.sentence2.append(str(record["sentence2"]))
-        pairs.scores.append(score)
+    rows = [row for row in read_sts_jsonl(path) if split is None or row["split"] in (None, split)]
+    pairs = STSPairs([r["sentence1"] for r in rows], [r["sentence2"] for r in rows], [r["score"] for r in rows])
     if not pairs.scores:
         raise DataError(f"{path}: no pairs" + (f" with split {split!r}" if split else ""))
     return pairs
