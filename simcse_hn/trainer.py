@@ -32,6 +32,8 @@ class _NonFiniteGradientGuard(TrainerCallback):
         self.trainer = trainer
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if getattr(self.trainer.accelerator, "scaler", None) is not None:
+            return  # fp16 with a GradScaler: the scaler already skips non-finite steps (and needs the gradients)
         grads = [p.grad for p in self.trainer.model.parameters() if p.grad is not None]
         if not grads:
             return
