@@ -107,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
 
         if args.pooler not in POOLERS:
             raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
+    if args.device is not None and args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DataError(f"--device {args.device}: no CUDA device is available here")
     if args.batch_size < 1:
         raise DataError(f"--batch_size must be >= 1, got {args.batch_size}")
     try:

@@ -165,7 +165,10 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
         (["--model", "builtin:tiny-bert", "--tasks", "sts12,sts99"], "--tasks: unknown STS task 'sts99'"),
         (["--model", str(tmp_path / "nowhere"), "--tasks", "sts12"], "could not load model"),
         (["--model", "builtin:tiny-bert", "--pooler", "max"], "--pooler must be one of cls, cls_before_pooler"),
+        (["--model", "builtin:tiny-bert", "--batch_size", "0"], "--batch_size must be >= 1"),
     ]
+    if not torch.cuda.is_available():
+        cases.append((["--model", "builtin:tiny-bert", "--device", "cuda"], "--device cuda: no CUDA device"))
     for argv, message in cases:
         assert sts.main(argv + common) == 2
         err = capsys.readouterr().err.strip().splitlines()
