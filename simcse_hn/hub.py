@@ -263,8 +263,10 @@ def sts_section(sts_results: dict | None, model_name: str, command_model: str = 
         f"aggregation `{sts_results.get('aggregation', 'all')}`",
         f"pooler `{sts_results.get('pooler', '?')}`",
     ]
-    if sts_results.get("sickr_pairs"):
-        notes.append(f"SICK-R: {int(sts_results['sickr_pairs']):,} pairs")
+    sickr = sts_results.get("sickr_pairs")  # eval/sts.py writes "test" (SimCSE's 4,927 pairs) or "all" (MTEB's 9,927)
+    if sickr:
+        notes.append({"test": "SICK-R: test split, 4,927 pairs", "all": "SICK-R: all 9,927 pairs (MTEB)"}.get(
+            str(sickr), f"SICK-R: {sickr} pairs"))
     if sts_results.get("date"):
         notes.append(f"evaluated {sts_results['date']}")
     body = (

@@ -31,7 +31,7 @@ STS_RESULTS = {
     "model": "tester/tiny-simcse",
     "pooler": "cls",
     "aggregation": "all",
-    "sickr_pairs": 4927,
+    "sickr_pairs": "test",
     "date": "2026-11-30",
     "versions": {"transformers": "5.24.0"},
     "tasks": {name: {"spearman": 61.25 + i, "pairs": 100 + i, "subsets": {}} for i, name in enumerate(hub.STS_TASKS)},
