@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -14,6 +15,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(ROOT))  # train.py and eval/ live at the top level
+
+
+def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Targets built independently of simcse_hn.data.contrastive_targets, for the loss references.
+
+    Rows [a, a', b, b', ...]: positive of i is i ^ 1, negatives are all rows but i and i ^ 1."""
+    rows = torch.arange(num_rows)
+    positive_index = rows ^ 1
+    negative_mask = torch.ones(num_rows, num_rows, dtype=torch.bool)
+    negative_mask[rows, rows] = False
+    negative_mask[rows, positive_index] = False
+    return positive_index, negative_mask
 
 
 @pytest.fixture

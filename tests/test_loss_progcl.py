@@ -8,20 +8,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from conftest import symmetric_targets
 from scipy import stats
 
 from simcse_hn.losses import InfoNCELoss, ProGCLLoss, build_loss
 from simcse_hn.losses.progcl import beta_mixture_em, fit_beta_mixture
-
-
-def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows [a, a', b, b', ...]: positive of i is i ^ 1, negatives are all rows but i and i ^ 1."""
-    rows = torch.arange(num_rows)
-    positive_index = rows ^ 1
-    negative_mask = torch.ones(num_rows, num_rows, dtype=torch.bool)
-    negative_mask[rows, rows] = False
-    negative_mask[rows, positive_index] = False
-    return positive_index, negative_mask
 
 
 def simcse_like(num_rows: int, dim: int, seed: int, dtype=torch.float64) -> torch.Tensor:

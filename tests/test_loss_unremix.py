@@ -8,22 +8,13 @@ import statistics
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import symmetric_targets
 from torch.func import functional_call, grad, vmap
 
 from simcse_hn.losses import InfoNCELoss, UnReMixLoss, build_loss
 from simcse_hn.losses.unremix import standardise, uncertainty_scores
 
 TAU = 0.1
-
-
-def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows [a, a', b, b', ...]: positive of i is i ^ 1, negatives are all rows but i and i ^ 1."""
-    rows = torch.arange(num_rows)
-    positive_index = rows ^ 1
-    negative_mask = torch.ones(num_rows, num_rows, dtype=torch.bool)
-    negative_mask[rows, rows] = False
-    negative_mask[rows, positive_index] = False
-    return positive_index, negative_mask
 
 
 def head_batch(num_rows: int, seed: int, dim: int = 6, hidden: int = 5):

@@ -6,19 +6,10 @@ import math
 
 import pytest
 import torch
+from conftest import symmetric_targets
 
 from simcse_hn.losses import LOSSES, DCLLoss, HCLLoss, InfoNCELoss, build_loss
 from simcse_hn.losses.base import weighted_loss
-
-
-def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows [a, a', b, b', ...]: positive of i is i ^ 1, negatives are all rows but i and i ^ 1."""
-    rows = torch.arange(num_rows)
-    positive_index = rows ^ 1
-    negative_mask = torch.ones(num_rows, num_rows, dtype=torch.bool)
-    negative_mask[rows, rows] = False
-    negative_mask[rows, positive_index] = False
-    return positive_index, negative_mask
 
 
 def leaves(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
