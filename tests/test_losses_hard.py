@@ -58,6 +58,7 @@ def test_hcl_matches_loop_reference(beta, tau_plus, temperature, detach):
     torch.testing.assert_close(a.grad, ra.grad, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(c.grad, rc.grad, rtol=1e-10, atol=1e-12)
     assert out.metrics["clamp_frac"].item() == pytest.approx(clamped)
+    assert out.metrics["nonfinite_fallback"].item() == 0
     weights = out.weights
     torch.testing.assert_close(weights.sum(dim=1), negative_mask.sum(dim=1).double())  # mean one over N(i)
 
@@ -97,6 +98,7 @@ def test_neutral_setting_is_infonce(loss_fn):
     a, c = leaves(z)
     out = loss_fn(a, c, positive_index, negative_mask)
     out.loss.backward()
+    assert out.metrics["nonfinite_fallback"].item() == 0  # InfoNCE by the objective itself, not by the fallback
     ra, rc = leaves(z)
     ref = InfoNCELoss(0.05)(ra, rc, positive_index, negative_mask).loss
     ref.backward()
@@ -113,6 +115,27 @@ def test_hcl_up_weights_a_duplicated_sentence():
     weights = HCLLoss(0.05, beta=0.1)(z, z, positive_index, negative_mask).weights
     assert weights[0, 6] > 1.5 and weights[0, 6] == weights[0].max()
     assert weights[1, 7] > 1.5 and weights[1, 7] == weights[1].max()
+
+
+@pytest.mark.parametrize("name", ["hcl_beta4", "progcl_weight", "unremix_embedding"])
+def test_weight_diagnostics_describe_the_returned_weights(name):
+    """neg_weight_max is the largest weight; neg_weight_entropy the mean over anchors of the entropy (nats) of the
+    row's weights normalised over N(i), computed here the long way, row by row."""
+    torch.manual_seed(6)
+    z = torch.randn(12, 16, dtype=torch.float64)
+    z[10:12] = z[0:2] + 0.01 * torch.randn(2, 16, dtype=torch.float64)  # a false negative: non-uniform weights
+    positive_index, negative_mask = symmetric_targets(12)
+    loss_fn = EDGE_LOSSES[name]()
+    out = loss_fn(z, z, positive_index, negative_mask)
+    entropies = []
+    for i in range(12):
+        p = out.weights[i][negative_mask[i]].double()
+        p = p / p.sum()
+        entropies.append(-(p * p.log()).sum().item())
+    assert max(entropies) < math.log(10) - 1e-3  # not the uniform value: the check can tell weights apart
+    assert out.metrics["neg_weight_entropy"].item() == pytest.approx(sum(entropies) / 12, rel=1e-5)
+    assert out.metrics["neg_weight_max"].item() == pytest.approx(out.weights.max().item(), rel=1e-6)
+    assert out.metrics["neg_weight_max"].item() > 1
 
 
 def test_hcl_compiles_without_graph_breaks_and_matches_eager():

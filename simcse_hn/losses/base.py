@@ -74,6 +74,13 @@ def debiased_loss(
     neg = logits if log_weights is None else logits + log_weights
     log_r = torch.logsumexp(torch.where(negative_mask, neg, NEG_INF), dim=1)  # (M,)
     n = negative_mask.sum(dim=1).to(logits.dtype)  # (M,)
+    return debiased_from_log_r(pos, log_r, n, tau_plus, temperature)
+
+
+def debiased_from_log_r(
+    pos: Tensor, log_r: Tensor, n: Tensor, tau_plus: float, temperature: float
+) -> tuple[Tensor, Tensor]:
+    """Form (D) from its row sums: pos = l_ip (M,), log_r = log R_i (M,), n = |N(i)| (M,). -> loss (M,), clamped."""
     log_n = torch.log(n)
     if tau_plus > 0:
         # log(R - tau_plus n e^{l_p}) = log R + log(1 - e^a),  a = log(tau_plus n) + l_p - log R  (defined for a < 0)
@@ -90,16 +97,29 @@ def debiased_loss(
     return torch.logaddexp(pos, log_ng) - pos, clamped
 
 
-def weight_stats(log_weights: Tensor | None, negative_mask: Tensor) -> dict[str, Tensor]:
-    """Max weight and mean entropy (nats) of the normalised weights w_ij / n over N(i)."""
-    n = negative_mask.sum(dim=1).to(torch.float32)
-    if log_weights is None:
+def weight_stats(
+    weights: Tensor | None, negative_mask: Tensor, log_weights: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Max weight and mean entropy (nats) of the normalised weights w_ij / sum_k w_ik over N(i).
+
+    weights: (M, N), zero outside N(i), or None (uniform); log_weights: their logs where positive, if at hand. The
+    entropy is log S_i - sum_j w_ij log w_ij / S_i with S_i = sum_j w_ij: no (M, N) normalised copy."""
+    if weights is None:
+        n = negative_mask.sum(dim=1).to(torch.float32)
         return {"neg_weight_max": torch.ones((), device=negative_mask.device), "neg_weight_entropy": n.log().mean()}
-    lw = torch.where(negative_mask, log_weights.detach().float(), NEG_INF)
-    log_p = lw - torch.logsumexp(lw, dim=1, keepdim=True)
-    p = log_p.exp()
-    entropy = -(torch.where(p > 0, p * log_p, torch.zeros_like(p))).sum(dim=1)
-    return {"neg_weight_max": lw.exp().amax(dim=1).max(), "neg_weight_entropy": entropy.mean()}
+    w = weights.detach().float()
+    if log_weights is None:
+        w_log_w = torch.special.xlogy(w, w)
+    else:
+        w_log_w = torch.where(w > 0, w * log_weights.detach().float(), 0.0)
+    total = w.sum(dim=1)  # (M,)
+    entropy = total.log() - w_log_w.sum(dim=1) / total
+    return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy.mean()}
+
+
+def same_rows(a: Tensor, b: Tensor) -> bool:
+    """True when two tensors view the same memory the same way (metadata only: no host synchronisation)."""
+    return a is b or (a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())
 
 
 class _DropNonFiniteGrad(torch.autograd.Function):
@@ -155,15 +175,18 @@ class ContrastiveLoss(nn.Module):
         loss = torch.where(finite, loss, plain)
 
         weights = None
-        if log_weights is not None:
-            weights = torch.where(negative_mask, log_weights.detach().exp(), 0.0)
-            weights = torch.where(torch.isfinite(weights) & finite, weights, 1.0 * negative_mask)
         with torch.no_grad():
+            if log_weights is not None:
+                weights = torch.where(negative_mask, log_weights.exp(), 0.0)  # (M, N)
+            stats = weight_stats(weights, negative_mask, log_weights)  # of the weights applied, NaN included
+            if weights is not None:  # a non-finite weight (NaN reaches the max) or objective: uniform weights
+                usable = finite & torch.isfinite(stats["neg_weight_max"])
+                weights = torch.where(usable, weights, negative_mask)
             neg_sims = torch.where(negative_mask, sim, 0.0).sum() / negative_mask.sum().clamp_min(1)
             metrics = {
                 "pos_sim": positive_logits(sim, positive_index).mean(),
                 "neg_sim": neg_sims,
-                **weight_stats(log_weights, negative_mask),
+                **stats,
                 "clamp_frac": torch.zeros((), device=sim.device),
                 "nonfinite_fallback": (~finite).float(),
             }

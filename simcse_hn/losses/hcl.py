@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from simcse_hn.losses.base import ContrastiveLoss, debiased_loss, log_normalised_weights
+from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, debiased_from_log_r, debiased_loss, positive_logits
 
 
 def check_tau_plus(tau_plus: float) -> float:
@@ -33,13 +34,21 @@ class HCLLoss(ContrastiveLoss):
         self.detach_weights = bool(detach_weights)
 
     def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
-        scores = self.beta * logits  # (M, N)
+        # With w_ij = e^{beta l_ij} / mean_k e^{beta l_ik}:  log R_i = logsumexp_j((1 + beta) l_ij) - log mean_k
+        # e^{beta l_ik}. Two row reductions over the masked logits; the (M, N) log-weights are only materialised,
+        # without gradient, for the returned weights and diagnostics.
+        masked = torch.where(negative_mask, logits, NEG_INF)  # (M, N)
+        # beta l_ij over N(i), -inf elsewhere (0 * -inf would be NaN)
+        tilt = self.beta * masked if self.beta > 0 else torch.where(negative_mask, 0.0, NEG_INF).to(logits.dtype)
         if self.detach_weights:
-            scores = scores.detach()
-        log_weights = log_normalised_weights(scores, negative_mask)  # (M, N)
-        loss, clamped = debiased_loss(
-            logits, positive_index, negative_mask, log_weights, self.tau_plus, self.temperature
-        )
+            tilt = tilt.detach()
+        n = negative_mask.sum(dim=1).to(logits.dtype)  # (M,)
+        log_mean = torch.logsumexp(tilt, dim=1) - n.log()  # (M,) log mean_k e^{beta l_ik}
+        log_r = torch.logsumexp(masked + tilt, dim=1) - log_mean  # (M,)
+        pos = positive_logits(logits, positive_index)
+        loss, clamped = debiased_from_log_r(pos, log_r, n, self.tau_plus, self.temperature)
+        with torch.no_grad():
+            log_weights = tilt - log_mean[:, None]  # (M, N), -inf outside N(i)
         return loss, log_weights, {"clamp_frac": clamped.float().mean()}
 
 

@@ -12,17 +12,13 @@ from simcse_hn.losses.base import (
     debiased_loss,
     drop_nonfinite_grad,
     log_normalised_weights,
+    same_rows,
 )
 from simcse_hn.losses.hcl import check_tau_plus
 
 GRADIENTS = ("head", "embedding")
 STD_EPS = 1e-6
 U_MAX = 1e15
-
-
-def _same_rows(a: Tensor, b: Tensor) -> bool:
-    """True when two tensors view the same memory the same way (metadata only: no host synchronisation)."""
-    return a is b or (a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())
 
 
 def _unit(z: Tensor) -> tuple[Tensor, Tensor]:
@@ -218,7 +214,7 @@ class UnReMixLoss(ContrastiveLoss):
         with torch.autocast(device_type=sim.device.type, enabled=False):
             a = anchors.detach().to(dtype)
             a_hat, a_norm = _unit(a)
-            same = _same_rows(anchors, candidates)
+            same = same_rows(anchors, candidates)
             c = a if same else candidates.detach().to(dtype)
             c_hat, c_norm = _unit(c)
             other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
