@@ -146,8 +146,11 @@ def reference_progcl(anchors, candidates, hardness, temperature, mode, permutati
     return total / anchors.shape[0]
 
 
+@pytest.mark.parametrize("square", [False, True], ids=["two-tensors", "anchors-are-candidates"])
 @pytest.mark.parametrize("mode, mix_k", [("weight", None), ("mix", None), ("mix", 3)])
-def test_loss_matches_loop_reference_with_scipy_mixture(mode, mix_k):
+def test_loss_matches_loop_reference_with_scipy_mixture(mode, mix_k, square):
+    """Both paths: separate anchor and candidate tensors (the full-matrix fit) and one tensor as both (the trainer's
+    symmetric form on one process: the upper-triangle fit)."""
     num_rows, temperature = 16, 0.1
     z = simcse_like(num_rows, 12, 5)
     positive_index, negative_mask = symmetric_targets(num_rows)
@@ -160,16 +163,47 @@ def test_loss_matches_loop_reference_with_scipy_mixture(mode, mix_k):
 
     loss_fn = ProGCLLoss(temperature, mode=mode, mix_k=mix_k)
     a, c = (z.clone().requires_grad_(True) for _ in range(2))
+    if square:
+        c = a
     out = loss_fn(a, c, positive_index, negative_mask, mix_permutation=permutation)
     out.loss.backward()
     ra, rc = (z.clone().requires_grad_(True) for _ in range(2))
     ref = reference_progcl(ra, rc, hardness, temperature, mode, permutation.tolist(), mix_k)
     ref.backward()
     torch.testing.assert_close(out.loss, ref, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(a.grad, ra.grad, rtol=1e-7, atol=1e-10)
-    torch.testing.assert_close(c.grad, rc.grad, rtol=1e-7, atol=1e-10)
-    assert out.metrics["bmm_fallback"].item() == 0
+    if square:
+        torch.testing.assert_close(a.grad, ra.grad + rc.grad, rtol=1e-7, atol=1e-10)
+    else:
+        torch.testing.assert_close(a.grad, ra.grad, rtol=1e-7, atol=1e-10)
+        torch.testing.assert_close(c.grad, rc.grad, rtol=1e-7, atol=1e-10)
+    assert out.metrics["bmm_fallback"].item() == 0 and out.metrics["nonfinite_fallback"].item() == 0
     np.testing.assert_allclose(out.metrics["bmm_alpha_0"].item(), alpha[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["weight", "mix"])
+def test_upper_triangle_fit_equals_full_fit_for_any_mask(mode):
+    """Anchors = candidates: each unordered pair is fitted once, counted once per direction in which it is a
+    negative. With negatives dropped from some rows only (an asymmetric mask) the fit, weights, metrics and loss must
+    still equal the full-matrix fit's (a copy of the tensor as the anchors)."""
+    z = simcse_like(20, 8, 11)
+    positive_index, negative_mask = symmetric_targets(20)
+    negative_mask[0, 5:9] = False  # row 0 no longer treats 5..8 as negatives, but they still treat it as one
+    negative_mask[7, 0] = False
+    assert not torch.equal(negative_mask, negative_mask.T)
+    permutation = torch.randperm(20, generator=torch.Generator().manual_seed(2))
+    square, full = ProGCLLoss(0.05, mode=mode), ProGCLLoss(0.05, mode=mode)
+    got = square(z, z, positive_index, negative_mask, mix_permutation=permutation)
+    expected = full(z.clone(), z, positive_index, negative_mask, mix_permutation=permutation)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-12, atol=0)
+    for name, value in expected.metrics.items():
+        torch.testing.assert_close(got.metrics[name], value, rtol=1e-9, atol=1e-12, msg=name)
+    assert expected.metrics["est_false_neg_frac"] > 0
+    if mode == "weight":
+        torch.testing.assert_close(got.weights, expected.weights, rtol=1e-9, atol=1e-12)
+    hardness_square, _, _ = square.fit_hardness(z @ z.T, negative_mask, square=True)
+    hardness_full, _, _ = full.fit_hardness(z @ z.T, negative_mask)
+    torch.testing.assert_close(hardness_square, hardness_full, rtol=1e-9, atol=1e-12)
+    assert (hardness_square[~negative_mask] == 0).all()
 
 
 @pytest.mark.parametrize("mode", ["weight", "mix"])
@@ -291,6 +325,7 @@ def test_mix_permutation_is_shared_across_processes_through_all_reduce():
         return t  # EM statistics of this single "process"
 
     got = loss_fn(z, z, positive_index, negative_mask, all_reduce=all_reduce).loss
-    expected = loss_fn(z, z, positive_index, negative_mask, mix_permutation=torch.argsort(shared, stable=True)).loss
+    # a copy of z as the anchors: the full-matrix fit, as with all_reduce, not the one-process triangle fit
+    expected = loss_fn(z.clone(), z, positive_index, negative_mask, mix_permutation=torch.argsort(shared, stable=True)).loss
     assert len(reduced) == 1
     torch.testing.assert_close(got, expected, rtol=0, atol=0)

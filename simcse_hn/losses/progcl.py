@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, positive_logits, weighted_loss
+from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, positive_logits, same_rows, weighted_loss
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
 EPS = 1e-12
@@ -68,7 +68,8 @@ def beta_mixture_em(
 
 
 def _em(x: Tensor, features: Tensor, mask: Tensor | None, iters: int, init, all_reduce) -> BetaMixture:
-    """x (K,) float64 clamped (finite densities everywhere), features = _features(x), mask (K,) bool or None.
+    """x (K,) float64 clamped (finite densities everywhere), features = _features(x), mask (K,) bool, or float
+    multiplicities (how many times each entry counts as data), or None (all data once).
 
     With two components r_1 = lik_1 / (lik_0 + lik_1) = sigmoid(log lik_1 - log lik_0) (floors applied in log
     space), and component 0's statistics are the totals minus component 1's: one exp and one mat-vec per iteration.
@@ -214,27 +215,45 @@ class ProGCLLoss(ContrastiveLoss):
             metrics = self._metrics(self.stored_fit(), zero, zero)
             return weighted_loss(logits, positive_index, negative_mask), None, metrics
 
-        hardness, valid, metrics = self.fit_hardness(sim, negative_mask, **state)
+        # The fit and B are float64; the weights, like the logits, need only the logits' precision. Mix sorts by B:
+        # there B keeps float64, so that rounding cannot reorder near-ties.
+        dtype = logits.dtype if self.mode == "weight" else torch.float64
+        hardness, valid, metrics = self.fit_hardness(sim, negative_mask, dtype=dtype, **state)
         if self.mode == "weight":
             n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
             row_mean = hardness.sum(dim=1, keepdim=True) / n.clamp_min(1)  # (M, 1)
             log_w = hardness.log() - row_mean.log()  # B = 0 -> w = 0 -> -inf, as form (W) allows
-            log_w = torch.where(valid & (row_mean > 0), log_w, 0.0)  # degenerate fit or all-zero row -> w = 1
-            log_w = torch.where(negative_mask, log_w, NEG_INF).to(logits.dtype)
+            # degenerate fit or all-zero row -> w = 1; outside N(i) the log-weights are ignored (masked downstream)
+            log_w = torch.where(valid & (row_mean > 0), log_w, 0.0)
             return weighted_loss(logits, positive_index, negative_mask, log_w), log_w, metrics
         return self._mix_loss(sim, logits, positive_index, negative_mask, hardness, valid, state), None, metrics
 
-    def fit_hardness(self, sim: Tensor, negative_mask: Tensor, **state) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(Re)fit the mixture if the schedule says so and score the negatives.
-        -> B (M, N) float64, detached, 0 outside N(i); the fit's validity (); the bmm metrics."""
+    def forward(self, anchors: Tensor, candidates: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
+        state = {**state, "square": same_rows(anchors, candidates)}
+        return super().forward(anchors, candidates, positive_index, negative_mask, **state)
+
+    def fit_hardness(
+        self, sim: Tensor, negative_mask: Tensor, dtype: torch.dtype = torch.float64, **state
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """(Re)fit the mixture if the schedule says so and score the negatives (in float64).
+        -> B (M, N) in `dtype`, detached, 0 outside N(i); the fit's validity (); the bmm metrics.
+
+        When anchors are the candidates (state `square`: one process, symmetric form), s_ij = s_ji, so every
+        unordered pair is fitted and scored once, from the upper triangle, counted once per direction in which it is
+        a negative: the same moments, fit and B as over the full matrix, for half the work (s_ji is taken to be s_ij,
+        which the matrix product may compute with another rounding)."""
         step, max_steps = state.get("step"), state.get("max_steps")
-        x = ((sim.detach().to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)  # (M, N)
-        x = torch.where(negative_mask, x, 0.5)  # self and positive pairs are not data: keep their densities tame
-        features = _features(x.reshape(-1))  # 2 x (M*N,), shared by the fit and the posterior
+        square = state.get("square", False) and state.get("all_reduce") is None
+        s, data = sim.detach().reshape(-1), negative_mask.reshape(-1)  # (M*N,)
+        if square:
+            upper, lower = self._triangles(sim.shape[0], sim.device)  # (P,) flat indices of (i, j) and (j, i), i < j
+            s, data = s[upper], data[upper].to(torch.float64) + data[lower]  # (P,): 0, 1 or 2 directions
+        x = ((s.to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)
+        x = torch.where(data > 0, x, 0.5)  # non-pairs (self, positive) are not data: keep their densities tame
+        features = _features(x)  # shared by the fit and the posterior
         if self.refits(step, max_steps):
             init = self.stored_fit()[:3] if self.warm_start else None
-            all_reduce = state.get("all_reduce")
-            fit = _em(x.reshape(-1), features, negative_mask.reshape(-1), self.em_iters, init, all_reduce)
+            fit = _em(x, features, data, self.em_iters, init, state.get("all_reduce"))
             with torch.no_grad():  # the buffers keep the last valid fit, so they never hold NaN
                 for buffer, value in zip((self.bmm_alpha, self.bmm_beta, self.bmm_pi), fit[:3]):
                     buffer.copy_(torch.where(fit.valid, value, buffer))
@@ -242,12 +261,27 @@ class ProGCLLoss(ContrastiveLoss):
         else:
             fit = self.stored_fit()
 
-        p_true, p_false = negative_posteriors(x, fit, features)  # (M, N) each
+        p_true, p_false = negative_posteriors(x, fit, features)  # like x each
+        hardness = (p_true * x).to(dtype)
+        if square:  # back to (M, N): the triangle and its mirror image (the diagonal is never a negative)
+            full = torch.zeros(sim.numel(), dtype=dtype, device=sim.device)
+            hardness = full.index_put_((upper,), hardness).index_put_((lower,), hardness)
+        hardness = hardness.reshape(sim.shape)
         # A degenerate fit may hold NaN: replace B before it touches anything with a gradient.
-        hardness = torch.where(fit.valid & negative_mask, p_true * x, 0.0)  # B, (M, N)
-        neg_pairs = negative_mask.sum().clamp_min(1)
-        est_false = torch.where(fit.valid, torch.where(negative_mask, p_false, 0.0).sum() / neg_pairs, 0.0)
+        hardness = torch.where(fit.valid & negative_mask, hardness, 0.0)  # B, (M, N)
+        data = data.to(torch.float64)
+        est_false = (p_false * data).sum() / data.sum().clamp_min(1)
+        est_false = torch.where(fit.valid, est_false, 0.0)
         return hardness, fit.valid, self._metrics(self.stored_fit(), est_false, (~fit.valid).float())
+
+    def _triangles(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """Flat indices of the pairs i < j of an (n, n) matrix, i * n + j and j * n + i, cached per size and device.
+        -> (P,), (P,)"""
+        key = (n, str(device))
+        if getattr(self, "_triangle_key", None) != key:
+            rows, cols = torch.triu_indices(n, n, offset=1, device=device)
+            self._triangle_key, self._triangle_index = key, (rows * n + cols, cols * n + rows)
+        return self._triangle_index
 
     def _mix_loss(self, sim, logits, positive_index, negative_mask, hardness, valid, state) -> Tensor:
         num_candidates = sim.shape[1]
