@@ -17,7 +17,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 
 from simcse_hn import distributed, grad_cache
 from simcse_hn.data import STSPairs, contrastive_targets
-from simcse_hn.evaluation import sts_spearman
+from simcse_hn.evaluation import simcse_encode_fn, sts_spearman
 from simcse_hn.losses import ContrastiveLoss
 
 logger = logging.getLogger(__name__)
@@ -170,16 +170,10 @@ class SimCSETrainer(Trainer):
         if self.eval_pairs is None:
             return {}
         model = self.accelerator.unwrap_model(self.model)
-        tokenizer = self.processing_class
-
-        def encode(sentences):
-            return model.encode(
-                sentences,
-                tokenizer,
-                batch_size=self.args.per_device_eval_batch_size * 16,
-                max_length=self.max_seq_length,
-            )
-
+        # batches of equal token length, as the STS suite: less padding than SimCSEModel.encode's character sort
+        encode = simcse_encode_fn(
+            model, self.processing_class, self.args.per_device_eval_batch_size * 16, self.max_seq_length
+        )
         pairs = self.eval_pairs
         score = sts_spearman(encode, pairs.sentence1, pairs.sentence2, pairs.scores)
         metrics = {f"{metric_key_prefix}_stsb_spearman": score}

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import scipy.stats
 import torch
 from conftest import FIXTURES, ROOT
 
@@ -15,6 +16,24 @@ import train
 from simcse_hn.modeling import SimCSEModel, load_tokenizer
 
 SENTENCES = ["A man is playing a guitar.", "The weather is cold today.", "Stocks fell sharply on Monday."]
+
+
+def test_dev_score_is_scipy_spearman_of_encode_cosines(tiny_args):
+    """The STS-B dev metric (batches of equal token length) against SciPy's Spearman of the cosines of
+    SimCSEModel.encode's embeddings (its own batching), times 100. Mean pooling: the tiny model's CLS vectors are
+    nearly identical after a short run, which would make any Spearman a ranking of rounding noise."""
+    extra = ["--pooler", "avg", "--max_steps", "3", "--eval_strategy", "no", "--save_strategy", "no",
+             "--load_best_model_at_end", "false"]
+    trainer = train.run(tiny_args + extra)
+    model, pairs, tokenizer = trainer.model, trainer.eval_pairs, trainer.processing_class
+    first, second = (
+        model.encode(side, tokenizer, max_length=trainer.max_seq_length) for side in (pairs.sentence1, pairs.sentence2)
+    )
+    # float64: 33 of the fixture's pairs repeat a sentence, and float32 rounding would rank their equal cosines
+    cosines = torch.nn.functional.cosine_similarity(first.double(), second.double()).numpy()
+    assert cosines.std() > 1e-3  # ranks that float noise cannot reorder
+    expected = 100 * scipy.stats.spearmanr(cosines, pairs.scores).statistic
+    assert trainer.evaluate()["eval_stsb_spearman"] == pytest.approx(expected, abs=1e-4)
 
 
 def test_debug_tiny_trains_evaluates_saves_and_reloads(tiny_args, tmp_path, monkeypatch):
