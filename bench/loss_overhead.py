@@ -271,7 +271,9 @@ def markdown(report: dict) -> str:
         "SimCSETrainer calls it (its contrastive_loss on a stand-in trainer: anchors = the candidates tensor). "
         "DCL tau+ 0.1, HCL beta 0.1, "
         "UnReMix beta 1; ProGCL after warm-up (step = max_steps), refit every step, 10 EM iterations, mix over all "
-        "negatives. Ratio = median time / median InfoNCE time; in brackets the median of the per-round ratios.",
+        "negatives, the mixture fitted on the upper triangle of the similarity matrix (anchors are the candidates on "
+        "one process; with several processes ProGCL fits the full gathered matrix). "
+        "Ratio = median time / median InfoNCE time; in brackets the median of the per-round ratios.",
         "",
         "| 2N | d | rounds | InfoNCE ms | " + " | ".join(names[1:]) + " |",
         "|---|---|---|---|" + "---|" * (len(names) - 1),
