@@ -1,7 +1,8 @@
 """Do hard negatives help? Continue-train all-MiniLM-L6-v2 with the `cls` pooler (MLP head in training) on the
 wiki slice with every objective, same steps and seed, and score the full STS suite before and after.
 
-    python bench/quality.py --steps 100          # results: bench/results/quality_100steps.{json,md}
+    python bench/quality.py --steps 100            # results: bench/results/quality_100steps.{json,md}
+    python bench/quality.py --steps 100 --seed 7   # results: bench/results/quality_100steps_seed7.{json,md}
 
 Each run is a `train.py` subprocess followed by `eval/sts.py`; finished runs are kept in --work_dir and skipped on a
 rerun, so an interrupted study resumes.
@@ -20,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, shuffled_corpus, write_json  # noqa: E402
 
+DEFAULT_SEED = 42
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
 
 # name -> loss flags; everything else is identical across runs
@@ -102,7 +104,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=3e-5)
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ",".join(RUNS))
     parser.add_argument("--work_dir", default=None, help="default: outputs/quality_<steps>steps")
     parser.add_argument(
@@ -113,7 +115,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    work = Path(args.work_dir or ROOT / "outputs" / f"quality_{args.steps}steps")
+    # one name per study: quality_<steps>steps, with _seed<seed> for a seed other than the default
+    stem = f"quality_{args.steps}steps" + ("" if args.seed == DEFAULT_SEED else f"_seed{args.seed}")
+    work = Path(args.work_dir or ROOT / "outputs" / stem)
     work.mkdir(parents=True, exist_ok=True)
     corpus = shuffled_corpus(work / "wiki_shuffled.txt")
     base = minilm_path()
@@ -128,7 +132,6 @@ def main() -> None:
     }
 
     def record_files():
-        stem = f"quality_{args.steps}steps"
         write_json(RESULTS / f"{stem}.json", study)
         (RESULTS / f"{stem}.md").write_text(markdown(study), encoding="utf-8")
 
