@@ -175,13 +175,49 @@ def write_sentence_transformers_files(output_dir: str, model, tokenizer, max_seq
         stack.append(dense)
         _copy_head_into_encoder_pooler(transformer.auto_model, model.mlp)
     SentenceTransformer(modules=stack, device="cpu").save(output_dir, create_model_card=False)
+    _write_classic_module_configs(output_dir, model, max_seq_length)
 
-    if model.pooler in _LAYER_POOLERS:
-        path = os.path.join(output_dir, "sentence_bert_config.json")
-        config = _read_json(path)
-        # `config_args`: the key sentence-transformers 5 reads and 6 still accepts (as `config_kwargs`).
-        config["config_args"] = {**config.get("config_args", {}), "output_hidden_states": True}
-        _write_json(path, config)
+
+# The configuration keys of each module as sentence-transformers 2.x-5.x read them (the format of the models on the
+# Hub). sentence-transformers 6 writes a new format (module paths under sentence_transformers.base/..., renamed keys)
+# that 5.x cannot load ("No module named 'sentence_transformers.base'"); 6 still reads the classic one.
+_CLASSIC_TYPE = "sentence_transformers.models.{}"
+_CLASSIC_POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens",
+                          "lasttoken")  # fmt: skip
+_CLASSIC_POOLING_NAMES = {"cls": "cls_token", "mean": "mean_tokens"}
+_CLASSIC_DENSE_KEYS = ("in_features", "out_features", "bias", "activation_function")
+
+
+def _write_classic_module_configs(output_dir: str, model, max_seq_length: int | None) -> None:
+    """Rewrite modules.json and the module configs that sentence-transformers just saved in the classic format,
+    so that every sentence-transformers version from 2.x on loads the folder (the weights files are the same)."""
+    hidden_size = model.config.hidden_size
+    entries = _read_json(os.path.join(output_dir, "modules.json"))
+    for entry in entries:
+        name = entry["type"].rsplit(".", 1)[-1]
+        entry["type"] = _CLASSIC_TYPE.format(name)
+        config_path = os.path.join(output_dir, entry["path"], "config.json")
+        if name == "Pooling":
+            mode = _CLASSIC_POOLING_NAMES[ST_POOLING[model.pooler]]
+            config = {"word_embedding_dimension": hidden_size, "include_prompt": True}
+            config.update({f"pooling_mode_{m}": m == mode for m in _CLASSIC_POOLING_MODES})
+            _write_json(config_path, config)
+        elif name == "Dense":
+            config = _read_json(config_path)
+            _write_json(config_path, {key: config[key] for key in _CLASSIC_DENSE_KEYS})
+        elif name == "WeightedLayerPooling":
+            layer_start, _ = _layer_weights(model.pooler, model.config.num_hidden_layers)
+            config = {"word_embedding_dimension": hidden_size, "layer_start": layer_start,
+                      "num_hidden_layers": model.config.num_hidden_layers}  # fmt: skip
+            _write_json(config_path, config)
+    _write_json(os.path.join(output_dir, "modules.json"), entries)
+
+    config = {"do_lower_case": False}
+    if max_seq_length is not None:
+        config["max_seq_length"] = int(max_seq_length)
+    if model.pooler in _LAYER_POOLERS:  # the encoder must return every layer's hidden states
+        config["config_args"] = {"output_hidden_states": True}
+    _write_json(os.path.join(output_dir, "sentence_bert_config.json"), config)
 
 
 # --- model card ---

@@ -4,8 +4,11 @@ push to a Hub stand-in on 127.0.0.1 (tests/hub_server.py); one-line errors witho
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,6 +192,79 @@ def test_layer_average_poolers_load_in_sentence_transformers(tmp_path, pooler):
     reference = model.encode(SNIPPET_SENTENCES, tokenizer, max_length=32)
     card = (tmp_path / "README.md").read_text()
     torch.testing.assert_close(run_snippet(snippet(card, "transformers")), reference, rtol=0, atol=1e-5)
+
+
+ALL_POOLERS = [("cls", True), ("cls", False), ("avg", True), ("avg_first_last", True), ("avg_top2", True)]
+
+
+def saved_pooler_folders(root: Path) -> dict[str, tuple[Path, torch.Tensor]]:
+    """A saved 3-layer tiny model per pooler (and cls with the MLP kept) -> name: (folder, SimCSEModel embeddings)."""
+    tokenizer = load_tokenizer(TINY_MODEL)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128,
+    )  # fmt: skip
+    folders = {}
+    for pooler, mlp_only_train in ALL_POOLERS:
+        torch.manual_seed(0)
+        model = SimCSEModel(BertModel(config), pooler=pooler, mlp_only_train=mlp_only_train)
+        folder = root / f"{pooler}-{'mlp_train_only' if mlp_only_train else 'mlp'}"
+        model.save_pretrained(str(folder), tokenizer=tokenizer, extra_config={"max_seq_length": 32})
+        folders[folder.name] = (folder, model.encode(SENTENCES, tokenizer, max_length=32))
+    return folders
+
+
+def test_saved_modules_use_the_classic_format_every_version_reads(tmp_path):
+    """sentence-transformers 6 saves module paths under sentence_transformers.base/... and renamed config keys, which
+    5.x cannot load; the folder is rewritten to the format of the models on the Hub (6.x loads it: tests above)."""
+    folders = saved_pooler_folders(tmp_path)
+    for name, (folder, _) in folders.items():
+        entries = json.loads((folder / "modules.json").read_text())
+        assert all(e["type"].startswith("sentence_transformers.models.") for e in entries), name
+        config = json.loads((folder / "sentence_bert_config.json").read_text())
+        assert config["max_seq_length"] == 32 and config["do_lower_case"] is False
+        assert ("config_args" in config) == name.startswith(("avg_first_last", "avg_top2"))
+        for entry in entries[1:]:
+            module_config = json.loads((folder / entry["path"] / "config.json").read_text())
+            assert "embedding_dimension" not in module_config and "module_input_name" not in module_config, name
+    pooling = json.loads((folders["cls-mlp"][0] / "1_Pooling" / "config.json").read_text())
+    assert pooling["word_embedding_dimension"] == 32 and pooling["pooling_mode_cls_token"]
+    assert not pooling["pooling_mode_mean_tokens"]
+    dense = json.loads((folders["cls-mlp"][0] / "2_Dense" / "config.json").read_text())
+    assert dense == {"in_features": 32, "out_features": 32, "bias": True,
+                     "activation_function": "torch.nn.modules.activation.Tanh"}  # fmt: skip
+    for name, (folder, expected) in folders.items():  # and the current version still reads it
+        st = SentenceTransformer(str(folder), device="cpu")
+        torch.testing.assert_close(st.encode(SENTENCES, convert_to_tensor=True), expected, rtol=0, atol=1e-5, msg=name)
+
+
+OLD_ST = os.environ.get("SIMCSE_HN_OLD_ST")
+OLD_ST_SCRIPT = """
+import sys, torch, sentence_transformers
+from sentence_transformers import SentenceTransformer
+for folder in sys.argv[2:]:
+    model = SentenceTransformer(folder, device="cpu")
+    torch.save(model.encode(sys.argv[1].split("|"), convert_to_tensor=True), folder + "/old_st.pt")
+print(sentence_transformers.__version__)
+"""
+
+
+@pytest.mark.skipif(not OLD_ST, reason="SIMCSE_HN_OLD_ST: a folder with sentence-transformers 5.x and its "
+                    "transformers (.ci/run installs one)")  # fmt: skip
+def test_saved_folders_load_in_sentence_transformers_5(tmp_path):
+    """Users on sentence-transformers 5.x (with transformers 4.x) load what we save: every pooler, same embeddings.
+    The old packages come first on PYTHONPATH of a subprocess; torch and numpy are this environment's."""
+    folders = saved_pooler_folders(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(OLD_ST), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", OLD_ST_SCRIPT, "|".join(SENTENCES), *(str(f) for f, _ in folders.values())],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("5."), done.stdout
+    for name, (folder, expected) in folders.items():
+        got = torch.load(folder / "old_st.pt", weights_only=True)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5, msg=name)
 
 
 # --- the card ---
