@@ -111,6 +111,8 @@ class SimCSETrainer(Trainer):
         every_row = self.args.contrast_form == "symmetric"  # anchors are all local rows: pass the tensor itself, so
         # a loss can recognise anchors == candidates (one process) and reuse the similarity matrix
         anchors = embeddings if every_row else embeddings[anchor_rows]
+        if every_row:  # negative_mask is every candidate but the anchor and its positive (UnReMix uses the structure)
+            state["standard_negatives"] = True
         if head_inputs is not None:
             anchor_features = head_inputs if every_row else head_inputs[anchor_rows]
             state.update(anchor_features=anchor_features, candidate_features=candidate_features)

@@ -326,6 +326,7 @@ def test_mix_permutation_is_shared_across_processes_through_all_reduce():
 
     got = loss_fn(z, z, positive_index, negative_mask, all_reduce=all_reduce).loss
     # a copy of z as the anchors: the full-matrix fit, as with all_reduce, not the one-process triangle fit
-    expected = loss_fn(z.clone(), z, positive_index, negative_mask, mix_permutation=torch.argsort(shared, stable=True)).loss
+    permutation = torch.argsort(shared, stable=True)
+    expected = loss_fn(z.clone(), z, positive_index, negative_mask, mix_permutation=permutation).loss
     assert len(reduced) == 1
     torch.testing.assert_close(got, expected, rtol=0, atol=0)

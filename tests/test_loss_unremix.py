@@ -151,13 +151,18 @@ def test_loss_matches_loop_reference(mode, beta, tau_plus):
     # the same components through the shortcut taken when anchors and candidates are one tensor
     unit = F.normalize(z, dim=1)
     features = (h, h) if mode == "head" else (None, None)
-    scores = loss_fn.component_scores(unit @ unit.T, z, z, positive_index, negative_mask, *features)
-    for index, name in enumerate("AUR"):
-        expected = torch.zeros(10, 10, dtype=torch.float64)
-        for i in range(10):
-            for j, v in components[i][name].items():
-                expected[i, j] = v
-        torch.testing.assert_close(scores[index], expected, rtol=1e-8, atol=1e-9)
+    # and through the trainer's promise that the mask is every row but the anchor and its positive (R without a
+    # matrix product)
+    for standard in (False, True):
+        scores = loss_fn.component_scores(
+            unit @ unit.T, z, z, positive_index, negative_mask, *features, standard_negatives=standard
+        )
+        for index, name in enumerate("AUR"):
+            expected = torch.zeros(10, 10, dtype=torch.float64)
+            for i in range(10):
+                for j, v in components[i][name].items():
+                    expected[i, j] = v
+            torch.testing.assert_close(scores[index], expected, rtol=1e-8, atol=1e-9, msg=f"{name} {standard}")
 
 
 def test_gradcheck_with_detached_scores_and_learned_mixture(monkeypatch):

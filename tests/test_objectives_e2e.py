@@ -96,3 +96,31 @@ def test_paper_configs_differ_only_in_loss_keys_and_names():
         assert rest == shared, path
         assert config["output_dir"].endswith(path.rsplit("unsup_bert_base_", 1)[1][:-5])
     assert shared["per_device_train_batch_size"] == 64 and shared["learning_rate"] == 3e-5
+
+
+@pytest.mark.parametrize("form", ["symmetric", "simcse"])
+def test_trainer_tells_the_loss_what_its_targets_are(form):
+    """SimCSETrainer.contrastive_loss on one process: the symmetric form passes the embeddings tensor itself as the
+    anchors (ProGCL's triangle fit, UnReMix's shared products) and promises the standard negatives (UnReMix's R
+    without a product), which must then be exactly every row but the anchor and its positive."""
+    from types import SimpleNamespace
+
+    from simcse_hn.trainer import SimCSETrainer
+
+    seen = {}
+
+    def loss_fn(anchors, candidates, positive_index, negative_mask, **state):
+        seen.update(anchors=anchors, candidates=candidates, mask=negative_mask, positive=positive_index, state=state)
+
+    trainer = SimpleNamespace(
+        accelerator=SimpleNamespace(unwrap_model=lambda model: model), gather_across_devices=False,
+        args=SimpleNamespace(contrast_form=form), state=SimpleNamespace(global_step=3, max_steps=10),
+    )  # fmt: skip
+    embeddings = torch.randn(8, 4)
+    SimCSETrainer.contrastive_loss(trainer, SimpleNamespace(loss_fn=loss_fn), embeddings)
+    promised = seen["state"].get("standard_negatives", False)
+    assert promised == (form == "symmetric") and (seen["anchors"] is embeddings) == (form == "symmetric")
+    if promised:
+        rows = torch.arange(8)
+        standard = (rows[None] != rows[:, None]) & (rows[None] != seen["positive"][:, None])
+        assert torch.equal(seen["mask"], standard)

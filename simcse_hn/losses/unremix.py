@@ -169,7 +169,10 @@ class UnReMixLoss(ContrastiveLoss):
         if self.beta > 0 and anchors is not None:
             with torch.no_grad(), torch.autocast(device_type=sim.device.type, enabled=False):
                 features = (anchor_features, candidate_features) if use_head else (None, None)
-                raw = self.raw_scores(sim, anchors, candidates, positive_index, negative_mask, *features)
+                raw = self.raw_scores(
+                    sim, anchors, candidates, positive_index, negative_mask, *features,
+                    standard_negatives=state.get("standard_negatives", False),
+                )  # fmt: skip
                 dev, std = centre(raw, negative_mask)  # (3, M, N), (3, M, 1)
             # C = sum_c lambda_c dev_c / (std_c + 1e-6): the standardised scores are never materialised
             kappa = lam[:, None, None] / (std + STD_EPS)  # (3, M, 1)
@@ -190,11 +193,13 @@ class UnReMixLoss(ContrastiveLoss):
         negative_mask: Tensor,
         anchor_features: Tensor | None = None,
         candidate_features: Tensor | None = None,
+        standard_negatives: bool = False,
     ) -> Tensor:
         """Standardised (A, U, R) over N(i), stacked. -> (3, M, N), detached."""
         raw = self.raw_scores(
-            sim, anchors, candidates, positive_index, negative_mask, anchor_features, candidate_features
-        )
+            sim, anchors, candidates, positive_index, negative_mask, anchor_features, candidate_features,
+            standard_negatives=standard_negatives,
+        )  # fmt: skip
         return standardise(raw, negative_mask)
 
     def raw_scores(
@@ -206,8 +211,12 @@ class UnReMixLoss(ContrastiveLoss):
         negative_mask: Tensor,
         anchor_features: Tensor | None = None,
         candidate_features: Tensor | None = None,
+        standard_negatives: bool = False,
     ) -> Tensor:
-        """(A, U, R) before standardisation, stacked. -> (3, M, N), detached."""
+        """(A, U, R) before standardisation, stacked. -> (3, M, N), detached.
+
+        standard_negatives: the caller's promise that negative_mask is every candidate but the anchor itself and its
+        positive (SimCSETrainer's symmetric form). With anchors = candidates, R then needs no matrix product."""
         dtype = sim.dtype
         m, n_cand = sim.shape
         sim = sim.detach()
@@ -241,7 +250,10 @@ class UnReMixLoss(ContrastiveLoss):
             mask = negative_mask.to(dtype)
             n = mask.sum(dim=1, keepdim=True)  # (M, 1)
             self_sim = c_hat.square().sum(dim=1)  # (N,), 1 (0 for a zero-norm row)
-            if 2 * c.shape[1] < n_cand:
+            if same and standard_negatives:
+                # sum_{k in N(i)} s_jk = sum_k s_jk - s_ji - s_{j,p(i)}, and s is symmetric: O(N^2), no product
+                torch.sub(sim.sum(dim=1)[None, :], sim, out=scores[2]).sub_(sim.index_select(0, positive_index))
+            elif 2 * c.shape[1] < n_cand:
                 torch.mm(mask @ c_hat, c_hat.T, out=scores[2])
             else:
                 torch.mm(mask, cand_sim, out=scores[2])
