@@ -354,7 +354,7 @@ def main() -> None:
     if args.quick:
         rows_list, dims, rounds, train_rounds, same_rounds = (128, 1024), (384,), {128: 3, 1024: 2}, 1, 1
     else:
-        rows_list, dims, rounds = (128, 1024, 4096), (384, 768), {128: 40, 1024: 10, 4096: 2}
+        rows_list, dims, rounds = (128, 1024, 4096), (384, 768), {128: 40, 1024: 30, 4096: 2}
         train_rounds, same_rounds = args.train_rounds, 5
     report = {"environment": environment(), "loss_sources": loss_sources(), "torch_threads": torch.get_num_threads(),
               "temperature": 0.05, "max_steps": MAX_STEPS,
