@@ -94,8 +94,7 @@ def markdown(study: dict) -> str:
     copied = {entry["from"] for entry in study["runs"].values() if entry.get("from")}
     if copied:
         lines += ["", f"The 'before' rows were not evaluated again: they are copied from {', '.join(sorted(copied))}, "
-                  "an evaluation of the same untrained model at that commit (since then the STS code changed only in "
-                  "how sentences are batched and how input files are checked)."]
+                  "the same untrained model scored by that commit's STS code."]
     return "\n".join(lines) + "\n"
 
 

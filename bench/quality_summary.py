@@ -52,7 +52,8 @@ def markdown(summary: dict) -> str:
         "| run | " + " | ".join(TASKS) + " | Avg. | Avg. per seed |",
         "|---|" + "---|" * (len(TASKS) + 2),
     ]
-    for name, entry in summary["runs"].items():
+    for name in sorted(summary["runs"], key=lambda name: not name.startswith("before")):  # references first
+        entry = summary["runs"][name]
         cells = " | ".join(f"{entry['tasks'][t]:.2f}" for t in TASKS)
         per_seed = " / ".join(f"{a:.2f}" for a in entry["average_per_seed"])
         lines.append(f"| {name} | {cells} | {entry['average']:.2f} | {per_seed} |")
