@@ -97,21 +97,16 @@ def debiased_from_log_r(
     return torch.logaddexp(pos, log_ng) - pos, clamped
 
 
-def weight_stats(
-    weights: Tensor | None, negative_mask: Tensor, log_weights: Tensor | None = None
-) -> dict[str, Tensor]:
+def weight_stats(weights: Tensor | None, log_weights: Tensor | None, negative_mask: Tensor) -> dict[str, Tensor]:
     """Max weight and mean entropy (nats) of the normalised weights w_ij / sum_k w_ik over N(i).
 
-    weights: (M, N), zero outside N(i), or None (uniform); log_weights: their logs where positive, if at hand. The
+    weights: (M, N), zero outside N(i), and log_weights their logs (used where w > 0), or both None (uniform). The
     entropy is log S_i - sum_j w_ij log w_ij / S_i with S_i = sum_j w_ij: no (M, N) normalised copy."""
     if weights is None:
         n = negative_mask.sum(dim=1).to(torch.float32)
         return {"neg_weight_max": torch.ones((), device=negative_mask.device), "neg_weight_entropy": n.log().mean()}
     w = weights.detach().float()
-    if log_weights is None:
-        w_log_w = torch.special.xlogy(w, w)
-    else:
-        w_log_w = torch.where(w > 0, w * log_weights.detach().float(), 0.0)
+    w_log_w = torch.where(w > 0, w * log_weights.detach().float(), 0.0)
     total = w.sum(dim=1)  # (M,)
     entropy = total.log() - w_log_w.sum(dim=1) / total
     return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy.mean()}
@@ -178,7 +173,7 @@ class ContrastiveLoss(nn.Module):
         with torch.no_grad():
             if log_weights is not None:
                 weights = torch.where(negative_mask, log_weights.exp(), 0.0)  # (M, N)
-            stats = weight_stats(weights, negative_mask, log_weights)  # of the weights applied, NaN included
+            stats = weight_stats(weights, log_weights, negative_mask)  # of the weights applied, NaN included
             if weights is not None:  # a non-finite weight (NaN reaches the max) or objective: uniform weights
                 usable = finite & torch.isfinite(stats["neg_weight_max"])
                 weights = torch.where(usable, weights, negative_mask)
