@@ -12,15 +12,51 @@ from collections import defaultdict
 import datasets
 import torch
 from accelerate.utils import DistributedType
+from torch import Tensor
 from transformers import Trainer, TrainerCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 
 from simcse_hn import distributed, grad_cache
-from simcse_hn.data import STSPairs, contrastive_targets
+from simcse_hn.data import STSPairs
 from simcse_hn.evaluation import simcse_encode_fn, sts_spearman
-from simcse_hn.losses import ContrastiveLoss
+from simcse_hn.losses import ContrastiveLoss, LossOutput
+from simcse_hn.targets import LossContext, build_targets
 
 logger = logging.getLogger(__name__)
+
+
+def contrastive_loss(
+    loss_fn: ContrastiveLoss,
+    embeddings: Tensor,
+    *,
+    form: str = "symmetric",
+    head_inputs: Tensor | None = None,
+    gather: bool = True,
+    step: int | None = None,
+    max_steps: int | None = None,
+) -> LossOutput:
+    """One SimCSE step's loss: local rows [a, a', b, b', ...] (2B, D) -> candidates gathered from every process with
+    gradient (when `gather` and there is more than one process), targets offset by rank, the loss context.
+
+    Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
+    the gradient of one process on the global batch. head_inputs (2B, H): the MLP head's inputs (UnReMix).
+    """
+    candidates, candidate_features, offset = embeddings, head_inputs, 0
+    several = distributed.world_size() > 1
+    if gather and several:
+        candidates = distributed.all_gather_with_grad(embeddings)  # (2BW, D)
+        if head_inputs is not None:
+            candidate_features = distributed.all_gather_with_grad(head_inputs)  # (2BW, H)
+        offset = distributed.rank() * embeddings.shape[0]
+    targets = build_targets(embeddings.shape[0], form, offset, candidates.shape[0], embeddings.device)
+    context = LossContext(
+        step=step,
+        max_steps=max_steps,
+        # every process fits the same ProGCL mixture, from all processes' pairs
+        all_reduce=distributed.all_reduce_sum if several else None,
+        candidate_features=candidate_features,
+    )
+    return loss_fn.compute(candidates, targets, context)
 
 
 class _NonFiniteGradientGuard(TrainerCallback):
@@ -92,31 +128,17 @@ class SimCSETrainer(Trainer):
         flag = self.args.gather_across_devices
         return distributed.world_size() > 1 if flag is None else flag
 
-    def contrastive_loss(self, model, embeddings, head_inputs=None):
-        """Loss of local embeddings (2B, D) against the (gathered) candidates. -> LossOutput"""
-        unwrapped = self.accelerator.unwrap_model(model)
-        num_rows = embeddings.shape[0]
-        candidates, candidate_features, offset = embeddings, head_inputs, 0
-        if self.gather_across_devices and distributed.world_size() > 1:
-            candidates = distributed.all_gather_with_grad(embeddings)  # (2BW, D)
-            if head_inputs is not None:
-                candidate_features = distributed.all_gather_with_grad(head_inputs)
-            offset = distributed.rank() * num_rows
-        anchor_rows, positive_index, negative_mask = contrastive_targets(
-            num_rows, self.args.contrast_form, offset, candidates.shape[0], device=embeddings.device
+    def contrastive_loss(self, model, embeddings, head_inputs=None) -> LossOutput:
+        """Loss of local embeddings (2B, D) against the (gathered) candidates (`contrastive_loss` below)."""
+        return contrastive_loss(
+            self.accelerator.unwrap_model(model).loss_fn,
+            embeddings,
+            form=self.args.contrast_form,
+            head_inputs=head_inputs,
+            gather=self.gather_across_devices,
+            step=self.state.global_step,
+            max_steps=self.state.max_steps,
         )
-        state = {"step": self.state.global_step, "max_steps": self.state.max_steps}
-        if distributed.world_size() > 1:  # every process fits the same ProGCL mixture, from all processes' pairs
-            state["all_reduce"] = distributed.all_reduce_sum
-        every_row = self.args.contrast_form == "symmetric"  # anchors are all local rows: pass the tensor itself, so
-        # a loss can recognise anchors == candidates (one process) and reuse the similarity matrix
-        anchors = embeddings if every_row else embeddings[anchor_rows]
-        if every_row:  # negative_mask is every candidate but the anchor and its positive (UnReMix uses the structure)
-            state["standard_negatives"] = True
-        if head_inputs is not None:
-            anchor_features = head_inputs if every_row else head_inputs[anchor_rows]
-            state.update(anchor_features=anchor_features, candidate_features=candidate_features)
-        return unwrapped.loss_fn(anchors, candidates, positive_index, negative_mask, **state)
 
     def _embed(self, model, inputs):
         """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""

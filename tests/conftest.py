@@ -29,6 +29,15 @@ def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     return positive_index, negative_mask
 
 
+def square_targets(num_rows: int):
+    """`symmetric_targets` as the training loop's ContrastiveTargets on one process: anchor i is candidate i, so its
+    checked facts (anchors_are_candidates, standard_negatives) hold and the losses' shortcuts apply."""
+    from simcse_hn.targets import ContrastiveTargets
+
+    positive_index, negative_mask = symmetric_targets(num_rows)
+    return ContrastiveTargets(positive_index, negative_mask, anchor_index=torch.arange(num_rows))
+
+
 @pytest.fixture
 def tiny_args(tmp_path):
     """Arguments of a fast debug_tiny run writing into tmp_path."""

@@ -6,7 +6,7 @@ dropout off; models are the tiny BERT in float64 with the SimCSE MLP head.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
 from pathlib import Path
 
@@ -54,7 +54,10 @@ def make_loss(case: str, loss: str):
     if case == "progcl_mix":  # one fixed permutation, the same in every process and in the reference
         k = 2 * SENTENCES_PER_RANK * WORLD_SIZE
         permutation = torch.randperm(k, generator=torch.Generator().manual_seed(0))
-        loss_fn.forward = functools.partial(loss_fn.forward, mix_permutation=permutation)
+        compute = loss_fn.compute
+        loss_fn.compute = lambda candidates, targets, context=None: compute(
+            candidates, targets, dataclasses.replace(context, mix_permutation=permutation)
+        )
     return loss_fn
 
 
