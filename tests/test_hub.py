@@ -407,3 +407,49 @@ def test_push_to_hub_needs_a_repo_name(tmp_path, capsys):
     assert train.main(argv) == 2
     assert "error: hub_model_id: required with push_to_hub" in capsys.readouterr().err
     assert not (tmp_path / "out" / "model.safetensors").exists()  # refused before training
+
+
+def test_push_uploads_exactly_the_saved_files_to_the_named_revision(tmp_path, hub_env):
+    """The upload is an allow-list: the save's manifest, not whatever else lies in the folder (a .env, notes, a
+    sub-folder, the Trainer's pickled arguments); `hub_revision` names the branch, created when missing."""
+    folder = tmp_path / "model"
+    model = SimCSEModel.from_pretrained(TINY_MODEL, pooler="avg")
+    saved = model.save_pretrained(str(folder), tokenizer=load_tokenizer(TINY_MODEL), extra_config={"loss": "hcl"})
+    model_card.write_model_card(str(folder))
+    (folder / ".env").write_text("HF_TOKEN=hf_should_never_leave\n")
+    (folder / "notes.txt").write_text("private notes\n")
+    (folder / "drafts").mkdir()
+    (folder / "drafts" / "idea.md").write_text("# an idea\n")
+    (folder / "training_args.bin").write_bytes(b"pickled arguments")
+    with HubStandIn() as server:
+        hub_env(server.url, token=server.token)
+        hub.push_to_hub(str(folder), HubTarget("tester/allow", revision="experiment-1"))
+        pushed = set(server.repos["tester/allow"])
+        assert server.commits[-1]["revision"] == "experiment-1" and server.branches["tester/allow"] == {"experiment-1"}
+    assert pushed == set(saved) | {"README.md", "simcse_files.json"}
+    assert {"model.safetensors", "tokenizer.json", "modules.json", "1_Pooling/config.json"} <= pushed
+
+
+def test_every_save_pushes_each_checkpoints_model_files_then_the_folder(tmp_path, hub_env):
+    out = tmp_path / "out"
+    repo = "tester/every-save"
+    with HubStandIn() as server:
+        hub_env(server.url, token=server.token)
+        argv = train_args(out, "--save_steps", "1", "--push_to_hub", "true", "--hub_model_id", repo,
+                          "--hub_strategy", "every_save")  # fmt: skip
+        assert train.main(argv) == 0
+        summaries = [c["summary"] for c in server.commits]
+        assert summaries == ["Checkpoint at step 1", "Checkpoint at step 2", "Upload SimCSE sentence encoder"]
+        checkpoint_paths = set(server.commits[0]["paths"])
+        assert "model.safetensors" in checkpoint_paths
+        assert not checkpoint_paths & {"optimizer.pt", "scheduler.pt", "trainer_state.json", "training_args.bin"}
+
+
+def test_hub_strategies_that_push_checkpoint_state_are_refused(tmp_path, capsys):
+    for strategy in ("checkpoint", "all_checkpoints"):
+        argv = train_args(tmp_path / "out", "--push_to_hub", "true", "--hub_model_id", "tester/m",
+                          "--hub_strategy", strategy)  # fmt: skip
+        assert train.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: hub_strategy:") and "\n" not in err
+    assert not (tmp_path / "out").exists()

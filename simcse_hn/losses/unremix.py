@@ -201,8 +201,8 @@ class UnReMixLoss(ContrastiveLoss):
     ) -> Tensor:
         """(A, U, R) before standardisation, stacked. -> (3, M, N), detached.
 
-        With `targets.anchors_are_candidates` the candidates' pseudo-posteriors and similarities are the anchors'
-        (sim reused); with `targets.standard_negatives` as well, R needs no matrix product."""
+        With `targets.anchors_are_candidates` the candidates' similarities are sim; with `standard_negatives` as well,
+        their pseudo-posteriors are the anchors' and R needs no matrix product."""
         positive_index, negative_mask = targets.positive_index, targets.negative_mask
         dtype = sim.dtype
         m, n_cand = sim.shape
@@ -216,10 +216,10 @@ class UnReMixLoss(ContrastiveLoss):
             other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
             logits = torch.where(other_mask, sim / self.temperature, NEG_INF)
             anchor_delta = _embedding_gradients(a_hat, a_norm, logits, c_hat, self.temperature)  # (M, D)
-            if same:
-                cand_sim, candidate_delta = sim, anchor_delta
+            cand_sim = sim if same else c_hat @ c_hat.T  # (N, N)
+            if same and targets.standard_negatives:  # every anchor's pseudo-posterior already runs over all other rows
+                candidate_delta = anchor_delta
             else:
-                cand_sim = c_hat @ c_hat.T  # (N, N)
                 eye = torch.eye(n_cand, dtype=torch.bool, device=sim.device)
                 cand_logits = torch.where(eye, NEG_INF, cand_sim / self.temperature)
                 candidate_delta = _embedding_gradients(c_hat, c_norm, cand_logits, c_hat, self.temperature)
