@@ -113,13 +113,17 @@ def alignment_uniformity(encode, pairs: STSPairs, threshold: float = THRESHOLD) 
 
 
 def plot_alignment_uniformity(
-    series: Sequence[tuple[str, Sequence[tuple[str, float, float]]]], path: str, caption: str | None = None
+    series: Sequence[tuple[str, Sequence[tuple[str, float, float]]]],
+    path: str,
+    caption: str | None = None,
+    connect: bool = True,
 ) -> None:
     """One marker per checkpoint or run, written as a PNG one paper column wide.
 
-    series: [(label, [(point tag, alignment, uniformity), ...]), ...]. A series of several points (one run's
-    checkpoints, in step order) is a path from a hollow first marker to a filled last one, its first and last tags
-    written beside them; a single point carries its tag when that differs from the label.
+    series: [(label, [(point tag, alignment, uniformity), ...]), ...]. With `connect`, a series of several points
+    (one run's checkpoints, in step order) is a path from a hollow first marker to a filled last one, its first and
+    last tags written beside them; without it (runs of one objective, several seeds) its points are separate
+    markers of one colour, each tagged. A single point carries its tag when that differs from the label.
     """
     from simcse_hn.evaluation import legend_below, new_figure, paper_style, save_figure
 
@@ -128,7 +132,10 @@ def plot_alignment_uniformity(
         for k, (label, points) in enumerate(series):
             color = f"C{k % 10}"
             u, a = [p[2] for p in points], [p[1] for p in points]
-            if len(points) > 1:
+            if len(points) > 1 and not connect:
+                ax.plot(u, a, "o", ms=4, color=color, label=label)
+                tagged = range(len(points))
+            elif len(points) > 1:
                 ax.plot(u, a, "-", color=color, lw=1.0, alpha=0.6, marker="o", ms=2.5, label=label)
                 ax.plot(u[0], a[0], "o", ms=5, mfc="white", color=color)
                 ax.plot(u[-1], a[-1], "o", ms=5, color=color)

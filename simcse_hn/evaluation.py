@@ -406,14 +406,23 @@ def model_label(name_or_path: str) -> str:
 
 
 def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
-    """Labels made distinct where two coincide: the repeated ones get their path's parent folder in front."""
-    counts = {label: labels.count(label) for label in labels}
-    out = []
-    for label, path in zip(labels, paths):
-        parent = os.path.basename(os.path.dirname(os.path.normpath(os.path.abspath(path))))
-        out.append(f"{parent}/{label}" if counts[label] > 1 and parent else label)
-    if len(set(out)) < len(out):  # still equal (same folder twice, say): number them
-        out = [f"{label} ({k + 1})" for k, label in enumerate(out)]
+    """Labels made distinct where two coincide: each of those gets the nearest folder above its path that tells
+    them apart (…/infonce/sts/results.json and …/other/sts/results.json: "infonce/x", "other/x"), else a number."""
+    out = list(labels)
+    for label in set(labels):
+        same = [k for k, other in enumerate(labels) if other == label]
+        if len(same) < 2:
+            continue
+        parts = {k: os.path.normpath(os.path.abspath(paths[k])).split(os.sep)[:-1] for k in same}
+        for depth in range(1, max(len(p) for p in parts.values()) + 1):
+            names = [parts[k][-depth] if depth <= len(parts[k]) else "" for k in same]
+            if len(set(names)) == len(names):
+                for k, name in zip(same, names):
+                    out[k] = f"{name}/{label}"
+                break
+        else:
+            for number, k in enumerate(same, start=1):
+                out[k] = f"{label} ({number})"
     return out
 
 

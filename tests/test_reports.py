@@ -202,9 +202,9 @@ def test_labels_come_from_the_run_name():
     assert model_label("/data/runs/unsup-hcl/checkpoint-250") == "unsup-hcl/checkpoint-250"
     assert model_label("./outputs/hcl/") == "hcl"
     assert model_label(str(ROOT)) == os.path.basename(ROOT)
-    labels = unique_labels(["out", "hcl", "out"], ["/a/s42/out", "/a/hcl", "/a/s43/out"])
-    assert labels == ["s42/out", "hcl", "s43/out"]
-    assert unique_labels(["x", "x"], ["/a/x", "/a/x"]) == ["a/x (1)", "a/x (2)"]
+    labels = unique_labels(["out", "hcl", "out"], ["/a/s42/out/r.json", "/a/hcl/r.json", "/a/s43/out/r.json"])
+    assert labels == ["s42/out", "hcl", "s43/out"]  # the nearest folder that differs
+    assert unique_labels(["x", "x", "y"], ["/a/r.json", "/a/r.json", "/b/r.json"]) == ["x (1)", "x (2)", "y"]
 
 
 def test_chart_axes_fit_the_data_and_charts_are_written(tmp_path):

@@ -249,19 +249,23 @@ def test_compare_puts_runs_side_by_side(tmp_path, capsys):
         return {"model": model, "pooler": "cls", "aggregation": aggregation, "sickr_pairs": "test", "date": "d",
                 "versions": {}, "settings": {}, "tasks": scored, "average": average}  # fmt: skip
 
-    (tmp_path / "infonce").mkdir()
-    (tmp_path / "infonce" / "results.json").write_text(json.dumps(fake("a", 70.0)))
-    (tmp_path / "hcl").mkdir()
-    (tmp_path / "hcl" / "sts_results.json").write_text(json.dumps(fake("b", 71.234)))
-    (tmp_path / "x.json").write_text(json.dumps(fake("c", 60.0, "mean", STS_TASKS[:2])))
+    for folder in ("infonce", "hcl", "other"):
+        (tmp_path / folder / "sts").mkdir(parents=True)
+    (tmp_path / "infonce" / "sts" / "results.json").write_text(json.dumps(fake("/runs/unsup-infonce", 70.0)))
+    (tmp_path / "hcl" / "sts" / "sts_results.json").write_text(json.dumps(fake("outputs/unsup-hcl", 71.234)))
+    (tmp_path / "other" / "sts" / "results.json").write_text(json.dumps(fake("/runs/unsup-infonce", 60.0, "mean",
+                                                                              STS_TASKS[:2])))  # fmt: skip
     out = tmp_path / "cmp"
-    assert compare.main([str(tmp_path / "infonce"), str(tmp_path / "hcl"), str(tmp_path / "x.json"), "--output",
-                         str(out)]) == 0  # fmt: skip
+    assert compare.main([str(tmp_path / "infonce" / "sts"), str(tmp_path / "hcl" / "sts"),
+                         str(tmp_path / "other" / "sts" / "results.json"), "--output", str(out)]) == 0  # fmt: skip
     table = (out / "comparison.md").read_text()
     assert "| Model | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. | Protocol |" in table
-    assert "| infonce | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 | aggregation all," in table
-    assert "| hcl | 71.23 | 72.23 |" in table
-    assert f"| {tmp_path.name} | 60.00 | 61.00 | – | – | – | – | – | 60.50 | aggregation mean," in table
+    # labels from the model's name, not the report folder ("sts"); the same model twice: its report's folder added
+    row = "| infonce/unsup-infonce | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 | aggregation all,"
+    assert row in table
+    assert "| outputs/unsup-hcl | 71.23 | 72.23 |" in table  # a relative path that is not here: kept as written
+    assert "| other/unsup-infonce | 60.00 | 61.00 | – | – | – | – | – | 60.50 | aggregation mean," in table
+    assert "Groups over seeds" not in table  # no objective recorded, no seeds: nothing to group
     assert (out / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     assert compare.main([str(tmp_path / "missing"), "--output", str(out)]) == 2
     assert capsys.readouterr().err.strip().endswith("missing: file not found")
