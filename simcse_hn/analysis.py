@@ -125,7 +125,7 @@ def plot_alignment_uniformity(
     last tags written beside them; without it (runs of one objective, several seeds) its points are separate
     markers of one colour, each tagged. A single point carries its tag when that differs from the label.
     """
-    from simcse_hn.evaluation import legend_below, new_figure, paper_style, save_figure
+    from simcse_hn.evaluation import legend_below, new_figure, paper_style, save_figure, wrap
 
     with paper_style():
         figure, ax = new_figure(height=3.0)
@@ -145,14 +145,17 @@ def plot_alignment_uniformity(
                 tagged = (0,) if points[0][0] and points[0][0] != label else ()
             else:
                 continue
-            for i in tagged:
-                ax.annotate(points[i][0], (u[i], a[i]), xytext=(3, 3), textcoords="offset points", color=color,
+            for i in tagged:  # a path's last tag below its marker, off the line that arrives from above
+                offset = (4, -9) if connect and len(points) > 1 and i == len(points) - 1 else (3, 3)
+                ax.annotate(points[i][0], (u[i], a[i]), xytext=offset, textcoords="offset points", color=color,
                             fontsize="x-small")  # fmt: skip
         ax.set_xlabel(r"uniformity  $\log\,\mathbb{E}\,e^{-2\|\hat{x}-\hat{y}\|^2}$  (all dev sentence pairs)")
         ax.set_ylabel(r"alignment  $\mathbb{E}\,\|\hat{x}-\hat{y}\|^2$  (positive pairs)")
         ax.margins(0.15)
         ax.grid(alpha=0.3)
         caption = caption or "STS-B dev, SimCSE protocol (positives: gold > 4)"
-        ax.set_title(f"{caption}; lower left is better", loc="left")
+        if len(series) == 1:  # no legend for one series: its name goes in the title
+            caption = f"{series[0][0]}: {caption}"
+        ax.set_title(wrap(f"{caption}; lower left is better", 70), loc="left")
         legend_below(ax, len(series))
         save_figure(figure, path)

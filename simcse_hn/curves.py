@@ -184,8 +184,11 @@ def _draw(ax, runs: Sequence[Curves], key: str) -> list:
         (line,) = ax.plot(steps, values, color=f"C{k % 10}", marker=MARKERS[k % len(MARKERS)] if sparse else None,
                           ms=2.5, lw=1.0, label=run.name)  # fmt: skip
         handles.append(line)
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_title(TITLES.get(key, key), loc="left")
     ax.set_xlabel("training step")
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
     ax.grid(alpha=0.3)
     if key == "learning_rate":
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
