@@ -121,7 +121,8 @@ def settings_notes(group: str, members: list[dict]) -> list[str]:
     if len(members) > 1 and None in seeds:
         notes.append(f"{group}: seed unknown for {sum(s is None for s in seeds)} run(s); no pairing by seed for them")
     if len([s for s in seeds if s is not None]) != len({s for s in seeds if s is not None}):
-        notes.append(f"{group}: a seed appears twice; the paired tests use the first run of each seed")
+        notes.append(f"{group}: a seed appears more than once (checkpoints of one run?); the statistics use the "
+                     "first run of each seed")  # fmt: skip
     return notes
 
 
@@ -143,10 +144,15 @@ def compare(runs: list[dict], baseline: str | None, resamples: int) -> dict:
         groups = {baseline: groups[baseline]} | groups
     out = {"columns": columns, "groups": {}, "baseline": baseline, "tests": {}, "notes": []}
     for name, members in groups.items():
-        per_column = {c: [scores_of(m["results"]).get(c, np.nan) for m in members] for c in columns}
+        replicates, seen = [], set()  # one run per seed: checkpoints of one run are not replicates
+        for m in members:
+            if m["seed"] is None or m["seed"] not in seen:
+                replicates.append(m)
+                seen.add(m["seed"])
+        per_column = {c: [scores_of(m["results"]).get(c, np.nan) for m in replicates] for c in columns}
         out["groups"][name] = {
-            "runs": [m["label"] for m in members],
-            "seeds": [m["seed"] for m in members],
+            "runs": [m["label"] for m in replicates],
+            "seeds": [m["seed"] for m in replicates],
             "scores": {c: stats.t_interval([v for v in values if np.isfinite(v)]) for c, values in per_column.items()},
         }
         out["notes"] += settings_notes(name, members)
@@ -238,7 +244,7 @@ def markdown(runs: list[dict], comparison: dict, resamples: int) -> str:
                      f"{r['results'].get('model', '–')} | {r['results'].get('pooler') or '–'} | {training} | "
                      f"{r['results'].get('date', '–')} |")  # fmt: skip
     if comparison["baseline"] is None and all(len(g["runs"]) == 1 for g in comparison["groups"].values()):
-        lines += ["", "Each run is a group of its own (no objective recorded, or one run each): no statistics."]
+        lines += ["", "One seed per group (or no objective recorded): no statistics over seeds."]
         return "\n".join(lines) + "\n"
     columns = comparison["columns"]
     header = "| Group | Seeds | " + " | ".join(columns) + " |"
@@ -330,19 +336,37 @@ def plot_deltas(comparison: dict, path: str) -> None:
         save_figure(figure, path)
 
 
+def checkpoint_step(run: dict) -> int | None:
+    name = os.path.basename(os.path.normpath(str(run["results"].get("model", ""))))
+    return int(name.split("-", 1)[1]) if name.startswith("checkpoint-") and name[11:].isdigit() else None
+
+
 def plot_geometry(runs: list[dict], path: str) -> bool:
+    """One point per run, a colour per group; a group that is one run's checkpoints is a path in step order."""
     from simcse_hn.analysis import plot_alignment_uniformity
 
-    series: dict[str, list] = {}
+    members: dict[str, list[dict]] = {}
     for run in runs:
-        geometry = run["results"].get("alignment_uniformity")
-        if geometry:
-            tag = f"seed {run['seed']}" if run["seed"] is not None else run["label"]
-            series.setdefault(run["group"], []).append((tag, geometry["alignment"], geometry["uniformity"]))
+        if run["results"].get("alignment_uniformity"):
+            members.setdefault(run["group"], []).append(run)
+    series, connect = [], []
+    for group, group_runs in members.items():
+        steps = [checkpoint_step(run) for run in group_runs]
+        one_run = len(group_runs) > 1 and None not in steps and len({run["seed"] for run in group_runs}) == 1
+        if one_run:
+            group_runs = [run for _, run in sorted(zip(steps, group_runs), key=lambda pair: pair[0])]
+        points = []
+        for run in group_runs:
+            geometry = run["results"]["alignment_uniformity"]
+            tag = (f"step {checkpoint_step(run)}" if one_run else f"seed {run['seed']}" if run["seed"] is not None
+                   else run["label"])  # fmt: skip
+            points.append((tag, geometry["alignment"], geometry["uniformity"]))
+        series.append((group, points))
+        connect.append(one_run)
     if not series:
         return False
-    plot_alignment_uniformity(list(series.items()), path, caption="STS-B dev, one point per run (SimCSE protocol)",
-                              connect=False)  # fmt: skip
+    plot_alignment_uniformity(series, path, caption="STS-B dev, one point per run or checkpoint (SimCSE protocol)",
+                              connect=connect)  # fmt: skip
     return True
 
 

@@ -56,9 +56,8 @@ def uniformity(x, t: float = 2.0, chunk_size: int = 2048) -> float:
         rest = x[start:]  # (N - start, D): the block's rows and every row after them
         distances = (
             squared_norms[start : start + len(block), None] + squared_norms[None, start:] - 2 * block @ rest.T
-        ).clamp_min(0)  # (C, N - start): ||x_i - x_j||^2
-        upper = torch.ones_like(distances, dtype=torch.bool).triu(1)  # j > i
-        total += torch.exp(-t * distances[upper]).sum()
+        ).clamp_min(0)  # (C, N - start): ||x_i - x_j||^2, column k is row start + k
+        total += torch.exp(-t * distances).triu(1).sum()  # j > i only
     return math.log(float(total) / (n * (n - 1) / 2))
 
 
@@ -116,11 +115,12 @@ def plot_alignment_uniformity(
     series: Sequence[tuple[str, Sequence[tuple[str, float, float]]]],
     path: str,
     caption: str | None = None,
-    connect: bool = True,
+    connect: bool | Sequence[bool] = True,
 ) -> None:
     """One marker per checkpoint or run, written as a PNG one paper column wide.
 
-    series: [(label, [(point tag, alignment, uniformity), ...]), ...]. With `connect`, a series of several points
+    series: [(label, [(point tag, alignment, uniformity), ...]), ...]. With `connect` (one flag, or one per series),
+    a series of several points
     (one run's checkpoints, in step order) is a path from a hollow first marker to a filled last one, its first and
     last tags written beside them; without it (runs of one objective, several seeds) its points are separate
     markers of one colour, each tagged. A single point carries its tag when that differs from the label.
@@ -129,10 +129,11 @@ def plot_alignment_uniformity(
 
     with paper_style():
         figure, ax = new_figure(height=3.0)
-        for k, (label, points) in enumerate(series):
+        flags = [connect] * len(series) if isinstance(connect, bool) else list(connect)
+        for k, ((label, points), path_of_points) in enumerate(zip(series, flags)):
             color = f"C{k % 10}"
             u, a = [p[2] for p in points], [p[1] for p in points]
-            if len(points) > 1 and not connect:
+            if len(points) > 1 and not path_of_points:
                 ax.plot(u, a, "o", ms=4, color=color, label=label)
                 tagged = range(len(points))
             elif len(points) > 1:
@@ -146,7 +147,7 @@ def plot_alignment_uniformity(
             else:
                 continue
             for i in tagged:  # a path's last tag below its marker, off the line that arrives from above
-                offset = (4, -9) if connect and len(points) > 1 and i == len(points) - 1 else (3, 3)
+                offset = (4, -9) if path_of_points and len(points) > 1 and i == len(points) - 1 else (3, 3)
                 ax.annotate(points[i][0], (u[i], a[i]), xytext=offset, textcoords="offset points", color=color,
                             fontsize="x-small")  # fmt: skip
         ax.set_xlabel(r"uniformity  $\log\,\mathbb{E}\,e^{-2\|\hat{x}-\hat{y}\|^2}$  (all dev sentence pairs)")

@@ -390,8 +390,12 @@ def _task_columns(runs: Sequence[tuple[str, dict]]) -> list[str]:
     return [name for name in STS_TASKS if name in present]
 
 
+GENERIC_FOLDERS = ("model", "final", "final_model", "best", "best_model")  # names that say nothing of the run
+
+
 def model_label(name_or_path: str) -> str:
-    """A short label: a local folder's name (its parent's too for a `checkpoint-N` folder), else the Hub id.
+    """A short label: a local folder's name (its parent's too for `checkpoint-N` and generic names such as `model`),
+    else the Hub id.
 
     A path that is not a folder here (results read on another machine) is recognised by its form: absolute,
     relative with ./ or ../, or more than one '/' (a Hub id has one)."""
@@ -400,7 +404,8 @@ def model_label(name_or_path: str) -> str:
         return name_or_path
     path = os.path.normpath(name_or_path)
     name = os.path.basename(path)
-    if name.startswith("checkpoint-") and os.path.basename(os.path.dirname(path)):
+    generic = name.startswith("checkpoint-") or name in GENERIC_FOLDERS
+    if generic and os.path.basename(os.path.dirname(path)):
         return f"{os.path.basename(os.path.dirname(path))}/{name}"
     return name
 
@@ -492,7 +497,8 @@ def results_markdown(results: dict, label: str | None = None) -> str:
             f"| {geometry['alignment']:.4f} | {geometry['uniformity']:.4f} | {geometry['positive_pairs']:,} | "
             f"{geometry['sentences']:,} |",
             "",
-            f"Lower is better for both. Protocol: {geometry['protocol']}.",
+            f"Lower is better for both. Protocol: {geometry['protocol']}."
+            + (f" Data: {geometry['source']}." if geometry.get("source") else ""),
             "",
         ]
     for name, task in results["tasks"].items():
@@ -618,6 +624,7 @@ def plot_results(
                 if np.isfinite(v):
                     ax.annotate(f"{v:.2f}", (xi, high), xytext=(0, 3), textcoords="offset points", ha="center",
                                 fontsize=5.5)  # fmt: skip
+            ax.axvline(len(columns) - 1.5, color="0.6", lw=0.6, ls=":")  # the average is not a task
             ax.set_xticks(x, [names[c] for c in columns], rotation=30, ha="right")
             ax.set_ylim(*fitted_limits([b[0] for b in bounds], [b[1] for b in bounds], top_room=0.12))
             ax.set_ylabel("Spearman x 100")

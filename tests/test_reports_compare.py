@@ -195,6 +195,26 @@ def test_compare_bootstraps_over_pairs_from_predictions(tmp_path):
     assert test["bootstrap"]["Avg."]["seeds"] == 2
 
 
+def test_checkpoints_of_one_run_are_one_replicate_and_a_path_in_the_geometry_chart(tmp_path, monkeypatch):
+    compare = load_script("compare")
+    for step, shift in ((500, 0.3), (125, 0.0), (250, 0.2)):
+        results = write_run(tmp_path, f"ckpt{step}", "infonce", 42, shift)
+        results["model"] = f"/train/infonce/checkpoint-{step}"
+        (tmp_path / f"ckpt{step}" / "results.json").write_text(json.dumps(results))
+    drawn = []
+    import simcse_hn.analysis
+
+    monkeypatch.setattr(simcse_hn.analysis, "plot_alignment_uniformity",
+                        lambda series, path, caption=None, connect=True: drawn.append((series, connect)))  # fmt: skip
+    paths = [str(tmp_path / name) for name in ("ckpt500", "ckpt125", "ckpt250")]
+    assert compare.main([*paths, "--output", str(tmp_path / "cmp")]) == 0
+    record = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert record["groups"]["infonce"]["runs"] == ["infonce/checkpoint-500"]  # the same seed thrice: one replicate
+    assert any("a seed appears more than once" in note for note in record["notes"])
+    (series, connect), = drawn
+    assert connect == [True] and [tag for tag, _, _ in series[0][1]] == ["step 125", "step 250", "step 500"]
+
+
 def test_compare_errors_are_one_line(tmp_path, capsys):
     compare = load_script("compare")
     write_run(tmp_path, "a", "infonce", 1, 0.0)

@@ -265,7 +265,7 @@ def test_compare_puts_runs_side_by_side(tmp_path, capsys):
     assert row in table
     assert "| outputs/unsup-hcl | 71.23 | 72.23 |" in table  # a relative path that is not here: kept as written
     assert "| other/unsup-infonce | 60.00 | 61.00 | – | – | – | – | – | 60.50 | aggregation mean," in table
-    assert "Groups over seeds" not in table  # no objective recorded, no seeds: nothing to group
+    assert "Groups over seeds" not in table and "no statistics over seeds" in table  # nothing recorded to group by
     assert (out / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     assert compare.main([str(tmp_path / "missing"), "--output", str(out)]) == 2
     assert capsys.readouterr().err.strip().endswith("missing: file not found")
