@@ -256,7 +256,7 @@ def load_stsb_dev(data_dir: str | None) -> tuple[STSPairs | None, str | None]:
 def training_config(model: str) -> dict | None:
     """The model's simcse_config.json (what it was trained with), from its folder or the Hub cache; None when it
     has none (a model this project did not train) or it cannot be read."""
-    from simcse_hn.modeling import SIMCSE_CONFIG
+    from simcse_hn.files import SIMCSE_CONFIG
 
     path = os.path.join(model, SIMCSE_CONFIG)
     if not os.path.isdir(model):

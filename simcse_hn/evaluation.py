@@ -84,21 +84,17 @@ def sts_spearman(encode: EncodeFn, sentence1: list[str], sentence2: list[str], s
     return spearman_x100(cosine_scores(lookup, sentence1, sentence2).numpy(), scores)
 
 
-def sts_dev_scores(encode: EncodeFn, pairs: STSPairs) -> dict[str, float]:
-    """What the trainer logs at each evaluation, from one encode call over the distinct dev sentences:
-    {"stsb_spearman", "alignment", "uniformity"} (the last two under SimCSE's protocol, analysis.py; without a pair
-    above its threshold only the Spearman)."""
-    from simcse_hn.analysis import alignment_uniformity_encoded
+def sts_dev_metrics(embeddings: Tensor, index: dict[str, int], pairs: STSPairs) -> dict[str, float]:
+    """What an in-training evaluation logs, from the dev sentences' embeddings (U, D) and {sentence: row}:
+    {"stsb_spearman", "alignment", "uniformity"}, the last two under SimCSE's protocol (analysis.py), left out when
+    no dev pair is above its threshold."""
+    from simcse_hn.analysis import alignment_uniformity_encoded, positive_pairs
 
-    sentences = list(dict.fromkeys(pairs.sentence1 + pairs.sentence2))
-    embeddings = encode(sentences)  # (U, D)
-    index = {s: i for i, s in enumerate(sentences)}
-    scores = {"stsb_spearman": spearman_x100(pair_cosines(embeddings, index, pairs), pairs.scores)}
-    try:
+    metrics = {"stsb_spearman": spearman_x100(pair_cosines(embeddings, index, pairs), pairs.scores)}
+    if positive_pairs(pairs):
         geometry = alignment_uniformity_encoded(embeddings, index, pairs)
-    except ValueError:  # a dev file with no pair above the threshold: nothing to align
-        return scores
-    return scores | {"alignment": geometry["alignment"], "uniformity": geometry["uniformity"]}
+        metrics.update(alignment=geometry["alignment"], uniformity=geometry["uniformity"])
+    return metrics
 
 
 # --- the full suite ---

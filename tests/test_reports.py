@@ -24,10 +24,12 @@ from simcse_hn.evaluation import (
     plot_results,
     save_predictions,
     spearman_x100,
-    sts_dev_scores,
+    sts_dev_metrics,
     sts_spearman,
     unique_labels,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
@@ -93,7 +95,9 @@ def test_alignment_uniformity_follows_the_simcse_protocol():
         alignment_uniformity(encode, STSPairs(["sentence 0"], ["sentence 1"], [3.0]))
 
 
-def test_sts_dev_scores_give_the_trainer_spearman_and_geometry_from_one_encode_call():
+def test_sts_dev_metrics_give_the_trainer_spearman_and_geometry_from_its_embeddings():
+    """What the trainer's evaluation computes from the dev sentences' embeddings (in its own order): the suite's
+    Spearman and analysis.py's alignment and uniformity."""
     rng = np.random.default_rng(2)
     pool = [f"s{k}" for k in range(30)]
     vectors = {s: torch.tensor(rng.normal(size=8), dtype=torch.float32) for s in pool}
@@ -102,21 +106,21 @@ def test_sts_dev_scores_give_the_trainer_spearman_and_geometry_from_one_encode_c
         [pool[k] for k in rng.integers(0, 30, 40)],
         [float(v) for v in rng.uniform(0, 5, 40)],
     )
-    calls = []
+    order = list(reversed(dict.fromkeys(pairs.sentence1 + pairs.sentence2)))
+    embeddings = torch.stack([vectors[s] for s in order])
+    index = {s: i for i, s in enumerate(order)}
+    metrics = sts_dev_metrics(embeddings, index, pairs)
 
     def encode(batch):
-        calls.append(len(batch))
         return torch.stack([vectors[s] for s in batch])
 
-    scores = sts_dev_scores(encode, pairs)
-    assert len(calls) == 1
-    assert scores["stsb_spearman"] == pytest.approx(sts_spearman(encode, pairs.sentence1, pairs.sentence2,
-                                                                 pairs.scores), abs=1e-9)  # fmt: skip
+    expected = sts_spearman(encode, pairs.sentence1, pairs.sentence2, pairs.scores)
+    assert metrics["stsb_spearman"] == pytest.approx(expected, abs=1e-9)
     reference = alignment_uniformity(encode, pairs)
-    assert scores["alignment"] == pytest.approx(reference["alignment"], rel=1e-12)
-    assert scores["uniformity"] == pytest.approx(reference["uniformity"], rel=1e-12)
+    assert metrics["alignment"] == pytest.approx(reference["alignment"], rel=1e-12)
+    assert metrics["uniformity"] == pytest.approx(reference["uniformity"], rel=1e-12)
     below = STSPairs(pairs.sentence1, pairs.sentence2, [float(v) for v in rng.uniform(0, 3.9, 40)])
-    assert set(sts_dev_scores(encode, below)) == {"stsb_spearman"}  # no positive pair: no geometry
+    assert set(sts_dev_metrics(embeddings, index, below)) == {"stsb_spearman"}  # no positive pair: no geometry
 
 
 def test_encoded_variant_reads_rows_through_the_index():

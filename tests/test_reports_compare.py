@@ -14,6 +14,8 @@ from test_sts_cli import load_script
 from simcse_hn import stats
 from simcse_hn.evaluation import save_predictions
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # Student (1908) / Cushny & Peebles: extra hours of sleep under two drugs, the same ten patients (R's `sleep`).
 # t.test(extra ~ group, paired = TRUE): t = -4.0621, df = 9, p = 0.002833, 95% CI [-2.4598858, -0.7001142].
 SLEEP_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]

@@ -14,6 +14,8 @@ import train
 from simcse_hn.curves import event_folders, load_curves, read_tensorboard, write_curves
 from simcse_hn.data import DataError
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
