@@ -62,14 +62,14 @@ def before(encode, tasks) -> dict:
     return timings | {"sentences": len(index)}
 
 
-def after(encode, tasks, dev: STSPairs, folder: str) -> dict:
+def after(encode, tasks, dev: STSPairs, folder: str, device: str) -> dict:
     timings = {}
     start = time.perf_counter()
     embeddings, index = evaluation.encode_union(encode, tasks, extra=dev.sentence1 + dev.sentence2)
     timings["encode"] = time.perf_counter() - start
     _, predictions = evaluation.score_encoded_tasks(embeddings, index, tasks, "all")
     mark = time.perf_counter()
-    geometry = alignment_uniformity_encoded(embeddings, index, dev)
+    geometry = alignment_uniformity_encoded(embeddings, index, dev, device=device)
     timings["alignment_uniformity"] = time.perf_counter() - mark
     mark = time.perf_counter()
     evaluation.save_predictions(os.path.join(folder, evaluation.PREDICTIONS), predictions)
@@ -164,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(args.rounds):
             order = ("before", "after") if k % 2 == 0 else ("after", "before")
             for name in order:
-                timings = before(encode, tasks) if name == "before" else after(encode, tasks, dev, folder)
+                if name == "before":
+                    timings = before(encode, tasks)
+                else:
+                    timings = after(encode, tasks, dev, folder, info["device"])
                 runs[name].append(timings)
                 print(f"round {k + 1} {name}: {timings['total']:.2f} s", flush=True)
     ratio = statistics.median(a["total"] / b["total"] for a, b in zip(runs["after"], runs["before"]))

@@ -173,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
     if dev is not None:
         from simcse_hn.analysis import alignment_uniformity_encoded
 
-        geometry = alignment_uniformity_encoded(embeddings, index, dev) | {"source": dev_source}
+        geometry = alignment_uniformity_encoded(embeddings, index, dev, device=info["device"])
+        geometry["source"] = dev_source
     settings = {
         "tasks": names,
         "data": args.data_dir or "hub",

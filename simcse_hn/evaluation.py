@@ -74,8 +74,11 @@ def sts_metric():
 
 
 def spearman_x100(predictions, gold) -> float:
-    """Spearman x 100 of predictions (float64 kept) against gold scores, through `sts_metric()`."""
-    return sts_metric().compute(predictions=np.asarray(predictions, dtype=np.float64), references=gold)["spearman"]
+    """Spearman x 100 of predictions (float64 kept) against gold scores, through `sts_metric()`, each side passed as
+    one row (the metric's list form) so that `evaluate` converts the arrays whole."""
+    predictions = np.asarray(predictions, dtype=np.float64)
+    gold = np.asarray(gold, dtype=np.float64)
+    return sts_metric().compute(predictions=[predictions], references=[gold])["spearman"]
 
 
 def sts_spearman(encode: EncodeFn, sentence1: list[str], sentence2: list[str], scores: list[float]) -> float:

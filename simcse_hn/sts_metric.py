@@ -20,6 +20,8 @@ _KWARGS_DESCRIPTION = """\
 Args:
     predictions (list of float): predicted similarity of each pair, e.g. cosine similarities.
     references (list of float): gold similarity scores of the same pairs (any scale: only ranks matter).
+    Or, for large inputs, lists of such lists (e.g. `[cosines]`, `[gold]` with NumPy arrays): each list is one
+    row, which `evaluate` converts at once rather than value by value; the rows' pairs are pooled.
 Returns:
     spearman (float): Spearman correlation x 100, in [-100, 100]; NaN when either side is constant.
 Examples:
@@ -52,13 +54,22 @@ class STSMetric(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}
-            ),
+            features=[
+                datasets.Features({"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}),
+                datasets.Features(  # one row per array: the suite's 20,000 pairs without a Python loop per value
+                    {
+                        "predictions": datasets.Sequence(datasets.Value("float64")),
+                        "references": datasets.Sequence(datasets.Value("float64")),
+                    }
+                ),
+            ],
             reference_urls=["https://github.com/princeton-nlp/SimCSE", "https://github.com/facebookresearch/SentEval"],
         )
 
     def _compute(self, predictions, references) -> dict[str, float]:
+        import numpy as np
         from scipy.stats import spearmanr
 
+        if len(predictions) and isinstance(predictions[0], (list, np.ndarray)):  # rows of pairs: pooled
+            predictions, references = np.concatenate(predictions), np.concatenate(references)
         return {"spearman": float(spearmanr(predictions, references).statistic) * 100}

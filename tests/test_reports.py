@@ -146,8 +146,11 @@ def test_evaluate_loads_the_sts_metric_offline_and_it_gives_scipys_spearman(tmp_
         "import json, sys, evaluate\n"
         f"metric = evaluate.load({STS_METRIC!r})\n"
         "data = json.loads(sys.stdin.read())\n"
-        "print(json.dumps({'result': metric.compute(**data), 'name': metric.name, 'citation': metric.citation,\n"
-        "                  'features': str(metric.features), 'description': metric.description}))\n"
+        "rows = metric.compute(predictions=[data['predictions'][:50], data['predictions'][50:]],\n"
+        "                      references=[data['references'][:50], data['references'][50:]])\n"
+        "print(json.dumps({'result': metric.compute(**data), 'rows': rows, 'name': metric.name,\n"
+        "                  'citation': metric.citation, 'features': str(metric.features),\n"
+        "                  'description': metric.description}))\n"
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_EVALUATE_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONPATH="")
     out = subprocess.run([sys.executable, "-c", script], input=json.dumps(
@@ -155,7 +158,9 @@ def test_evaluate_loads_the_sts_metric_offline_and_it_gives_scipys_spearman(tmp_
         env=env, timeout=300, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    assert loaded["result"]["spearman"] == pytest.approx(spearmanr(predictions, references).statistic * 100, abs=1e-9)
+    expected = spearmanr(predictions, references).statistic * 100
+    assert loaded["result"]["spearman"] == pytest.approx(expected, abs=1e-9)
+    assert loaded["rows"]["spearman"] == pytest.approx(expected, abs=1e-9)  # the list form pools its rows
     assert loaded["name"] == "sts_metric" and "gao2021simcse" in loaded["citation"]
     assert "float64" in loaded["features"] and "Spearman" in loaded["description"]
 
@@ -168,7 +173,7 @@ def test_the_suite_computes_every_correlation_through_the_metric(monkeypatch):
     compute = type(metric)._compute
 
     def counted(self, predictions, references):
-        calls.append(len(predictions))
+        calls.append([len(row) for row in predictions])  # the suite passes each side as one row
         return compute(self, predictions, references)
 
     monkeypatch.setattr(type(metric), "_compute", counted)
@@ -179,7 +184,7 @@ def test_the_suite_computes_every_correlation_through_the_metric(monkeypatch):
     sentences = [f"s{k}" for k in range(12)]
     sts_spearman(lambda batch: vectors[[sentences.index(s) for s in batch]], sentences[:6], sentences[6:],
                  list(range(6)))  # fmt: skip
-    assert calls == [30, 6]
+    assert calls == [[30], [6]]
 
 
 def test_predictions_round_trip_and_a_damaged_file_is_named(tmp_path):
