@@ -158,6 +158,9 @@ def plot_alignment_uniformity(
         ax.set_xlabel(r"uniformity  $\log\,\mathbb{E}\,e^{-2\|\hat{x}-\hat{y}\|^2}$  (all dev sentence pairs)")
         ax.set_ylabel(r"alignment  $\mathbb{E}\,\|\hat{x}-\hat{y}\|^2$  (positive pairs)")
         ax.margins(0.15)
+        bottom, top = ax.get_ylim()
+        if bottom < 0:  # alignment is a squared distance: no room below 0 beyond the marker's
+            ax.set_ylim(-0.05 * max(top, 1e-3), top)
         ax.grid(alpha=0.3)
         caption = caption or "STS-B dev, SimCSE protocol (positives: gold > 4)"
         if len(series) == 1:  # no legend for one series: its name goes in the title
