@@ -87,15 +87,17 @@ def sts_spearman(encode: EncodeFn, sentence1: list[str], sentence2: list[str], s
     return spearman_x100(cosine_scores(lookup, sentence1, sentence2).numpy(), scores)
 
 
-def sts_dev_metrics(embeddings: Tensor, index: dict[str, int], pairs: STSPairs) -> dict[str, float]:
+def sts_dev_metrics(
+    embeddings: Tensor, index: dict[str, int], pairs: STSPairs, device: str | torch.device | None = None
+) -> dict[str, float]:
     """What an in-training evaluation logs, from the dev sentences' embeddings (U, D) and {sentence: row}:
-    {"stsb_spearman", "alignment", "uniformity"}, the last two under SimCSE's protocol (analysis.py), left out when
-    no dev pair is above its threshold."""
+    {"stsb_spearman", "alignment", "uniformity"}, the last two under SimCSE's protocol (analysis.py, computed on
+    `device`), left out when no dev pair is above its threshold."""
     from simcse_hn.analysis import alignment_uniformity_encoded, positive_pairs
 
     metrics = {"stsb_spearman": spearman_x100(pair_cosines(embeddings, index, pairs), pairs.scores)}
     if positive_pairs(pairs):
-        geometry = alignment_uniformity_encoded(embeddings, index, pairs)
+        geometry = alignment_uniformity_encoded(embeddings, index, pairs, device=device)
         metrics.update(alignment=geometry["alignment"], uniformity=geometry["uniformity"])
     return metrics
 
