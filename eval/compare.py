@@ -1,11 +1,17 @@
-"""Several STS runs side by side: a Markdown table in the SimCSE paper's layout and a grouped bar chart.
+"""Several STS runs side by side, grouped by objective over seeds, with intervals and paired tests.
 
-    python eval/compare.py runs/infonce runs/hcl/results.json models/unremix --output runs/compare \
-        [--labels InfoNCE,HCL,UnReMix]
+    python eval/compare.py reports/infonce-s42 reports/infonce-s43 reports/hcl-s42 reports/hcl-s43 \
+        --output reports/compare --baseline infonce [--group infonce,infonce,hcl,hcl] [--seeds 42,43,42,43] \
+        [--labels ...] [--bootstrap 1000] [--title ...]
 
-Each input is a results.json (or sts_results.json) written by eval/sts.py, or a folder holding one (an eval/sts.py
---output folder or a model folder). Writes comparison.md and comparison.png into --output and prints the table.
-Runs scored under different protocols (aggregation, SICK-R pairs) get a Protocol column.
+Each input is a results.json (or sts_results.json) written by eval/sts.py, or a folder holding one. Runs are grouped
+by the objective in their "training" record (loss, contrast form, loss settings; eval/sts.py copies it from the
+model's simcse_config.json), else each run is its own group; --group overrides. Seeds come from the same record
+(or --seeds). Per group, per task and on the average: mean, standard deviation and a 95% Student t-interval over
+seeds, and the number of seeds. Against --baseline: a paired t-test by seed (scipy.stats.ttest_rel) and a paired
+bootstrap over STS pairs (from predictions.npz beside each results.json), per seed and for the mean over seeds.
+Writes comparison.md, comparison.json and comparison.png (plus comparison_delta.png with a baseline and
+alignment_uniformity.png when the runs have it) into --output and prints the tables.
 """
 
 from __future__ import annotations
@@ -20,14 +26,34 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from simcse_hn.data import DataError
-from simcse_hn.evaluation import plot_results, protocol, results_table
+import numpy as np
+
+from simcse_hn.data import STS_TASKS, DataError
+from simcse_hn.evaluation import (
+    PREDICTIONS,
+    load_predictions,
+    model_label,
+    plot_results,
+    protocol,
+    results_table,
+    training_summary,
+    unique_labels,
+)
 
 RESULT_FILES = ("results.json", "sts_results.json")
+OBJECTIVE_KEYS = ("loss", "contrast_form", "loss_kwargs")  # what makes two runs the same objective
+METHOD = (
+    "Mean and standard deviation (ddof 1) over seeds; 95% interval: Student t, mean +- t(0.975, n-1) s/sqrt(n). "
+    "Paired t-test: scipy.stats.ttest_rel on the per-seed scores of the seeds both groups have. Paired bootstrap: "
+    "{resamples} resamples of the STS pairs with replacement, within each sub-file (numpy seed 0), every run scored "
+    "on the same resamples under the task's aggregation; percentile 95% interval of the difference, two-sided "
+    "p = 2 x min share of resamples on either side of 0, (k + 1) / (B + 1). The mean over seeds uses one resample "
+    "for all seeds."
+)
 
 
-def load_run(path: str) -> tuple[str, dict]:
-    """-> (default label: the folder's name, results)"""
+def load_run(path: str) -> tuple[str, dict, str]:
+    """-> (default label: the model's name, results, the results file's path)"""
     if os.path.isdir(path):
         found = [os.path.join(path, name) for name in RESULT_FILES if os.path.isfile(os.path.join(path, name))]
         if not found:
@@ -43,39 +69,362 @@ def load_run(path: str) -> tuple[str, dict]:
     for key in ("tasks", "average", "aggregation"):
         if not isinstance(results, dict) or key not in results:
             raise DataError(f"{path}: no {key!r} key; expected a results.json written by eval/sts.py")
-    label = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    return label, results
+    label = results.get("label") or model_label(str(results.get("model", os.path.dirname(os.path.abspath(path)))))
+    return label, results, path
+
+
+def split_list(value: str | None, count: int, flag: str) -> list[str] | None:
+    if value is None:
+        return None
+    items = [item.strip() for item in value.split(",")]
+    if len(items) != count:
+        raise DataError(f"{flag}: {len(items)} values for {count} runs")
+    return items
+
+
+def objective(training: dict | None) -> tuple | None:
+    if not training or "loss" not in training:
+        return None
+    return tuple(json.dumps(training.get(key), sort_keys=True) for key in OBJECTIVE_KEYS)
+
+
+def group_names(runs: list[dict]) -> list[str]:
+    """A name per run: its objective's loss, with the settings that tell it from other groups of the same loss."""
+    keys = [objective(run["results"].get("training")) for run in runs]
+    fields = {}
+    for key, run in zip(keys, runs):
+        if key is not None:
+            training = run["results"]["training"]
+            fields[key] = {"contrast_form": training.get("contrast_form"), **(training.get("loss_kwargs") or {})}
+    names = []
+    for key, run in zip(keys, runs):
+        if key is None:
+            names.append(run["label"])
+            continue
+        loss = run["results"]["training"]["loss"]
+        rivals = [other for other in fields if other != key and json.loads(other[0]) == loss]
+        differing = [f for f in fields[key] if any(fields[other].get(f) != fields[key][f] for other in rivals)]
+        names.append(loss + (" (" + ", ".join(f"{f} {fields[key][f]}" for f in differing) + ")" if differing else ""))
+    return names
+
+
+def settings_notes(group: str, members: list[dict]) -> list[str]:
+    """What differs inside a group besides the seed (base model, learning rate, ...): a reviewer's first question."""
+    trainings = [m["results"].get("training") or {} for m in members]
+    keys = sorted({k for t in trainings for k in t} - {"seed"})
+    notes = []
+    for key in keys:
+        values = [json.dumps(t.get(key), sort_keys=True) for t in trainings]
+        if len(set(values)) > 1:
+            notes.append(f"{group}: runs differ in {key} ({', '.join(dict.fromkeys(values))})")
+    seeds = [m["seed"] for m in members]
+    if len(members) > 1 and None in seeds:
+        notes.append(f"{group}: seed unknown for {sum(s is None for s in seeds)} run(s); no pairing by seed for them")
+    if len([s for s in seeds if s is not None]) != len({s for s in seeds if s is not None}):
+        notes.append(f"{group}: a seed appears more than once (checkpoints of one run?); the statistics use the "
+                     "first run of each seed")  # fmt: skip
+    return notes
+
+
+def scores_of(results: dict) -> dict[str, float]:
+    return {task: results["tasks"][task]["spearman"] for task in results["tasks"]} | {"Avg.": results["average"]}
+
+
+def compare(runs: list[dict], baseline: str | None, resamples: int) -> dict:
+    """The statistics of comparison.json. runs: [{"label", "path", "results", "group", "seed", "predictions"}]"""
+    from simcse_hn import stats
+
+    columns = [t for t in STS_TASKS if any(t in r["results"]["tasks"] for r in runs)] + ["Avg."]
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(run["group"], []).append(run)
+    if baseline is not None and baseline not in groups:
+        raise DataError(f"--baseline: no group {baseline!r}; groups: {', '.join(groups)}")
+    if baseline is not None:  # the baseline first, in every table and chart
+        groups = {baseline: groups[baseline]} | groups
+    out = {"columns": columns, "groups": {}, "baseline": baseline, "tests": {}, "notes": []}
+    for name, members in groups.items():
+        replicates, seen = [], set()  # one run per seed: checkpoints of one run are not replicates
+        for m in members:
+            if m["seed"] is None or m["seed"] not in seen:
+                replicates.append(m)
+                seen.add(m["seed"])
+        per_column = {c: [scores_of(m["results"]).get(c, np.nan) for m in replicates] for c in columns}
+        out["groups"][name] = {
+            "runs": [m["label"] for m in replicates],
+            "seeds": [m["seed"] for m in replicates],
+            "scores": {c: stats.t_interval([v for v in values if np.isfinite(v)]) for c, values in per_column.items()},
+        }
+        out["notes"] += settings_notes(name, members)
+    if baseline is None:
+        return out
+
+    def by_seed(members):
+        seen = {}
+        for m in members:
+            if m["seed"] is not None:
+                seen.setdefault(str(m["seed"]), m)
+        return seen
+
+    base = by_seed(groups[baseline])
+    draws = None
+    with_predictions = [r for r in runs if r["predictions"] is not None]
+    if resamples > 0 and with_predictions:
+        reference = with_predictions[0]["predictions"]
+        draws = stats.bootstrap_draws(reference, resamples, seed=0)
+        for run in with_predictions:
+            if not stats.same_pairs(reference, run["predictions"]):
+                first = with_predictions[0]["label"]
+                out["notes"].append(f"{run['label']}: predictions on other pairs than {first}'s; not bootstrapped")
+                run["predictions"] = None
+    aggregation = runs[0]["results"]["aggregation"]
+    for name, members in groups.items():
+        if name == baseline:
+            continue
+        mine = by_seed(members)
+        seeds = [s for s in mine if s in base]
+        test = {"seeds": seeds, "t_test": {}, "bootstrap": {}, "bootstrap_per_seed": {}}
+        for c in columns:
+            a = [scores_of(mine[s]["results"]).get(c, np.nan) for s in seeds]
+            b = [scores_of(base[s]["results"]).get(c, np.nan) for s in seeds]
+            test["t_test"][c] = stats.paired_t_test(a, b)
+        paired = [s for s in seeds if mine[s]["predictions"] is not None and base[s]["predictions"] is not None]
+        if draws is not None and paired:
+            boot = {s: [stats.bootstrap_scores(m[s]["predictions"], draws, aggregation) for m in (mine, base)]
+                    for s in paired}  # fmt: skip
+            for c in columns:
+                key = "average" if c == "Avg." else c
+                if key not in draws and key != "average":
+                    continue
+                diffs = {s: boot[s][0][key] - boot[s][1][key] for s in paired}
+                observed = {s: scores_of(mine[s]["results"])[c] - scores_of(base[s]["results"])[c] for s in paired}
+                test["bootstrap_per_seed"][c] = {
+                    s: stats.bootstrap_difference(diffs[s], observed[s]) for s in paired
+                }
+                test["bootstrap"][c] = stats.bootstrap_difference(
+                    np.mean([diffs[s] for s in paired], axis=0), float(np.mean(list(observed.values())))
+                ) | {"seeds": len(paired)}
+        elif resamples > 0 and not paired:
+            out["notes"].append(f"{name}: no seed with predictions.npz in both it and {baseline}; no bootstrap")
+        out["tests"][name] = test
+    return out
+
+
+def finite(value):
+    """NaN and infinities as null, so that comparison.json is strict JSON."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def fmt(value: float, digits: int = 2) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def p_value(p: float) -> str:
+    return "–" if not np.isfinite(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def markdown(runs: list[dict], comparison: dict, resamples: int) -> str:
+    pairs = [(r["label"], r["results"]) for r in runs]
+    protocols = {protocol(results) for _, results in pairs}
+    lines = ["# STS comparison", "", "## Runs", "", results_table(pairs)]
+    lines.append("Spearman x 100 of cosine similarities." + (f" Protocol: {protocols.pop()}." if len(protocols) == 1
+                                                              else ""))  # fmt: skip
+    lines += ["", "| Run | Group | Seed | Model | Pooler | Training | Date |", "|:---|:---|---:|:---|:---|:---|:---|"]
+    for r in runs:
+        training = training_summary(r["results"].get("training")) or "–"
+        lines.append(f"| {r['label']} | {r['group']} | {r['seed'] if r['seed'] is not None else '–'} | "
+                     f"{r['results'].get('model', '–')} | {r['results'].get('pooler') or '–'} | {training} | "
+                     f"{r['results'].get('date', '–')} |")  # fmt: skip
+    if comparison["baseline"] is None and all(len(g["runs"]) == 1 for g in comparison["groups"].values()):
+        lines += ["", "One seed per group (or no objective recorded): no statistics over seeds."]
+        return "\n".join(lines) + "\n"
+    columns = comparison["columns"]
+    header = "| Group | Seeds | " + " | ".join(columns) + " |"
+    rule = "|:---|---:|" + "---:|" * len(columns)
+    lines += ["", "## Groups over seeds", "", "Mean ± standard deviation:", "", header, rule]
+    for name, group in comparison["groups"].items():
+        cells = [f"{fmt(s['mean'])} ± {fmt(s['std'])}" if s["n"] > 1 else fmt(s["mean"])
+                 for s in group["scores"].values()]  # fmt: skip
+        lines.append(f"| {name} | {len(group['runs'])} | " + " | ".join(cells) + " |")
+    lines += ["", "95% t-interval over seeds:", "", header, rule]
+    for name, group in comparison["groups"].items():
+        cells = [f"[{fmt(s['low'])}, {fmt(s['high'])}]" for s in group["scores"].values()]
+        lines.append(f"| {name} | {len(group['runs'])} | " + " | ".join(cells) + " |")
+    if comparison["baseline"] is not None:
+        baseline = comparison["baseline"]
+        lines += ["", f"## Against {baseline}", "", "Differences are group - baseline, Spearman x 100.", ""]
+        lines += ["| Group | Task | Seeds | Δ mean | 95% CI (t) | t | p (t-test) | Δ 95% CI (bootstrap) | "
+                  "p (bootstrap) |", "|:---|:---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for name, test in comparison["tests"].items():
+            for c in columns:
+                t = test["t_test"][c]
+                b = test["bootstrap"].get(c)
+                boot = (f"[{fmt(b['low'])}, {fmt(b['high'])}] | {p_value(b['p'])}" if b else "– | –")
+                lines.append(f"| {name} | {c} | {t['n']} | {fmt(t['difference'])} | [{fmt(t['low'])}, "
+                             f"{fmt(t['high'])}] | {fmt(t['t'])} | {p_value(t['p'])} | {boot} |")  # fmt: skip
+        per_seed = [(name, s, b) for name, test in comparison["tests"].items()
+                    for s, b in test["bootstrap_per_seed"].get("Avg.", {}).items()]  # fmt: skip
+        if per_seed:
+            lines += ["", "Paired bootstrap of the average, per seed:", "",
+                      "| Group | Seed | Δ Avg. | 95% CI | p |", "|:---|---:|---:|---:|---:|"]  # fmt: skip
+            lines += [f"| {name} | {s} | {fmt(b['difference'])} | [{fmt(b['low'])}, {fmt(b['high'])}] | "
+                      f"{p_value(b['p'])} |" for name, s, b in per_seed]  # fmt: skip
+    lines += ["", "Method: " + METHOD.format(resamples=resamples)]
+    if comparison["notes"]:
+        lines += ["", "Notes:", ""] + [f"* {note}" for note in comparison["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot_groups(runs: list[dict], comparison: dict, path: str, title: str | None) -> None:
+    """Group means with their 95% t-intervals when some group has several seeds, else every run."""
+    groups = comparison["groups"]
+    if all(len(g["runs"]) == 1 for g in groups.values()):
+        plot_results([(r["label"], r["results"]) for r in runs], path, title=title)
+        return
+    template = runs[0]["results"]
+    means, intervals = [], {}
+    for name, group in groups.items():
+        scores = group["scores"]
+        tasks = {c: {"spearman": s["mean"]} for c, s in scores.items() if c != "Avg." and np.isfinite(s["mean"])}
+        means.append((name, {**template, "tasks": tasks, "average": scores["Avg."]["mean"]}))
+        intervals[name] = {c: (s["low"], s["high"]) for c, s in scores.items() if s["n"] > 1}
+    seeds = sorted({len(g["runs"]) for g in groups.values()})
+    label = f"95% t-interval over {'/'.join(map(str, seeds))} seeds"
+    plot_results(means, path, title=title or "STS, mean over seeds", intervals=intervals, interval_label=label)
+
+
+def plot_deltas(comparison: dict, path: str) -> None:
+    """Each group minus the baseline per task, with the paired t-interval (or, for one seed, the bootstrap's)."""
+    from simcse_hn.evaluation import MARKERS, legend_below, new_figure, paper_style, save_figure, wrap
+
+    columns = comparison["columns"]
+    tests = comparison["tests"]
+    with paper_style():
+        figure, ax = new_figure(height=2.4)
+        width = 0.7 / max(len(tests), 1)
+        kinds = set()
+        for k, (name, test) in enumerate(tests.items()):
+            x, y, low, high = [], [], [], []
+            for j, c in enumerate(columns):
+                t, b = test["t_test"][c], test["bootstrap"].get(c)
+                source = t if t["n"] > 1 else b
+                if source is None or not np.isfinite(source["difference"]):
+                    continue
+                kinds.add("paired t" if source is t else "paired bootstrap")
+                x.append(j + (k - (len(tests) - 1) / 2) * width)
+                y.append(source["difference"])
+                low.append(source["low"] if np.isfinite(source["low"]) else source["difference"])
+                high.append(source["high"] if np.isfinite(source["high"]) else source["difference"])
+            yerr = np.clip([np.subtract(y, low), np.subtract(high, y)], 0, None)
+            ax.errorbar(x, y, yerr=yerr, fmt=MARKERS[k % len(MARKERS)], ms=3.5, capsize=1.5, color=f"C{k % 10}",
+                        label=name)  # fmt: skip
+        ax.axhline(0, color="0.3", lw=0.7)
+        ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
+        ax.set_ylabel(f"Δ Spearman x 100 vs {comparison['baseline']}")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_title(wrap(f"Difference to {comparison['baseline']}, error bars: 95% {' / '.join(sorted(kinds))} "
+                          "interval", 70), loc="left")  # fmt: skip
+        legend_below(figure, len(tests), *ax.get_legend_handles_labels())
+        save_figure(figure, path)
+
+
+def checkpoint_step(run: dict) -> int | None:
+    name = os.path.basename(os.path.normpath(str(run["results"].get("model", ""))))
+    return int(name.split("-", 1)[1]) if name.startswith("checkpoint-") and name[11:].isdigit() else None
+
+
+def plot_geometry(runs: list[dict], path: str) -> bool:
+    """One point per run, a colour per group; a group that is one run's checkpoints is a path in step order."""
+    from simcse_hn.analysis import plot_alignment_uniformity
+
+    members: dict[str, list[dict]] = {}
+    for run in runs:
+        if run["results"].get("alignment_uniformity"):
+            members.setdefault(run["group"], []).append(run)
+    series, connect = [], []
+    for group, group_runs in members.items():
+        steps = [checkpoint_step(run) for run in group_runs]
+        one_run = len(group_runs) > 1 and None not in steps and len({run["seed"] for run in group_runs}) == 1
+        if one_run:
+            group_runs = [run for _, run in sorted(zip(steps, group_runs), key=lambda pair: pair[0])]
+        points = []
+        for run in group_runs:
+            geometry = run["results"]["alignment_uniformity"]
+            tag = (f"step {checkpoint_step(run)}" if one_run else f"seed {run['seed']}" if run["seed"] is not None
+                   else run["label"])  # fmt: skip
+            points.append((tag, geometry["alignment"], geometry["uniformity"]))
+        series.append((group, points))
+        connect.append(one_run)
+    if not series:
+        return False
+    plot_alignment_uniformity(series, path, caption="STS-B dev, one point per run or checkpoint (SimCSE protocol)",
+                              connect=connect)  # fmt: skip
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="results.json files or folders holding one.")
-    parser.add_argument("--output", required=True, help="Folder for comparison.md and comparison.png.")
-    parser.add_argument("--labels", default=None, help="Comma-separated row labels (default: folder names).")
+    parser.add_argument("--output", required=True, help="Folder for comparison.md, comparison.json and the charts.")
+    parser.add_argument("--labels", default=None, help="Comma-separated run labels (default: the models' names).")
+    parser.add_argument("--group", default=None, help="Comma-separated group per run (default: by objective).")
+    parser.add_argument("--seeds", default=None, help="Comma-separated seed per run (default: from 'training').")
+    parser.add_argument("--baseline", default=None, help="Group every other group is tested against.")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="Paired bootstrap resamples (0: none).")
     parser.add_argument("--title", default=None, help="Chart title.")
     args = parser.parse_args(argv)
     try:
-        runs = [load_run(path) for path in args.runs]
-        if args.labels is not None:
-            labels = [label.strip() for label in args.labels.split(",")]
-            if len(labels) != len(runs):
-                raise DataError(f"--labels: {len(labels)} labels for {len(runs)} runs")
-            runs = [(label, results) for label, (_, results) in zip(labels, runs)]
+        if args.bootstrap < 0:
+            raise DataError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+        loaded = [load_run(path) for path in args.runs]
+        labels = split_list(args.labels, len(loaded), "--labels") or unique_labels(
+            [label for label, _, _ in loaded], [p for _, _, p in loaded]
+        )
+        runs = []
+        for label, (_, results, path) in zip(labels, loaded):
+            npz = os.path.join(os.path.dirname(path), PREDICTIONS)
+            seed = (results.get("training") or {}).get("seed")
+            runs.append({"label": label, "path": path, "results": results, "seed": seed,
+                         "predictions": load_predictions(npz) if os.path.isfile(npz) else None})  # fmt: skip
+        for run, group in zip(runs, split_list(args.group, len(runs), "--group") or group_names(runs)):
+            run["group"] = group
+        for run, seed in zip(runs, split_list(args.seeds, len(runs), "--seeds") or [r["seed"] for r in runs]):
+            run["seed"] = seed
+        if len({protocol(r["results"]) for r in runs}) > 1 and (args.baseline or args.group):
+            raise DataError("runs scored under different protocols (" + "; ".join(sorted({protocol(r["results"])
+                            for r in runs})) + "): statistics across them would mean nothing")  # fmt: skip
+        comparison = compare(runs, args.baseline, args.bootstrap)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    table = results_table(runs)
-    lines = ["# STS comparison", "", table, "Spearman x 100 of cosine similarities."]
-    if len({protocol(results) for _, results in runs}) == 1:
-        lines[-1] += f" Protocol: {protocol(runs[0][1])}."
-    lines += ["", "| Run | Model | Pooler | Date |", "|:---|:---|:---|:---|"]
-    lines += [f"| {label} | {r['model']} | {r.get('pooler') or '–'} | {r.get('date', '–')} |" for label, r in runs]
     os.makedirs(args.output, exist_ok=True)
+    text = markdown(runs, comparison, args.bootstrap)
     with open(os.path.join(args.output, "comparison.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    plot_results(runs, os.path.join(args.output, "comparison.png"), title=args.title)
-    print(table, end="")
+        f.write(text)
+    record = {
+        "method": METHOD.format(resamples=args.bootstrap),
+        "protocol": sorted({protocol(r["results"]) for r in runs}),
+        "runs": [{k: r[k] for k in ("label", "path", "group", "seed")} | {"model": r["results"].get("model")}
+                 for r in runs],  # fmt: skip
+        **comparison,
+    }
+    with open(os.path.join(args.output, "comparison.json"), "w", encoding="utf-8") as f:
+        json.dump(finite(record), f, indent=2, allow_nan=False)
+        f.write("\n")
+    plot_groups(runs, comparison, os.path.join(args.output, "comparison.png"), args.title)
+    if comparison["baseline"] is not None and comparison["tests"]:
+        plot_deltas(comparison, os.path.join(args.output, "comparison_delta.png"))
+    plot_geometry(runs, os.path.join(args.output, "alignment_uniformity.png"))
+    print(text, end="")
     return 0
 
 

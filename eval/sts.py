@@ -2,9 +2,15 @@
 
     python eval/sts.py --model PATH_OR_ID [--pooler avg] --data_dir ../shared/data/sts --output runs/sts \
         [--tasks all|sts12,stsb,...] [--aggregation all|mean|wmean] [--sickr_all] [--batch_size 128] \
-        [--max_seq_length N] [--device cpu] [--save_to_model] [--push_to_hub --hub_model_id user/name]
+        [--max_seq_length N] [--device cpu] [--save_to_model] [--push_to_hub --hub_model_id user/name] \
+        [--curves] [--no_alignment_uniformity]
 
-Writes results.json, results.md (the SimCSE paper's table + sub-file scores) and results.png into --output.
+Writes results.json, results.md (the SimCSE paper's table + sub-file scores) and results.png into --output, and
+predictions.npz: every pair's cosine and gold score per task (format: simcse_hn.evaluation.save_predictions), what
+eval/compare.py's paired bootstrap resamples. With STS-B dev in the data (the `dev` split of stsb.jsonl, or the Hub's
+validation split) it also reports alignment and uniformity under SimCSE's protocol, from the same encode call. A
+SimCSE folder's simcse_config.json (the objective, its settings, the seed) is copied into results.json as
+"training"; --curves adds the run's training curves (eval/curves.py) under --output/curves.
 Without --data_dir the tasks come from the Hub (mteb/*-sts, sentence-transformers/stsb) through `datasets`.
 User errors (a missing or malformed task file, a bad flag) print one `error: ...` line and exit with status 2.
 """
@@ -22,17 +28,21 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from simcse_hn.data import DataError, load_sts_task
+from simcse_hn.data import STS_FILES, STS_HUB, DataError, STSPairs, load_sts_pairs, load_sts_task, read_sts_jsonl
 from simcse_hn.evaluation import (
     AGGREGATION_HELP,
     AGGREGATIONS,
+    PREDICTIONS,
+    check_aggregation,
+    encode_union,
     load_encoder,
     model_label,
     parse_tasks,
     plot_results,
     results_markdown,
     results_table,
-    score_sts_tasks,
+    save_predictions,
+    score_encoded_tasks,
     sts_results,
 )
 
@@ -82,6 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--hub_model_id", default=None, help="Hub repo for --push_to_hub (default: --model when it is a Hub id)."
     )
     parser.add_argument("--no_progress_bar", action="store_true", help="Hide the encoding progress bar.")
+    parser.add_argument(
+        "--no_alignment_uniformity",
+        action="store_true",
+        help="Skip alignment and uniformity on STS-B dev (by default measured when the data has that split).",
+    )
+    parser.add_argument(
+        "--curves",
+        action="store_true",
+        help="Also draw the training curves of --model (a training output or checkpoint folder: trainer_state.json, "
+        "TensorBoard events) into --output/curves.",
+    )
     return parser
 
 
@@ -123,6 +144,15 @@ def run(args: argparse.Namespace) -> int:
     tasks = [load_sts_task(name, args.data_dir, sickr_all=args.sickr_all) for name in names]
     for task in tasks:
         logger.info("%s: %d pairs from %s (%s)", task.name, task.pairs, task.source, ", ".join(task.subsets))
+    check_aggregation(tasks, args.aggregation)
+    dev, dev_source = (None, None) if args.no_alignment_uniformity else load_stsb_dev(args.data_dir)
+    curves = None
+    if args.curves:
+        from simcse_hn.curves import load_curves
+
+        if not local_model:
+            raise DataError(f"--curves needs a local training output folder; {args.model!r} is not one")
+        curves = load_curves(args.model)
 
     try:
         encode, info = load_encoder(
@@ -136,7 +166,15 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:  # missing folder or Hub repo, no network, unreadable weights
         raise DataError(f"could not load model {args.model!r} ({str(e).splitlines()[0]})") from None
 
-    scores = score_sts_tasks(encode, tasks, args.aggregation)
+    # one encode call: the suite's sentences, then the STS-B dev sentences it lacks (about a quarter of them)
+    embeddings, index = encode_union(encode, tasks, extra=(dev.sentence1 + dev.sentence2) if dev else ())
+    scores, predictions = score_encoded_tasks(embeddings, index, tasks, args.aggregation)
+    geometry = None
+    if dev is not None:
+        from simcse_hn.analysis import alignment_uniformity_encoded
+
+        geometry = alignment_uniformity_encoded(embeddings, index, dev, device=info["device"])
+        geometry["source"] = dev_source
     settings = {
         "tasks": names,
         "data": args.data_dir or "hub",
@@ -146,19 +184,36 @@ def run(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "max_seq_length": args.max_seq_length,
         "device": info["device"],
+        "predictions": PREDICTIONS,
     }
-    results = sts_results(scores, args.model, info["pooler"], sickr_all=args.sickr_all, settings=settings)
+    results = sts_results(
+        scores,
+        args.model,
+        info["pooler"],
+        sickr_all=args.sickr_all,
+        settings=settings,
+        alignment_uniformity=geometry,
+        training=training_config(args.model),
+    )
 
     os.makedirs(args.output, exist_ok=True)
     write_json(os.path.join(args.output, "results.json"), results)
+    save_predictions(os.path.join(args.output, PREDICTIONS), predictions)
     with open(os.path.join(args.output, "results.md"), "w", encoding="utf-8") as f:
         f.write(results_markdown(results))
     label = model_label(args.model)
-    plot_results([(label, results)], os.path.join(args.output, "results.png"), title=f"STS: {label}")
+    plot_results([(label, results)], os.path.join(args.output, "results.png"), title=label)
+    written = ["results.json", "results.md", "results.png", PREDICTIONS]
+    if curves is not None:
+        from simcse_hn.curves import write_curves
+
+        written += [f"curves/{name}" for name in write_curves([curves], os.path.join(args.output, "curves"))]
     if args.save_to_model:
         write_json(os.path.join(args.model, "sts_results.json"), results)
     print(results_table([(label, results)]), end="")
-    logger.info("wrote results.json, results.md and results.png to %s", args.output)
+    if geometry is not None:
+        print(f"alignment {geometry['alignment']:.4f}, uniformity {geometry['uniformity']:.4f} (STS-B dev)")
+    logger.info("wrote %s to %s", ", ".join(written), args.output)
 
     if args.push_to_hub:
         from simcse_hn.hub import HubError, push_sts_results
@@ -170,6 +225,57 @@ def run(args: argparse.Namespace) -> int:
             return 2
         logger.info("pushed STS results to %s", hub_repo)
     return 0
+
+
+def load_stsb_dev(data_dir: str | None) -> tuple[STSPairs | None, str | None]:
+    """STS-B dev for alignment and uniformity: the `dev` rows of the data folder's stsb.jsonl, else the Hub copy's
+    validation split. (None, None) with a log line when it is not there: the suite does not need it."""
+    from simcse_hn.analysis import positive_pairs
+
+    if data_dir is not None:
+        source = os.path.join(data_dir, STS_FILES["STS-B"])
+        rows = [row for row in read_sts_jsonl(source) if row["split"] == "dev"] if os.path.isfile(source) else []
+        if not rows:
+            logger.info("%s: no split 'dev' rows; alignment and uniformity not measured", source)
+            return None, None
+        pairs = STSPairs([r["sentence1"] for r in rows], [r["sentence2"] for r in rows], [r["score"] for r in rows])
+        source += " (split dev)"
+    else:
+        source = STS_HUB["STS-B"]
+        try:
+            pairs = load_sts_pairs(source, "validation")
+        except DataError as e:
+            logger.warning("alignment and uniformity not measured: %s", e)
+            return None, None
+        source += " (split validation)"
+    if not positive_pairs(pairs):
+        logger.warning("%s: no pair with a gold score above 4 of 5; alignment and uniformity not measured", source)
+        return None, None
+    return pairs, source
+
+
+def training_config(model: str) -> dict | None:
+    """The model's simcse_config.json (what it was trained with), from its folder or the Hub cache; None when it
+    has none (a model this project did not train) or it cannot be read."""
+    from simcse_hn.files import SIMCSE_CONFIG
+
+    path = os.path.join(model, SIMCSE_CONFIG)
+    if not os.path.isdir(model):
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = hf_hub_download(model, SIMCSE_CONFIG)
+        except Exception:  # no such file, repo or network: the results stand without it
+            return None
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        logger.warning("%s: unreadable (%s); results.json gets no 'training' record", path, e)
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def write_json(path: str, results: dict) -> None:

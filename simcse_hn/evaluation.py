@@ -7,13 +7,18 @@ against the gold scores. STS12-16 are several sub-files each, combined by `aggre
   wmean  SentEval: their mean weighted by the number of pairs
 STS-B and SICK-R are one file each, so every aggregation gives the same number. Every distinct sentence of the
 whole suite is encoded once, in one call, so the encoder can batch the union by length.
+
+Every correlation goes through the project's `evaluate` metric (sts_metric.py; `evaluate.load(STS_METRIC)` gives it
+to anyone). eval/sts.py also measures alignment and uniformity on STS-B dev (analysis.py) from the same encode call
+and saves each pair's cosine (`save_predictions`) for paired tests between runs (eval/compare.py).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -51,16 +56,50 @@ def cosine_scores(lookup: dict[str, Tensor], sentence1: list[str], sentence2: li
     return F.cosine_similarity(a, b, dim=-1, eps=1e-12)
 
 
-def spearman_x100(predictions, gold) -> float:
-    from scipy.stats import spearmanr  # here, so that eval/sts.py reports a bad task file before SciPy loads
+STS_METRIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sts_metric.py")
 
-    return float(spearmanr(predictions, gold).statistic) * 100
+
+@functools.cache
+def sts_metric():
+    """The project's STS metric, an `evaluate.Metric` (sts_metric.py), made once per process and kept in memory.
+
+    The class is instantiated from the package rather than through `evaluate.load(STS_METRIC)` (which gives the same
+    metric, offline too): load copies the script into the modules cache and imports the copy, a writable cache the
+    suite does not need. Imported here, not at the top, so that eval/sts.py reports a bad task file before `evaluate`
+    (and `datasets`) load.
+    """
+    from simcse_hn.sts_metric import STSMetric
+
+    return STSMetric(keep_in_memory=True)
+
+
+def spearman_x100(predictions, gold) -> float:
+    """Spearman x 100 of predictions (float64 kept) against gold scores, through `sts_metric()`, each side passed as
+    one row (the metric's list form) so that `evaluate` converts the arrays whole."""
+    predictions = np.asarray(predictions, dtype=np.float64)
+    gold = np.asarray(gold, dtype=np.float64)
+    return sts_metric().compute(predictions=[predictions], references=[gold])["spearman"]
 
 
 def sts_spearman(encode: EncodeFn, sentence1: list[str], sentence2: list[str], scores: list[float]) -> float:
     """Spearman x 100 between gold scores and the cosine similarity of the two sentences' embeddings."""
     lookup = encode_unique(encode, sentence1 + sentence2)
     return spearman_x100(cosine_scores(lookup, sentence1, sentence2).numpy(), scores)
+
+
+def sts_dev_metrics(
+    embeddings: Tensor, index: dict[str, int], pairs: STSPairs, device: str | torch.device | None = None
+) -> dict[str, float]:
+    """What an in-training evaluation logs, from the dev sentences' embeddings (U, D) and {sentence: row}:
+    {"stsb_spearman", "alignment", "uniformity"}, the last two under SimCSE's protocol (analysis.py, computed on
+    `device`), left out when no dev pair is above its threshold."""
+    from simcse_hn.analysis import alignment_uniformity_encoded, positive_pairs
+
+    metrics = {"stsb_spearman": spearman_x100(pair_cosines(embeddings, index, pairs), pairs.scores)}
+    if positive_pairs(pairs):
+        geometry = alignment_uniformity_encoded(embeddings, index, pairs, device=device)
+        metrics.update(alignment=geometry["alignment"], uniformity=geometry["uniformity"])
+    return metrics
 
 
 # --- the full suite ---
@@ -91,13 +130,19 @@ def check_aggregation(tasks: Sequence[STSTask], aggregation: str) -> None:
             )
 
 
-def encode_union(encode: EncodeFn, tasks: Sequence[STSTask]) -> tuple[Tensor, dict[str, int]]:
-    """One `encode` call over every distinct sentence of `tasks`. -> embeddings (U, D), {sentence: row}"""
+def encode_union(
+    encode: EncodeFn, tasks: Sequence[STSTask], extra: Iterable[str] = ()
+) -> tuple[Tensor, dict[str, int]]:
+    """One `encode` call over every distinct sentence of `tasks`, then those of `extra` not among them (e.g. STS-B
+    dev for alignment and uniformity: most of its sentences recur in the suite). -> embeddings (U, D), {sentence: row}
+    """
     index: dict[str, int] = {}
     for task in tasks:
         for pairs in task.subsets.values():
             for sentence in pairs.sentence1 + pairs.sentence2:
                 index.setdefault(sentence, len(index))
+    for sentence in extra:
+        index.setdefault(sentence, len(index))
     embeddings = encode(list(index))  # (U, D)
     if embeddings.shape[0] != len(index):
         raise ValueError(f"encode returned {embeddings.shape[0]} embeddings for {len(index)} sentences")
@@ -119,7 +164,18 @@ def score_sts_tasks(encode: EncodeFn, tasks: Sequence[STSTask], aggregation: str
     """
     check_aggregation(tasks, aggregation)
     embeddings, index = encode_union(encode, tasks)
-    scored = {}
+    return score_encoded_tasks(embeddings, index, tasks, aggregation)[0]
+
+
+def score_encoded_tasks(
+    embeddings: Tensor, index: dict[str, int], tasks: Sequence[STSTask], aggregation: str = "all"
+) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+    """`score_sts_tasks` on embeddings (U, D) already computed (`encode_union`), plus every pair's prediction.
+
+    -> (scores as score_sts_tasks, predictions {task: {"cosine": (n,) float64, "gold": (n,) float64, "subset": (n,)
+    str}}), a task's pairs in the order of its sub-files (see `save_predictions`).
+    """
+    scored, predictions = {}, {}
     for task in tasks:
         cosines = {name: pair_cosines(embeddings, index, pairs) for name, pairs in task.subsets.items()}
         subsets = {
@@ -135,8 +191,36 @@ def score_sts_tasks(encode: EncodeFn, tasks: Sequence[STSTask], aggregation: str
             values = [s["spearman"] for s in subsets.values()]
             spearman = float(np.average(values, weights=[s["pairs"] for s in subsets.values()]))
         scored[task.name] = {"spearman": spearman, "pairs": task.pairs, "subsets": subsets}
+        predictions[task.name] = {
+            "cosine": np.concatenate(list(cosines.values())),
+            "gold": np.asarray([score for pairs in task.subsets.values() for score in pairs.scores], np.float64),
+            "subset": np.asarray([name for name, pairs in task.subsets.items() for _ in pairs.scores], dtype=str),
+        }
     average = float(np.mean([t["spearman"] for t in scored.values()])) if scored else float("nan")
-    return {"aggregation": aggregation, "tasks": scored, "average": average}
+    return {"aggregation": aggregation, "tasks": scored, "average": average}, predictions
+
+
+# predictions.npz beside results.json: for each task T, three arrays of its n pairs, in the order of its sub-files
+# in results.json ("T/cosine" float64, "T/gold" float64, "T/subset" unicode: the pair's sub-file), nothing pickled.
+PREDICTIONS = "predictions.npz"
+
+
+def save_predictions(path: str, predictions: dict[str, dict[str, np.ndarray]]) -> None:
+    arrays = {f"{task}/{key}": value for task, columns in predictions.items() for key, value in columns.items()}
+    np.savez_compressed(path, **arrays)
+
+
+def load_predictions(path: str) -> dict[str, dict[str, np.ndarray]]:
+    """-> {task: {"cosine", "gold", "subset"}} as `score_encoded_tasks` returns them."""
+    predictions: dict[str, dict[str, np.ndarray]] = {}
+    with np.load(path, allow_pickle=False) as data:
+        for key in data.files:
+            task, _, column = key.rpartition("/")
+            predictions.setdefault(task, {})[column] = data[key]
+    for task, columns in predictions.items():
+        if set(columns) != {"cosine", "gold", "subset"} or len({len(v) for v in columns.values()}) != 1:
+            raise DataError(f"{path}: {task}: expected cosine, gold and subset arrays of one length")
+    return predictions
 
 
 def package_versions() -> dict[str, str]:
@@ -144,7 +228,8 @@ def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {"python": platform.python_version()}
-    for name in ("simcse-hn", "torch", "transformers", "sentence-transformers", "datasets", "scipy", "numpy"):
+    names = ("simcse-hn", "torch", "transformers", "sentence-transformers", "datasets", "evaluate", "scipy", "numpy")
+    for name in names:
         try:
             versions[name] = version(name)
         except PackageNotFoundError:
@@ -153,9 +238,20 @@ def package_versions() -> dict[str, str]:
 
 
 def sts_results(
-    scores: dict, model: str, pooler: str | None, sickr_all: bool = False, settings: dict | None = None
+    scores: dict,
+    model: str,
+    pooler: str | None,
+    sickr_all: bool = False,
+    settings: dict | None = None,
+    alignment_uniformity: dict | None = None,
+    training: dict | None = None,
 ) -> dict:
-    """The results.json record (also the model folder's sts_results.json; hub.py's model card reads it)."""
+    """The results.json record (also the model folder's sts_results.json; hub.py's model card reads it).
+
+    `alignment_uniformity`: analysis.alignment_uniformity_encoded's record (None when STS-B dev was not there);
+    `training`: the evaluated folder's simcse_config.json (loss, loss_kwargs, contrast_form, seed, ...), None for
+    a model this project did not train, so that a results file says what it measures by itself.
+    """
     from datetime import datetime, timezone
 
     return {
@@ -166,8 +262,10 @@ def sts_results(
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": package_versions(),
         "settings": settings or {},
+        "training": training,
         "tasks": scores["tasks"],
         "average": scores["average"],
+        "alignment_uniformity": alignment_uniformity,
     }
 
 
@@ -285,7 +383,7 @@ def load_encoder(
     return simcse_encode_fn(model, tokenizer, batch_size, max_seq_length, show_progress_bar), info
 
 
-# --- reports: the SimCSE paper's table and a bar chart, for one run or several side by side ---
+# --- reports: the SimCSE paper's table and a chart, for one run or several side by side ---
 
 
 def _task_columns(runs: Sequence[tuple[str, dict]]) -> list[str]:
@@ -293,9 +391,45 @@ def _task_columns(runs: Sequence[tuple[str, dict]]) -> list[str]:
     return [name for name in STS_TASKS if name in present]
 
 
+GENERIC_FOLDERS = ("model", "final", "final_model", "best", "best_model")  # names that say nothing of the run
+
+
 def model_label(name_or_path: str) -> str:
-    """A short row label: a local folder's name, or the Hub id."""
-    return os.path.basename(os.path.normpath(name_or_path)) if os.path.isdir(name_or_path) else name_or_path
+    """A short label: a local folder's name (its parent's too for `checkpoint-N` and generic names such as `model`),
+    else the Hub id.
+
+    A path that is not a folder here (results read on another machine) is recognised by its form: absolute,
+    relative with ./ or ../, or more than one '/' (a Hub id has one)."""
+    local = os.path.isdir(name_or_path) or os.path.isabs(name_or_path) or name_or_path.startswith(".")
+    if not local and name_or_path.count("/") <= 1:
+        return name_or_path
+    path = os.path.normpath(name_or_path)
+    name = os.path.basename(path)
+    generic = name.startswith("checkpoint-") or name in GENERIC_FOLDERS
+    if generic and os.path.basename(os.path.dirname(path)):
+        return f"{os.path.basename(os.path.dirname(path))}/{name}"
+    return name
+
+
+def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
+    """Labels made distinct where two coincide: each of those gets the nearest folder above its path that tells
+    them apart (…/infonce/sts/results.json and …/other/sts/results.json: "infonce/x", "other/x"), else a number."""
+    out = list(labels)
+    for label in set(labels):
+        same = [k for k, other in enumerate(labels) if other == label]
+        if len(same) < 2:
+            continue
+        parts = {k: os.path.normpath(os.path.abspath(paths[k])).split(os.sep)[:-1] for k in same}
+        for depth in range(1, max(len(p) for p in parts.values()) + 1):
+            names = [parts[k][-depth] if depth <= len(parts[k]) else "" for k in same]
+            if len(set(names)) == len(names):
+                for k, name in zip(same, names):
+                    out[k] = f"{name}/{label}"
+                break
+        else:
+            for number, k in enumerate(same, start=1):
+                out[k] = f"{label} ({number})"
+    return out
 
 
 def protocol(results: dict) -> str:
@@ -318,8 +452,23 @@ def results_table(runs: Sequence[tuple[str, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def training_summary(training: dict | None) -> str:
+    """One line for the objective a results file was trained with (its simcse_config.json), or ''."""
+    if not training:
+        return ""
+    parts = [f"loss `{training.get('loss', '?')}`"]
+    if training.get("contrast_form"):
+        parts.append(f"contrast form `{training['contrast_form']}`")
+    kwargs = training.get("loss_kwargs") or {}
+    parts += [f"{key} {value}" for key, value in kwargs.items()]
+    for key in ("seed", "base_model", "max_seq_length", "per_device_train_batch_size", "learning_rate"):
+        if training.get(key) is not None:
+            parts.append(f"{key} {training[key]}")
+    return ", ".join(parts)
+
+
 def results_markdown(results: dict, label: str | None = None) -> str:
-    """results.md: the paper-layout table, the protocol, and each task's sub-file scores."""
+    """results.md: the paper-layout table, the protocol, alignment and uniformity, and each task's sub-files."""
     label = label or model_label(results["model"])
     aggregation = AGGREGATION_HELP[results["aggregation"]]
     pooler = results.get("pooler") or "the model's own sentence-transformers modules"
@@ -337,6 +486,22 @@ def results_markdown(results: dict, label: str | None = None) -> str:
         f"Date: {results['date']}.",
         "",
     ]
+    if results.get("training"):
+        lines += [f"Trained with {training_summary(results['training'])}.", ""]
+    geometry = results.get("alignment_uniformity")
+    if geometry:
+        lines += [
+            "## Alignment and uniformity (STS-B dev)",
+            "",
+            "| Alignment | Uniformity | Positive pairs | Sentences |",
+            "|---:|---:|---:|---:|",
+            f"| {geometry['alignment']:.4f} | {geometry['uniformity']:.4f} | {geometry['positive_pairs']:,} | "
+            f"{geometry['sentences']:,} |",
+            "",
+            f"Lower is better for both. Protocol: {geometry['protocol']}."
+            + (f" Data: {geometry['source']}." if geometry.get("source") else ""),
+            "",
+        ]
     for name, task in results["tasks"].items():
         lines += [f"## {name}: {task['spearman']:.2f} ({task['pairs']:,} pairs)", ""]
         lines += ["| Sub-file | Pairs | Spearman |", "|:---|---:|---:|"]
@@ -345,35 +510,162 @@ def results_markdown(results: dict, label: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def plot_results(runs: Sequence[tuple[str, dict]], path: str, title: str | None = None) -> None:
-    """Grouped bar chart (tasks + Avg. on the x axis, one bar per run), written with the Agg canvas so that no
-    pyplot state or display backend is touched."""
+# Charts are drawn one paper column wide (3.4 in; ACL and ICML columns are 3.25-3.3 in) at 300 dpi, in 6-7 pt type,
+# with the Agg canvas, so that no pyplot state or display backend is touched.
+COLUMN_WIDTH = 3.4
+PAPER_RC = {
+    "font.size": 7,
+    "axes.titlesize": 7,
+    "axes.labelsize": 7,
+    "xtick.labelsize": 6.5,
+    "ytick.labelsize": 6.5,
+    "legend.fontsize": 6.5,
+    "axes.linewidth": 0.6,
+    "lines.linewidth": 1.0,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+
+
+def paper_style():
+    import matplotlib
+
+    return matplotlib.rc_context(PAPER_RC)
+
+
+def new_figure(width: float = COLUMN_WIDTH, height: float = 2.4, nrows: int = 1, ncols: int = 1):
+    """-> (figure, axes): one Axes, or an (nrows, ncols) array of them; constrained layout."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    columns = _task_columns(runs)
-    labels = [
-        c + (" (all)" if c == "SICK-R" and any(r.get("sickr_pairs") == "all" for _, r in runs) else "")
-        for c in columns
-    ] + ["Avg."]
-    x = np.arange(len(labels))
-    width = 0.8 / len(runs)
-    figure = Figure(figsize=(max(8, 1.1 * len(labels) + 0.4 * len(runs)), 4.5))
+    figure = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(figure)
-    ax = figure.add_subplot()
-    for k, (label, results) in enumerate(runs):
-        values = [results["tasks"][c]["spearman"] if c in results["tasks"] else np.nan for c in columns]
-        bars = ax.bar(x + (k - (len(runs) - 1) / 2) * width, values + [results["average"]], width, label=label)
-        if len(runs) <= 3:
-            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
-    ax.set_xticks(x, labels)
-    ax.set_ylabel("Spearman x 100")
-    finite = [r["tasks"][c]["spearman"] for _, r in runs for c in columns if c in r["tasks"]]
-    low = min([0.0] + [v for v in finite if np.isfinite(v)])
-    ax.set_ylim(low, 100)
-    ax.set_title(title or f"STS ({', '.join(sorted({protocol(r) for _, r in runs}))})", fontsize=9)
-    ax.grid(axis="y", alpha=0.3)
-    if len(runs) > 1:
-        ax.legend(fontsize=8, loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    if nrows == ncols == 1:
+        return figure, figure.add_subplot()
+    return figure, figure.subplots(nrows, ncols, squeeze=False)
+
+
+def save_figure(figure, path: str) -> None:
+    figure.savefig(path, dpi=300, bbox_inches="tight", pad_inches=0.03)
+
+
+def legend_below(figure_or_ax, entries: int, handles=None, labels=None) -> None:
+    """A legend under the axes (it never covers data); nothing for a single entry (the title names it)."""
+    if entries < 2:
+        return
+    from matplotlib.figure import Figure
+
+    kwargs = {"ncol": min(entries, 3), "frameon": False}
+    if handles is not None:
+        kwargs.update(handles=handles, labels=labels)
+    if isinstance(figure_or_ax, Figure):
+        figure_or_ax.legend(loc="outside lower center", **kwargs)
+    else:
+        figure_or_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), **kwargs)
+
+
+def fitted_limits(lows: Sequence[float], highs: Sequence[float], top_room: float = 0.0) -> tuple[float, float]:
+    """y limits around the data (not 0-100): differences of tenths stay visible. `top_room` adds a share of the
+    span above, for value labels."""
+    finite = [v for v in list(lows) + list(highs) if np.isfinite(v)]
+    if not finite:
+        return 0.0, 1.0
+    low, high = min(finite), max(finite)
+    span = max(high - low, 0.2)
+    return low - 0.12 * span, high + (0.12 + top_room) * span
+
+
+def wrap(text: str, width: int = 72) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def plot_results(
+    runs: Sequence[tuple[str, dict]],
+    path: str,
+    title: str | None = None,
+    intervals: dict[str, dict[str, tuple[float, float]]] | None = None,
+    interval_label: str | None = None,
+) -> None:
+    """STS scores as points (Spearman x 100), the protocol in the title, y fitted to the data.
+
+    One run: the tasks and their average on one axis, each point labelled with its value. Several runs: one panel
+    per task (and Avg.), each with its own fitted axis and the runs side by side in the same colour and marker in
+    every panel, the legend under the panels. `intervals` {label: {task or "Avg.": (low, high)}} draws error bars,
+    described by `interval_label` (e.g. "95% t-interval over 3 seeds").
+    """
+    columns = _task_columns(runs) + ["Avg."]
+    sickr_all = any(r.get("sickr_pairs") == "all" for _, r in runs)
+    names = {c: c + (" (all)" if c == "SICK-R" and sickr_all else "") for c in columns}
+
+    def value(results, column):
+        if column == "Avg.":
+            return results["average"]
+        return results["tasks"][column]["spearman"] if column in results["tasks"] else np.nan
+
+    def interval(label, column, v):
+        low, high = (intervals or {}).get(label, {}).get(column, (v, v))
+        return low, high
+
+    heading = title or (runs[0][0] if len(runs) == 1 else "STS")
+    caption = f"{heading}: Spearman x 100 of cosines; {'; '.join(sorted({protocol(r) for _, r in runs}))}"
+    if interval_label:
+        caption += f"; error bars: {interval_label}"
+    with paper_style():
+        if len(runs) == 1:
+            label, results = runs[0]
+            figure, ax = new_figure(height=2.3)
+            x = np.arange(len(columns))
+            values = [value(results, c) for c in columns]
+            bounds = [interval(label, c, v) for c, v in zip(columns, values)]
+            ax.errorbar(x, values, yerr=_yerr(values, bounds), fmt="o", ms=4, capsize=2, color="C0")
+            for xi, v, (_, high) in zip(x, values, bounds):
+                if np.isfinite(v):
+                    ax.annotate(f"{v:.2f}", (xi, high), xytext=(0, 3), textcoords="offset points", ha="center",
+                                fontsize=5.5)  # fmt: skip
+            ax.axvline(len(columns) - 1.5, color="0.6", lw=0.6, ls=":")  # the average is not a task
+            ax.set_xticks(x, [names[c] for c in columns], rotation=30, ha="right")
+            ax.set_ylim(*fitted_limits([b[0] for b in bounds], [b[1] for b in bounds], top_room=0.12))
+            ax.set_ylabel("Spearman x 100")
+            ax.grid(axis="y", alpha=0.3)
+            ax.set_title(wrap(caption), loc="left")
+        else:
+            ncols = 2
+            nrows = -(-len(columns) // ncols)
+            figure, axes = new_figure(height=1.05 * nrows + 0.7, nrows=nrows, ncols=ncols)
+            handles = []
+            for k, column in enumerate(columns):
+                ax = axes[k // ncols][k % ncols]
+                values = [value(r, column) for _, r in runs]
+                bounds = [interval(label, column, v) for (label, _), v in zip(runs, values)]
+                for j, ((label, _), v, b) in enumerate(zip(runs, values, bounds)):
+                    handle = ax.errorbar([j], [v], yerr=_yerr([v], [b]), fmt=MARKERS[j % len(MARKERS)], ms=3.5,
+                                         capsize=1.5, color=f"C{j % 10}", label=label)  # fmt: skip
+                    if k == 0:
+                        handles.append(handle)
+                ax.set_xlim(-0.7, len(runs) - 0.3)
+                ax.set_xticks([])
+                ax.set_ylim(*fitted_limits([b[0] for b in bounds], [b[1] for b in bounds]))
+                ax.yaxis.set_major_locator(_locator())
+                ax.grid(axis="y", alpha=0.3)
+                ax.set_title(names[column], pad=2)
+            for k in range(len(columns), nrows * ncols):
+                axes[k // ncols][k % ncols].set_visible(False)
+            figure.supylabel("Spearman x 100", fontsize=7)
+            figure.suptitle(wrap(caption, 80), fontsize=7, x=0.02, ha="left")
+            legend_below(figure, len(runs), handles, [label for label, _ in runs])
+        save_figure(figure, path)
+
+
+def _yerr(values, bounds) -> np.ndarray:
+    """(2, n) distances below and above each value, as errorbar wants them (0 where there is no interval)."""
+    v = np.asarray(values, dtype=float)
+    return np.stack([v - np.asarray([b[0] for b in bounds]), np.asarray([b[1] for b in bounds]) - v]).clip(min=0)
+
+
+def _locator():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(nbins=4, min_n_ticks=3)

@@ -4,6 +4,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -46,6 +47,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def numpy_alignment(x, y) -> float:
+    """Alignment (Wang & Isola 2020, alpha 2) in NumPy float64: mean squared distance of normalised pair rows."""
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    y = y / np.linalg.norm(y, axis=1, keepdims=True)
+    return float(np.mean(np.sum((x - y) ** 2, axis=1)))
+
+
+def numpy_uniformity(x) -> float:
+    """Uniformity (t 2) in NumPy float64: log mean exp(-2 d^2) over the pairs i < j of normalised rows."""
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    squared = np.sum((x[:, None, :] - x[None, :, :]) ** 2, axis=-1)  # (N, N), every difference spelled out
+    i, j = np.triu_indices(len(x), k=1)
+    return float(np.log(np.mean(np.exp(-2 * squared[i, j]))))
 
 
 @pytest.fixture

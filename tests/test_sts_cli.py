@@ -9,15 +9,18 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, numpy_alignment, numpy_uniformity
+from scipy.stats import spearmanr
 
 from simcse_hn.data import STS_TASKS, load_sts_task
-from simcse_hn.evaluation import load_encoder, score_sts_tasks
+from simcse_hn.evaluation import load_encoder, load_predictions, score_sts_tasks
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
 
-RESULT_KEYS = {"model", "pooler", "aggregation", "sickr_pairs", "date", "versions", "settings", "tasks", "average"}
+RESULT_KEYS = {"model", "pooler", "aggregation", "sickr_pairs", "date", "versions", "settings", "training", "tasks",
+               "average", "alignment_uniformity"}  # fmt: skip
 FILES = {
     "sts12.jsonl": ("test", ["MSRpar", "MSRvid"]),
     "sts13.jsonl": ("test", ["FNWN", "headlines"]),
@@ -50,6 +53,10 @@ def write_data(root, pairs_per_subset: int = 8):
                              "subset": subset})  # fmt: skip
         if filename in ("stsb.jsonl", "sickr.jsonl"):
             rows += [dict(row, split="dev", score=5.0 - row["score"]) for row in rows[:3]]
+        if filename == "stsb.jsonl":  # STS-B dev: suite sentences and new ones; positives (> 4), and a 4.0 (not one)
+            scores = [4.6, 4.0, 5.0, 1.2, 4.2]
+            rows += [{"sentence1": rows[k]["sentence1"], "sentence2": f"a new dev sentence {k}", "score": score,
+                      "split": "dev", "subset": "MSRvid"} for k, score in enumerate(scores)]  # fmt: skip
         (root / filename).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
@@ -67,7 +74,8 @@ def model_dir(tmp_path_factory):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH="")
+    # this checkout's simcse_hn first, also where another checkout is the editable install
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     return subprocess.run(
         [sys.executable, str(ROOT / "eval" / "sts.py"), *args], capture_output=True, text=True, env=env, timeout=300
     )
@@ -104,8 +112,38 @@ def test_cli_writes_results_json_markdown_plot_and_model_copy(tmp_path, model_di
         assert results["tasks"][name]["spearman"] == pytest.approx(task["spearman"], abs=1e-6)
     assert results["average"] == pytest.approx(expected["average"], abs=1e-6)
 
+    # the model folder's training config travels with the results
+    with open(os.path.join(model_dir, "simcse_config.json"), encoding="utf-8") as f:
+        assert results["training"] == json.load(f)
+
+    # alignment and uniformity on STS-B dev (its `dev` rows), against NumPy on embeddings encoded on their own
+    dev = [row for row in map(json.loads, (data / "stsb.jsonl").read_text().splitlines()) if row["split"] == "dev"]
+    sentences = list(dict.fromkeys([r["sentence1"] for r in dev] + [r["sentence2"] for r in dev]))
+    vectors = dict(zip(sentences, encode(sentences).double().numpy()))
+    positives = [r for r in dev if r["score"] > 4]
+    geometry = results["alignment_uniformity"]
+    assert geometry["positive_pairs"] == len(positives) >= 3 and geometry["sentences"] == len(sentences)
+    x = np.stack([vectors[r["sentence1"]] for r in positives])
+    y = np.stack([vectors[r["sentence2"]] for r in positives])
+    assert geometry["alignment"] == pytest.approx(numpy_alignment(x, y), rel=1e-6)
+    assert geometry["uniformity"] == pytest.approx(numpy_uniformity(np.stack(list(vectors.values()))), rel=1e-6)
+    assert geometry["source"].endswith("stsb.jsonl (split dev)") and "gold score > 4" in geometry["protocol"]
+
+    # every pair's cosine and gold score, in sub-file order: they give the reported correlations again
+    predictions = load_predictions(str(out / "predictions.npz"))
+    assert results["settings"]["predictions"] == "predictions.npz" and predictions.keys() == results["tasks"].keys()
+    for name, task in results["tasks"].items():
+        cosine, gold, subset = (predictions[name][k] for k in ("cosine", "gold", "subset"))
+        assert len(cosine) == task["pairs"] and list(dict.fromkeys(subset)) == list(task["subsets"])
+        for sub, scored in task["subsets"].items():
+            rho = spearmanr(cosine[subset == sub], gold[subset == sub]).statistic * 100
+            assert rho == pytest.approx(scored["spearman"], abs=1e-9)
+
     markdown = (out / "results.md").read_text()
     assert "| Model | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |" in markdown
+    assert f"| {geometry['alignment']:.4f} | {geometry['uniformity']:.4f} |" in markdown
+    assert "Protocol: alignment (alpha 2) and uniformity (t 2)" in markdown
+    assert f"alignment {geometry['alignment']:.4f}, uniformity {geometry['uniformity']:.4f}" in result.stdout
     row = " | ".join(f"{results['tasks'][n]['spearman']:.2f}" for n in STS_TASKS) + f" | {results['average']:.2f} |"
     assert row in markdown and row in result.stdout
     assert "wmean (SentEval" in markdown and "| MSRpar | 8 |" in markdown
@@ -211,19 +249,23 @@ def test_compare_puts_runs_side_by_side(tmp_path, capsys):
         return {"model": model, "pooler": "cls", "aggregation": aggregation, "sickr_pairs": "test", "date": "d",
                 "versions": {}, "settings": {}, "tasks": scored, "average": average}  # fmt: skip
 
-    (tmp_path / "infonce").mkdir()
-    (tmp_path / "infonce" / "results.json").write_text(json.dumps(fake("a", 70.0)))
-    (tmp_path / "hcl").mkdir()
-    (tmp_path / "hcl" / "sts_results.json").write_text(json.dumps(fake("b", 71.234)))
-    (tmp_path / "x.json").write_text(json.dumps(fake("c", 60.0, "mean", STS_TASKS[:2])))
+    for folder in ("infonce", "hcl", "other"):
+        (tmp_path / folder / "sts").mkdir(parents=True)
+    (tmp_path / "infonce" / "sts" / "results.json").write_text(json.dumps(fake("/runs/unsup-infonce", 70.0)))
+    (tmp_path / "hcl" / "sts" / "sts_results.json").write_text(json.dumps(fake("outputs/unsup-hcl", 71.234)))
+    (tmp_path / "other" / "sts" / "results.json").write_text(json.dumps(fake("/runs/unsup-infonce", 60.0, "mean",
+                                                                              STS_TASKS[:2])))  # fmt: skip
     out = tmp_path / "cmp"
-    assert compare.main([str(tmp_path / "infonce"), str(tmp_path / "hcl"), str(tmp_path / "x.json"), "--output",
-                         str(out)]) == 0  # fmt: skip
+    assert compare.main([str(tmp_path / "infonce" / "sts"), str(tmp_path / "hcl" / "sts"),
+                         str(tmp_path / "other" / "sts" / "results.json"), "--output", str(out)]) == 0  # fmt: skip
     table = (out / "comparison.md").read_text()
     assert "| Model | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. | Protocol |" in table
-    assert "| infonce | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 | aggregation all," in table
-    assert "| hcl | 71.23 | 72.23 |" in table
-    assert f"| {tmp_path.name} | 60.00 | 61.00 | – | – | – | – | – | 60.50 | aggregation mean," in table
+    # labels from the model's name, not the report folder ("sts"); the same model twice: its report's folder added
+    row = "| infonce/unsup-infonce | 70.00 | 71.00 | 72.00 | 73.00 | 74.00 | 75.00 | 76.00 | 73.00 | aggregation all,"
+    assert row in table
+    assert "| outputs/unsup-hcl | 71.23 | 72.23 |" in table  # a relative path that is not here: kept as written
+    assert "| other/unsup-infonce | 60.00 | 61.00 | – | – | – | – | – | 60.50 | aggregation mean," in table
+    assert "Groups over seeds" not in table and "no statistics over seeds" in table  # nothing recorded to group by
     assert (out / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     assert compare.main([str(tmp_path / "missing"), "--output", str(out)]) == 2
     assert capsys.readouterr().err.strip().endswith("missing: file not found")
