@@ -16,7 +16,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 
 from simcse_hn import distributed, grad_cache
 from simcse_hn.data import STSPairs
-from simcse_hn.evaluation import pair_cosines, spearman_x100
+from simcse_hn.evaluation import sts_dev_metrics
 from simcse_hn.losses import ContrastiveLoss, LossOutput
 from simcse_hn.targets import LossContext, build_targets
 
@@ -255,8 +255,9 @@ class DevSentences:
         return {**batch, "sentence_index": index}
 
     def metrics(self, prediction) -> dict[str, float]:
-        """EvalPrediction(predictions (U, D) embeddings, label_ids (U,) sentence indices) -> {"stsb_spearman"}"""
+        """EvalPrediction(predictions (U, D) embeddings, label_ids (U,) sentence indices)
+        -> {"stsb_spearman", "alignment", "uniformity"} (evaluation.sts_dev_metrics: cosines in float64, as the
+        STS suite; alignment and uniformity under SimCSE's STS-B dev protocol)"""
         embeddings = torch.empty(prediction.predictions.shape)
         embeddings[torch.from_numpy(prediction.label_ids)] = torch.from_numpy(prediction.predictions)  # (U, D)
-        cosines = pair_cosines(embeddings, self.index, self.pairs)  # float64, as the STS suite
-        return {"stsb_spearman": spearman_x100(cosines, self.pairs.scores)}
+        return sts_dev_metrics(embeddings, self.index, self.pairs)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import scipy.stats
 import torch
@@ -42,7 +43,15 @@ def test_dev_score_is_scipy_spearman_of_encode_cosines(tiny_args):
     cosines = torch.nn.functional.cosine_similarity(first, second).numpy()
     assert cosines.std() > 1e-3
     expected = 100 * scipy.stats.spearmanr(cosines, pairs.scores).statistic
-    assert trainer.evaluate()["eval_stsb_spearman"] == pytest.approx(expected, abs=1e-6)
+    metrics = trainer.evaluate()
+    assert metrics["eval_stsb_spearman"] == pytest.approx(expected, abs=1e-6)
+    # uniformity next to it (SimCSE's protocol: every distinct dev sentence), written out in NumPy
+    x = torch.stack([lookup[s] for s in unique]).numpy()
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    upper = np.triu_indices(len(x), k=1)
+    squared = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)[upper]
+    assert metrics["eval_uniformity"] == pytest.approx(np.log(np.exp(-2 * squared).mean()), abs=1e-6)
+    assert "eval_alignment" in metrics
 
 
 def test_debug_tiny_trains_evaluates_saves_and_reloads(tiny_args, tmp_path, monkeypatch):
