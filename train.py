@@ -18,9 +18,10 @@ import transformers
 from simcse_hn.checkpoints import resolve_resume
 from simcse_hn.config import ConfigError, parse_args
 from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
+from simcse_hn.files import source_record
 from simcse_hn.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
 from simcse_hn.losses import build_loss
-from simcse_hn.model_card import write_model_card
+from simcse_hn.model_card import base_model_license, write_model_card
 from simcse_hn.modeling import SimCSEModel, inference_max_length, load_tokenizer, model_max_length
 from simcse_hn.trainer import SimCSETrainer
 
@@ -97,7 +98,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     )
     loss_fn = build_loss(training_args.loss, **training_args.loss_kwargs())
     simcse_config = {
-        "base_model": model_args.model_name_or_path,
+        "base_model": source_record(model_args.model_name_or_path),
+        "base_model_license": base_model_license(model_args.model_name_or_path),
         "loss": training_args.loss,
         "loss_kwargs": training_args.loss_kwargs(),
         "contrast_form": training_args.contrast_form,
@@ -105,9 +107,10 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "eval_max_seq_length": eval_max_length,
         "inference_max_seq_length": inference_length,
         "seed": training_args.seed,
-        "train_file": data_args.train_file,
+        "train_file": source_record(data_args.train_file),
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
         "world_size": training_args.world_size,
+        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
         "learning_rate": training_args.learning_rate,
     }
     trainer = SimCSETrainer(
@@ -128,6 +131,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if collator.num_truncated:
         logger.warning("%d of %d sentences were longer than %d tokens and were truncated",
                        collator.num_truncated, collator.num_sentences, data_args.max_seq_length)
+    trainer.simcse_config.update(training_budget(trainer))  # the final folder says how much training it had
     trainer.save_model(training_args.output_dir)
     dev_spearman = final_dev_score(trainer) if eval_pairs is not None else None
     if dev_spearman is not None:
@@ -137,6 +141,14 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         if hub_target is not None:  # one push of the finished folder; SimCSETrainer never pushes by itself
             push_to_hub(training_args.output_dir, hub_target)
     return trainer
+
+
+def training_budget(trainer: SimCSETrainer) -> dict:
+    """Steps, epochs and sentences seen by the finished run (resumed runs included)."""
+    args, state = trainer.args, trainer.state
+    per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+    steps = state.global_step
+    return {"steps": steps, "epochs": round(state.epoch or 0.0, 4), "sentences_seen": steps * per_step}
 
 
 def final_dev_score(trainer: SimCSETrainer) -> float:

@@ -20,6 +20,16 @@ def is_hub_id(name: str | None) -> bool:
     return os.path.splitext(name)[1] == "" and name.count("/") <= 1
 
 
+def source_record(name: str | None) -> dict | None:
+    """How a saved folder records where its base model or training data came from: a Hub id as it is, a local path
+    by its file or folder name only (the training machine's paths mean nothing elsewhere and are nobody's business).
+    -> {"name", "local"} or None"""
+    if not name:
+        return None
+    local = not is_hub_id(name) and ":" not in name  # "builtin:tiny-bert" is neither
+    return {"name": os.path.basename(os.path.normpath(name)) if local else name, "local": local}
+
+
 def read_json(path: str) -> dict | list | None:
     if not os.path.isfile(path):
         return None

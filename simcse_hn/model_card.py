@@ -17,6 +17,7 @@ from simcse_hn.files import (
     is_hub_id,
     read_json,
     record_files,
+    source_record,
     write_json,
 )
 
@@ -165,23 +166,63 @@ def _objective_section(config: dict) -> str:
     return "\n".join(lines)
 
 
+def _source(value) -> dict | None:
+    """simcse_config's record of a source ({"name", "local"}, files.source_record); a bare string from an older
+    folder is taken as it is."""
+    if value is None or isinstance(value, dict):
+        return value
+    return source_record(str(value))
+
+
+def _source_cell(value) -> str | None:
+    source = _source(value)
+    if source is None:
+        return None
+    kind = "file" if os.path.splitext(source["name"])[1] else "folder"
+    return f"local {kind} `{source['name']}`" if source["local"] else f"`{source['name']}`"
+
+
+def _hub_name(value) -> str | None:
+    source = _source(value)
+    return None if source is None or source["local"] or not is_hub_id(source["name"]) else source["name"]
+
+
+def _budget(config: dict) -> str | None:
+    steps = config.get("steps")
+    if steps is None:
+        return None
+    epochs, seen = config.get("epochs"), config.get("sentences_seen")
+    text = f"{steps:,} steps"
+    if epochs is not None:
+        text += f" ({epochs:.2f} epochs)"
+    if seen is not None:
+        text += f", {seen:,} sentences seen"
+    return text
+
+
 def _training_section(config: dict, dev_spearman: float | None) -> str:
     pooler = config.get("pooler", "cls")
     head = ""
     if pooler == "cls":
         head = " (MLP head in training only)" if config.get("mlp_only_train", True) else " + MLP head (dense+tanh)"
-    rows = [("base model", f"`{config['base_model']}`" if config.get("base_model") else None)]
+    rows = [("base model", _source_cell(config.get("base_model")))]
     rows.append(("pooler", f"`{pooler}`{head}"))
-    rows.append(("max_seq_length", config.get("max_seq_length")))
+    rows.append(("max_seq_length (training)", config.get("max_seq_length")))
+    rows.append(("max_seq_length (inference)", config.get("inference_max_seq_length")))
     batch, world = config.get("per_device_train_batch_size"), config.get("world_size", 1)
+    accumulation = config.get("gradient_accumulation_steps", 1)
     if batch:
-        rows.append(("batch size", f"{batch} per device x {world} process(es) = {batch * world} sentences"))
+        total = batch * world * accumulation
+        steps = f" x {accumulation} accumulation steps" if accumulation > 1 else ""
+        rows.append(("batch size", f"{batch} per device x {world} process(es){steps} = {total} sentences"))
+    rows.append(("training budget", _budget(config)))
     rows.append(("learning rate", config.get("learning_rate")))
-    rows.append(("training data", f"`{config['train_file']}`" if config.get("train_file") else None))
+    rows.append(("training data", _source_cell(config.get("train_file"))))
     if dev_spearman is not None:
         rows.append(("STS-B dev Spearman x 100 (model selection)", f"{dev_spearman:.2f}"))
     shown = {"base_model", "pooler", "mlp_only_train", "max_seq_length", "per_device_train_batch_size", "world_size"}
-    shown |= {"learning_rate", "train_file", "loss", "loss_kwargs", "contrast_form"}
+    shown |= {"learning_rate", "train_file", "loss", "loss_kwargs", "contrast_form", "inference_max_seq_length"}
+    shown |= {"steps", "epochs", "sentences_seen", "gradient_accumulation_steps"}
     rows += [(key, f"`{value}`") for key, value in sorted(config.items()) if key not in shown]
     return "\n".join(["| | |", "|:--|:--|"] + [f"| {k} | {v} |" for k, v in rows if v is not None])
 
@@ -200,7 +241,7 @@ def _head_in_encoder_pooler(output_dir: str | None) -> bool:
         return key is not None and w.get_tensor(key).equal(h.get_tensor("dense.weight"))
 
 
-def _transformers_pooling(config: dict, output_dir: str | None) -> tuple[str, str]:
+def _transformers_pooling(config: dict, output_dir: str | None, local: bool = False) -> tuple[str, str]:
     """(forward keyword arguments, code that turns `out`/`mask` into `embeddings`) for the card's snippet."""
     pooler = config.get("pooler", "cls")
     mean = 'mask = batch["attention_mask"].unsqueeze(-1).float()\nembeddings = (hidden * mask).sum(1) / mask.sum(1)'
@@ -213,17 +254,23 @@ def _transformers_pooling(config: dict, output_dir: str | None) -> tuple[str, st
     if pooler == "cls" and not config.get("mlp_only_train", True):
         if _head_in_encoder_pooler(output_dir):
             return "", "embeddings = out.pooler_output  # SimCSE's MLP head over [CLS], stored as the encoder's pooler"
+        imports = "import os\n" if local else "from huggingface_hub import hf_hub_download\n"
+        where = (
+            f'os.path.join(model_id, "{HEAD_WEIGHTS}")' if local else f'hf_hub_download(model_id, "{HEAD_WEIGHTS}")'
+        )
         return "", (
-            "from huggingface_hub import hf_hub_download\n"
-            "from safetensors.torch import load_file\n\n"
-            f'head = load_file(hf_hub_download(model_id, "{HEAD_WEIGHTS}"))  # SimCSE\'s MLP head (dense + tanh)\n'
+            f"{imports}from safetensors.torch import load_file\n\n"
+            f"head = load_file({where})  # SimCSE's MLP head (dense + tanh)\n"
             'embeddings = torch.tanh(out.last_hidden_state[:, 0] @ head["dense.weight"].T + head["dense.bias"])'
         )
     return "", "embeddings = out.last_hidden_state[:, 0]  # [CLS]"
 
 
-def _usage_section(config: dict, model_id: str, output_dir: str | None) -> str:
-    forward_kwargs, pooling = _transformers_pooling(config, output_dir)
+def _usage_section(config: dict, model_id: str | None, model_name: str, output_dir: str | None) -> str:
+    """Snippets for both libraries; without a Hub id they load `path/to/<model_name>`, this folder (a placeholder a
+    reader replaces, not an id that would fail on the Hub)."""
+    forward_kwargs, pooling = _transformers_pooling(config, output_dir, local=model_id is None)
+    model_id = model_id or f"path/to/{model_name}"
     try:
         from sentence_transformers import __version__
 
@@ -262,16 +309,18 @@ print(F.cosine_similarity(embeddings[0], embeddings[1], dim=0))
 def _card_data(config: dict, sts_results: dict | None, model_name: str):
     from huggingface_hub import ModelCardData
 
-    base, loss = config.get("base_model"), config.get("loss", "infonce")
-    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "simcse", loss]
+    base, data, loss = _hub_name(config.get("base_model")), _hub_name(config.get("train_file")), config.get("loss")
+    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "simcse", loss or "infonce"]
     eval_results = sts_eval_results(sts_results) if sts_results else []
     return ModelCardData(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
         tags=list(dict.fromkeys(tags)),
-        base_model=base if is_hub_id(base) else None,
-        datasets=[config["train_file"]] if is_hub_id(config.get("train_file")) else None,
-        license=base_model_license(base),
+        base_model=base,
+        datasets=[data] if data else None,
+        license=config.get("base_model_license") or base_model_license(
+            config["base_model"] if isinstance(config.get("base_model"), str) else base
+        ),
         eval_results=eval_results or None,
         model_name=model_name if eval_results else None,
     )
@@ -289,13 +338,12 @@ def model_card(
     """The `huggingface_hub.ModelCard` of a trained model (see `write_model_card`)."""
     from huggingface_hub import ModelCard
 
-    model_id = model_id or model_name
     config = simcse_config
     loss = config.get("loss", "infonce")
-    base = config.get("base_model")
+    base = _source_cell(config.get("base_model"))
     intro = (
         f"A sentence encoder trained with unsupervised [SimCSE](https://arxiv.org/abs/2104.08821) (two dropout views "
-        f"of a sentence are its positive pair){f' from `{base}`' if base else ''}, with the `{loss}` objective, "
+        f"of a sentence are its positive pair){f' from {base}' if base else ''}, with the `{loss}` objective, "
         f"by simcse-hn. Sentences map to vectors compared by cosine "
         f"similarity (pooler `{config.get('pooler', 'cls')}`); the folder loads in sentence-transformers and "
         f"in transformers."
@@ -315,11 +363,11 @@ def model_card(
 
 ## STS results
 
-{sts_section(sts_results, model_name, command_model=model_id)}
+{sts_section(sts_results, model_name, command_model=model_id or f"path/to/{model_name}")}
 
 ## Usage
 
-{_usage_section(config, model_id, output_dir)}
+{_usage_section(config, model_id, model_name, output_dir)}
 
 ## Files
 
@@ -363,7 +411,7 @@ def write_model_card(
         simcse_config,
         sts_results,
         model_name=name,
-        model_id=repo_id or output_dir,
+        model_id=repo_id,
         dev_spearman=dev_spearman,
         output_dir=output_dir,
     )

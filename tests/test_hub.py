@@ -69,7 +69,9 @@ def snippet(card: str, heading: str) -> str:
     return re.search(rf"### {heading}.*?```python\n(.*?)```", card, re.DOTALL).group(1)
 
 
-def run_snippet(code: str):
+def run_snippet(code: str, folder: Path):
+    """A card's snippet for a local folder loads `path/to/<name>`: this test puts the folder there."""
+    code = re.sub(r'"path/to/[^"]+"', repr(str(folder)).replace("'", '"'), code)
     namespace: dict = {}
     exec(compile(code, "<model card>", "exec"), namespace)  # noqa: S102 - our own card's usage snippet
     return torch.as_tensor(namespace["embeddings"]).float()
@@ -175,8 +177,13 @@ def test_train_py_folder_loads_in_sentence_transformers_and_transformers_with_si
     # The card's own usage snippets give the same embeddings.
     card = (out / "README.md").read_text()
     reference = model.encode(SNIPPET_SENTENCES, tokenizer)
-    torch.testing.assert_close(run_snippet(snippet(card, "transformers")), reference, rtol=0, atol=1e-5)
-    torch.testing.assert_close(run_snippet(snippet(card, "sentence-transformers")), reference, rtol=0, atol=1e-5)
+    torch.testing.assert_close(run_snippet(snippet(card, "transformers"), out), reference, rtol=0, atol=1e-5)
+    torch.testing.assert_close(run_snippet(snippet(card, "sentence-transformers"), out), reference, rtol=0, atol=1e-5)
+    # a card for a folder without a Hub id: no path of the training machine anywhere, a placeholder in the snippets
+    assert str(out) not in card and str(FIXTURES) not in card and f'"path/to/{out.name}"' in card
+    assert "local file `tiny_corpus.txt`" in card and "2 steps" in card and "sentences seen" in card
+    saved = json.loads((out / "simcse_config.json").read_text())
+    assert saved["train_file"] == {"name": "tiny_corpus.txt", "local": True} and saved["steps"] == 2
 
 
 @pytest.mark.parametrize("pooler", ["avg_first_last", "avg_top2"])
@@ -200,7 +207,7 @@ def test_layer_average_poolers_load_in_sentence_transformers(tmp_path, pooler):
     assert "output_hidden_states" not in json.loads((tmp_path / "config.json").read_text())  # AutoModel unchanged
     reference = model.encode(SNIPPET_SENTENCES, tokenizer, max_length=INFERENCE_LENGTH)
     card = (tmp_path / "README.md").read_text()
-    torch.testing.assert_close(run_snippet(snippet(card, "transformers")), reference, rtol=0, atol=1e-5)
+    torch.testing.assert_close(run_snippet(snippet(card, "transformers"), tmp_path), reference, rtol=0, atol=1e-5)
 
 
 ALL_POOLERS = [("cls", True), ("cls", False), ("avg", True), ("avg_first_last", True), ("avg_top2", True)]
