@@ -91,7 +91,8 @@ def _read_csv_column(path: str, column: str) -> list[str]:
             texts.append(row[index] if row else "")
             line = reader.line_num + 1
     except csv.Error as e:
-        raise DataError(f"{path}:{line}: malformed {kind} ({e})") from None
+        reason = str(e).replace("\t", "\\t")  # csv names the delimiter it expected: a TSV's is a tab
+        raise DataError(f"{path}:{line}: malformed {kind} ({reason})") from None
     return texts
 
 
