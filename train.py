@@ -19,7 +19,7 @@ from simcse_hn import distributed
 from simcse_hn.checkpoints import check_output_dir, checkpoint_run_id, claim_output_dir, new_run_id, resolve_resume
 from simcse_hn.config import ConfigError, parse_args
 from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
-from simcse_hn.hub import HubError, card_is_ours, find_token, push_to_hub, write_model_card
+from simcse_hn.hub import CARD, HubError, card_is_ours, find_token, push_to_hub, write_model_card
 from simcse_hn.modeling import SimCSEModel, load_encoder_config, load_tokenizer, max_positions
 from simcse_hn.trainer import SimCSETrainer
 
@@ -49,12 +49,12 @@ def _prepare_output_dir(training_args, checkpoint: str | None) -> str:
     check_output_dir(output_dir, resuming=checkpoint is not None, overwrite=training_args.overwrite_output_dir)
     if not training_args.overwrite_output_dir and not card_is_ours(output_dir):
         raise ConfigError(
-            f"output_dir: {os.path.join(output_dir, 'README.md')} was not written by simcse-hn and the model card "
+            f"output_dir: {os.path.join(output_dir, CARD)} was not written by simcse-hn and the model card "
             "would replace it; move it away, or pass --overwrite_output_dir true"
         )
     run_id = checkpoint_run_id(checkpoint) if checkpoint is not None else new_run_id()
     run_id = distributed.broadcast_object(run_id)  # process 0's fresh id
-    if training_args.process_index == 0:
+    if training_args.should_save:  # the processes that write checkpoints (one per node with save_on_each_node)
         claim_output_dir(output_dir, run_id)
     return run_id
 
