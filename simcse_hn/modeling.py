@@ -54,6 +54,12 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+# what transformers' from_pretrained reads from a folder, in its order of preference
+_WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
+)  # fmt: skip
+
+
 def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
     """The encoder's config alone (no weights): whether the model exists and what its limits are, known before any
     data or weights are read. A missing folder or Hub id is a ConfigError naming `field`."""
@@ -62,6 +68,8 @@ def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
     if os.path.isdir(name_or_path):
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
             raise ConfigError(f"{field}: {name_or_path} is not a model folder (no config.json)")
+        if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in _WEIGHT_FILES):
+            raise ConfigError(f"{field}: {name_or_path} has no weights ({', '.join(_WEIGHT_FILES)})")
     elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
         raise ConfigError(f"{field}: no such model folder: {name_or_path}")  # not a Hub id ('name', 'owner/name')
     try:

@@ -37,6 +37,8 @@ def _case(tmp_path, name):
     (tmp_path / "a_file").write_text("", encoding="utf-8")
     unwritable = tmp_path / "a_file" / "out"
     roberta = _roberta_folder(tmp_path / "roberta")
+    (roberta / "model.safetensors").write_bytes(b"")  # a weights file, for the config-only checks to get past
+    config_only = _roberta_folder(tmp_path / "config_only")
     return {
         "missing model folder": (
             ["--model_name_or_path", "/no/such/model"],
@@ -45,6 +47,10 @@ def _case(tmp_path, name):
         "missing hub model": (
             ["--model_name_or_path", "nobody-xyz/no-such-model"],
             "model_name_or_path: nobody-xyz/no-such-model is neither a folder here nor a Hub model that loads (",
+        ),
+        "a model folder without weights": (
+            ["--model_name_or_path", str(config_only)],
+            f"model_name_or_path: {config_only} has no weights (model.safetensors, model.safetensors.index.json, ",
         ),
         "loss rejects a value": (
             ["--loss", "unremix", "--unremix_beta", "-1"],
@@ -80,6 +86,7 @@ def _case(tmp_path, name):
 CASES = [
     "missing model folder",
     "missing hub model",
+    "a model folder without weights",
     "loss rejects a value",
     "beyond the positions",
     "beyond roberta's positions",
