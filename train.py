@@ -19,8 +19,16 @@ from simcse_hn import distributed
 from simcse_hn.checkpoints import check_output_dir, checkpoint_run_id, claim_output_dir, new_run_id, resolve_resume
 from simcse_hn.config import ConfigError, parse_args
 from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
-from simcse_hn.hub import CARD, HubError, card_is_ours, find_token, push_to_hub, write_model_card
-from simcse_hn.modeling import SimCSEModel, load_encoder_config, load_tokenizer, max_positions
+from simcse_hn.files import CARD
+from simcse_hn.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
+from simcse_hn.model_card import card_is_ours, write_model_card
+from simcse_hn.modeling import (
+    SimCSEModel,
+    inference_max_length,
+    load_encoder_config,
+    load_tokenizer,
+    model_max_length,
+)
 from simcse_hn.trainer import SimCSETrainer
 
 logger = logging.getLogger("simcse_hn.train")
@@ -64,25 +72,25 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     _setup_logging(training_args)
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
-    # The Trainer pickles its arguments into the output folder and every checkpoint: it never holds the token,
-    # which is kept here for the final push only.
-    hub_token = training_args.hub_token
-    training_args = dataclasses.replace(training_args, hub_token=None)
     if data_args.train_file is None:
         raise ConfigError("train_file: required (a text/jsonl/csv file or a Hub dataset id)")
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise ConfigError("hub_model_id: required with push_to_hub (e.g. user/unsup-simcse-bert-base)")
-    if training_args.push_to_hub and find_token(hub_token) is None:
+    if training_args.push_to_hub and find_token(training_args.hub_token) is None:
         logger.warning("no Hugging Face token (HF_TOKEN or `hf auth login`): the model will be saved, not pushed")
     if data_args.eval_file is None and training_args.eval_strategy != "no":
         logger.warning("no eval_file: STS-B dev evaluation and best-model selection are off")
         training_args = dataclasses.replace(
             training_args, eval_strategy="no", load_best_model_at_end=False, metric_for_best_model=None
         )
+    # The Trainer never pushes and never holds the token (it pickles its arguments into every checkpoint): train.py
+    # keeps the Hub settings and pushes the finished folder itself.
+    hub_target = HubTarget.from_args(training_args) if training_args.push_to_hub else None
+    training_args = dataclasses.replace(training_args, push_to_hub=False, hub_token=None)
 
     # Everything that can be known without data or weights, in the order a user would fix it.
     encoder_config = load_encoder_config(model_args.model_name_or_path)
-    positions = max_positions(encoder_config)
+    positions = model_max_length(encoder_config)
     if positions is not None and data_args.max_seq_length > positions:
         raise ConfigError(
             f"max_seq_length: {data_args.max_seq_length} is above the {positions} positions of "
@@ -121,12 +129,19 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         mlp_only_train=model_args.mlp_only_train,
         dropout=model_args.dropout,
     )
+    eval_max_length = data_args.eval_max_seq_length or model_max_length(model.config, tokenizer)
+    inference_length = model_args.inference_max_seq_length or inference_max_length(
+        model_args.model_name_or_path, model.config, tokenizer
+    )
     simcse_config = {
         "base_model": model_args.model_name_or_path,
         "loss": training_args.loss,
         "loss_kwargs": training_args.loss_kwargs(),
         "contrast_form": training_args.contrast_form,
         "max_seq_length": data_args.max_seq_length,
+        "eval_max_seq_length": eval_max_length,
+        "inference_max_seq_length": inference_length,
+        "seed": training_args.seed,
         "train_file": data_args.train_file,
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
         "world_size": training_args.world_size,
@@ -138,22 +153,23 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         args=training_args,
         loss_fn=loss_fn,
         eval_pairs=eval_pairs,
-        max_seq_length=data_args.max_seq_length,
+        eval_max_length=eval_max_length,
         simcse_config=simcse_config,
         train_dataset=datasets.Dataset.from_dict({"text": sentences}),
         data_collator=SimCSECollator(tokenizer, data_args.max_seq_length),
         processing_class=tokenizer,
     )
+    if hub_target is not None and hub_target.strategy == "every_save":
+        trainer.add_callback(CheckpointPush(hub_target))
     trainer.train(resume_from_checkpoint=checkpoint)
     collator = trainer.data_collator
     if collator.num_truncated:
         logger.warning("%d of %d sentences were longer than %d tokens and were truncated",
                        collator.num_truncated, collator.num_sentences, data_args.max_seq_length)
     trainer.save_model(training_args.output_dir)
-    dev_spearman = None
-    if eval_pairs is not None:
-        dev_spearman = trainer.evaluate()["eval_stsb_spearman"]
-        logger.info("final STS-B dev Spearman x 100: %.2f", dev_spearman)
+    dev_spearman = final_dev_score(trainer) if eval_pairs is not None else None
+    if dev_spearman is not None:
+        logger.info("STS-B dev Spearman x 100 of the saved model: %.2f", dev_spearman)
     if trainer.is_world_process_zero():
         write_model_card(
             training_args.output_dir,
@@ -161,14 +177,22 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
             dev_spearman=dev_spearman,
             overwrite=training_args.overwrite_output_dir,
         )
-        if training_args.push_to_hub:  # one push of the finished folder; SimCSETrainer never pushes by itself
-            push_to_hub(
-                training_args.output_dir,
-                training_args.hub_model_id,
-                token=hub_token,
-                private=training_args.hub_private_repo,
-            )
+        if hub_target is not None:  # one push of the finished folder; SimCSETrainer never pushes by itself
+            push_to_hub(training_args.output_dir, hub_target)
     return trainer
+
+
+def final_dev_score(trainer: SimCSETrainer) -> float:
+    """The STS-B dev score of the model as saved: the best checkpoint's when it was reloaded, else the last
+    evaluation's when it was at the last step; evaluated once more only when neither exists (no second score is
+    logged for a step that already has one)."""
+    state = trainer.state
+    if trainer.args.load_best_model_at_end and state.best_metric is not None:
+        return state.best_metric
+    evals = [entry for entry in state.log_history if "eval_stsb_spearman" in entry]
+    if evals and evals[-1].get("step") == state.global_step:
+        return evals[-1]["eval_stsb_spearman"]
+    return trainer.evaluate()["eval_stsb_spearman"]
 
 
 def main(argv: list[str] | None = None) -> int:

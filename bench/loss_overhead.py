@@ -2,7 +2,7 @@
 
 1. The loss alone: forward + backward of every loss on random float32 embeddings (leaf tensors with
    requires_grad), symmetric form, 2N rows x d, called the way SimCSETrainer calls it
-   (SimCSETrainer.contrastive_loss itself, on a stand-in trainer). Ratio to InfoNCE; targets at 2N = 1024:
+   (simcse_hn.trainer.contrastive_loss itself). Ratio to InfoNCE; targets at 2N = 1024:
    DCL/HCL <= 1.5x, ProGCL/UnReMix <= 2.5x.
 2. A full training step on all-MiniLM-L6-v2 (pooler `cls`, 64 sentences = 128 rows, max length 32): encoder
    forward, loss, backward, AdamW step. Ratio to InfoNCE; target <= 1.03.
@@ -26,7 +26,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -36,7 +35,8 @@ from common import RESULTS, environment, minilm_path, shuffled_corpus, write_jso
 
 from simcse_hn.data import SimCSECollator, contrastive_targets  # noqa: E402
 from simcse_hn.losses import build_loss  # noqa: E402
-from simcse_hn.trainer import SimCSETrainer  # noqa: E402
+from simcse_hn.targets import LossContext  # noqa: E402
+from simcse_hn.trainer import contrastive_loss  # noqa: E402
 
 # name -> build_loss arguments; the first is the baseline. Class defaults otherwise (DCL tau+ 0.1, HCL beta 0.1,
 # ProGCL 10 EM iterations, refit every step, mix over all negatives; UnReMix beta 1).
@@ -100,18 +100,15 @@ def summarise(times: dict[str, list[float]], baseline: str = "infonce") -> dict[
 
 
 def trainer_loss(loss_fn) -> Callable[..., object]:
-    """SimCSETrainer.contrastive_loss (symmetric form, one process, after warm-up), bound to a stand-in holding just
-    what it reads, so the benchmark calls each loss exactly as the trainer does. -> f(embeddings, head_inputs)"""
-    trainer = SimpleNamespace(
-        accelerator=SimpleNamespace(unwrap_model=lambda model: model), gather_across_devices=False,
-        args=SimpleNamespace(contrast_form="symmetric"), state=SimpleNamespace(global_step=MAX_STEPS,
-                                                                                max_steps=MAX_STEPS))
-    model = SimpleNamespace(loss_fn=loss_fn)
-    return lambda embeddings, head_inputs=None: SimCSETrainer.contrastive_loss(trainer, model, embeddings, head_inputs)
+    """simcse_hn.trainer.contrastive_loss (symmetric form, one process, after warm-up): each loss is called exactly as
+    the trainer calls it. -> f(embeddings, head_inputs)"""
+    return lambda embeddings, head_inputs=None: contrastive_loss(
+        loss_fn, embeddings, form="symmetric", head_inputs=head_inputs, step=MAX_STEPS, max_steps=MAX_STEPS
+    )
 
 
 def loss_runs(rows: int, dim: int, names=tuple(LOSSES), copy_anchors: bool = False) -> dict[str, Callable[[], None]]:
-    """One closure per loss: forward + backward on fixed random embeddings through SimCSETrainer.contrastive_loss
+    """One closure per loss: forward + backward on fixed random embeddings through simcse_hn.trainer.contrastive_loss
     (symmetric form: the embeddings tensor itself is passed as the anchors). `copy_anchors`: call the loss directly
     with anchors = embeddings[anchor_rows], a copy (what the trainer did before 5304af6)."""
     generator = torch.Generator().manual_seed(rows * 7 + dim)
@@ -126,12 +123,11 @@ def loss_runs(rows: int, dim: int, names=tuple(LOSSES), copy_anchors: bool = Fal
         loss_fn = build_loss(loss_name, temperature=0.05, **kwargs)
         head_inputs = h if name == "unremix-head" else None
         if copy_anchors:
-            state = {"step": MAX_STEPS, "max_steps": MAX_STEPS}
-            if head_inputs is not None:
-                state.update(anchor_features=h[anchor_rows], candidate_features=h)
+            features = {} if head_inputs is None else {"anchor_features": h[anchor_rows], "candidate_features": h}
+            context = LossContext(step=MAX_STEPS, max_steps=MAX_STEPS, **features)
 
-            def call(embeddings, head_inputs, loss_fn=loss_fn, state=state):
-                return loss_fn(embeddings[anchor_rows], embeddings, positive_index, negative_mask, **state)
+            def call(embeddings, head_inputs, loss_fn=loss_fn, context=context):
+                return loss_fn(embeddings[anchor_rows], embeddings, positive_index, negative_mask, context)
         else:
             call = trainer_loss(loss_fn)
 
@@ -268,7 +264,7 @@ def markdown(report: dict) -> str:
         "",
         "Random float32 embeddings (a leaf with requires_grad; h random, z = tanh(h W + b); unremix-head gets U from "
         "h), symmetric form (every row an anchor against 2N - 2 negatives), temperature 0.05, called as "
-        "SimCSETrainer calls it (its contrastive_loss on a stand-in trainer: anchors = the candidates tensor). "
+        "SimCSETrainer calls it (simcse_hn.trainer.contrastive_loss: anchors are the candidates). "
         "DCL tau+ 0.1, HCL beta 0.1, "
         "UnReMix beta 1; ProGCL after warm-up (step = max_steps), refit every step, 10 EM iterations, mix over all "
         "negatives, the mixture fitted on the upper triangle of the similarity matrix (anchors are the candidates on "

@@ -21,8 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, shuffled_corpus, write_json  # noqa: E402
 
+from simcse_hn.data import STS_TASKS as TASKS  # noqa: E402
+
 DEFAULT_SEED = 42
-TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
 
 # name -> loss flags; everything else is identical across runs
 RUNS = {

@@ -24,20 +24,19 @@ import uuid
 import zipfile
 
 from simcse_hn.config import ConfigError
-from simcse_hn.modeling import SIMCSE_CONFIG  # written by SimCSEModel.save_pretrained into every checkpoint
+from simcse_hn.files import RUN_MARKER, SIMCSE_CONFIG, read_json
 
 logger = logging.getLogger(__name__)
 
-RUN_MARKER = "simcse_run.json"
 TRAINER_STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _TORCH_FILES = (".pt", ".pth", ".bin")  # torch.save's zip archives: optimizer, scheduler, RNG, training arguments
 
 
 def _read_json(path: str):
+    """The parsed file, or None when it is missing or does not parse (a checkpoint cut short, someone else's file)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return read_json(path)
     except (OSError, ValueError):
         return None
 

@@ -19,9 +19,12 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
+from simcse_hn.files import is_hub_id
+
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 CONTRAST_FORMS = ("simcse", "symmetric")
 LOSS_NAMES = ("infonce", "dcl", "hcl", "progcl", "unremix")
+HUB_STRATEGIES = ("end", "every_save")
 
 
 class ConfigError(ValueError):
@@ -65,6 +68,14 @@ class ModelArguments:
             "(SimCSE's unsupervised recipe)."
         },
     )
+    inference_max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token limit saved for inference (sentence-transformers' max_seq_length). Default: the base "
+            "model's own (a sentence-transformers model's max_seq_length, else the encoder's position limit), not "
+            "the training max_seq_length."
+        },
+    )
     dropout: float | None = field(
         default=None,
         metadata={
@@ -81,6 +92,11 @@ class ModelArguments:
         _check_finite(self)
         _check(self.pooler in POOLERS, "pooler", f"must be one of {', '.join(POOLERS)}, got {self.pooler!r}")
         _check(self.dropout is None or 0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
+        _check(
+            self.inference_max_seq_length is None or self.inference_max_seq_length >= 2,
+            "inference_max_seq_length",
+            f"must be >= 2, got {self.inference_max_seq_length}",
+        )
 
 
 @dataclass
@@ -110,20 +126,27 @@ class DataArguments:
     eval_split: str = field(
         default="dev", metadata={"help": "Split of eval_file to score ('dev' locally, 'validation' on the Hub)."}
     )
+    eval_max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token limit of the STS-B dev evaluation. Default: the model's own limit (SimCSE trains at 32 "
+            "tokens and evaluates without truncation)."
+        },
+    )
 
     def __post_init__(self):
         _check_finite(self)
         _check(self.max_seq_length >= 2, "max_seq_length", f"must be >= 2, got {self.max_seq_length}")
+        _check(
+            self.eval_max_seq_length is None or self.eval_max_seq_length >= 2,
+            "eval_max_seq_length",
+            f"must be >= 2, got {self.eval_max_seq_length}",
+        )
         _check(self.max_train_samples is None or self.max_train_samples > 0, "max_train_samples", "must be > 0")
         for name in ("train_file", "eval_file"):
             path = getattr(self, name)
-            if path is not None and _looks_local(path):
+            if path is not None and not is_hub_id(path):
                 _check(os.path.isfile(path), name, f"file not found: {path}")
-
-
-def _looks_local(path: str) -> bool:
-    """A Hub id is 'owner/name' or 'name'; anything with a file suffix or an existing parent folder is local."""
-    return os.path.splitext(path)[1] != "" or path.startswith((".", "/", "~")) or os.path.exists(path)
 
 
 @dataclass
@@ -185,6 +208,20 @@ class SimCSETrainingArguments(TrainingArguments):
     greater_is_better: bool | None = field(default=True, metadata={"help": "Higher Spearman is better."})
     load_best_model_at_end: bool = field(default=True, metadata={"help": "SimCSE keeps the best dev checkpoint."})
     logging_steps: float = field(default=25, metadata={"help": "Loss and loss diagnostics every N steps."})
+    per_device_eval_batch_size: int = field(
+        default=128, metadata={"help": "Sentences per device per STS-B dev batch (sorted by length: little padding)."}
+    )
+    dataloader_pin_memory: bool = field(
+        default=False, metadata={"help": "Pin batches in memory (token ids are small; only a GPU could use it)."}
+    )
+    hub_strategy: str = field(
+        default="end",
+        metadata={
+            "help": "'end': push the finished folder once (card and STS results included); 'every_save': also push "
+            "the model files of every checkpoint as it is saved. Checkpoint folders themselves are never pushed.",
+            "choices": HUB_STRATEGIES,
+        },
+    )
     dataloader_drop_last: bool = field(
         default=True,
         metadata={
@@ -251,6 +288,12 @@ class SimCSETrainingArguments(TrainingArguments):
         )
         if self.hub_model_id is not None:
             _check_repo_id(self.hub_model_id)
+        _check(
+            str(getattr(self.hub_strategy, "value", self.hub_strategy)) in HUB_STRATEGIES,
+            "hub_strategy",
+            f"must be one of {', '.join(HUB_STRATEGIES)} (simcse-hn pushes model folders, never checkpoint state), "
+            f"got {self.hub_strategy!r}",
+        )
         super().__post_init__()
         if self.loss == "progcl" and self.progcl_mode == "mix" and self.progcl_mix_k is not None:
             negatives = self.negatives_per_anchor()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from simcse_hn.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.data.contrastive_targets)
+
 logger = logging.getLogger(__name__)
 
 
@@ -212,39 +214,6 @@ class SimCSECollator:
             self.num_truncated += truncated
         self.num_sentences += len(texts)
         return {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
-
-
-def contrastive_targets(
-    num_rows: int,
-    form: str = "symmetric",
-    offset: int = 0,
-    num_candidates: int | None = None,
-    device: torch.device | str | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Targets for `num_rows` local rows [a, a', b, b', ...] whose global indices start at `offset`.
-
-    Returns anchor_rows (M,) into the local rows, positive_index (M,) into the candidates, and negative_mask
-    (M, num_candidates) bool. `symmetric`: every row is an anchor, negatives are all rows but itself and its
-    pair. `simcse`: anchors are the first views, candidates their second views (the paper's loss).
-    """
-    if num_rows % 2 or num_rows < 4:
-        raise ValueError(f"need an even number of rows from >= 2 sentences, got {num_rows} rows")
-    num_candidates = num_rows if num_candidates is None else num_candidates
-    if offset + num_rows > num_candidates:
-        raise ValueError(f"rows {offset}..{offset + num_rows} exceed {num_candidates} candidates")
-    if form == "symmetric":
-        anchor_rows = torch.arange(num_rows, device=device)
-    elif form == "simcse":
-        anchor_rows = torch.arange(0, num_rows, 2, device=device)
-    else:
-        raise ValueError(f"unknown contrast form {form!r}; use 'simcse' or 'symmetric'")
-    global_rows = anchor_rows + offset  # (M,)
-    positive_index = global_rows ^ 1  # (M,)
-    columns = torch.arange(num_candidates, device=device)  # (N,)
-    negative_mask = (columns[None] != global_rows[:, None]) & (columns[None] != positive_index[:, None])  # (M, N)
-    if form == "simcse":
-        negative_mask &= (columns % 2 == 1)[None]
-    return anchor_rows, positive_index, negative_mask
 
 
 # --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---

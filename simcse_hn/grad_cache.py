@@ -2,17 +2,19 @@
 with exactly the gradient of the plain step.
 
 1. Embed the batch in mini-batches without a graph, saving the RNG state before each one (its dropout masks).
-2. Compute the loss on all the embeddings (gathered across processes by the caller's loss function, if it gathers)
-   and its gradient with respect to them (and to any other model output the loss uses): the cache.
-3. Re-run each mini-batch from its saved RNG state, so dropout draws the same masks, and back-propagate its rows
-   of the cached gradient: the gradient of sum_k <e_k, g_k> with respect to the parameters is dL/dtheta.
+2. Compute the loss on all the embeddings (gathered across processes by the caller's loss function, if it gathers).
+3. When the caller back-propagates the loss (a hook on it, as sentence-transformers' cached losses do, so the Trainer's
+   own training_step stays as it is): its gradient with respect to the embeddings (and to any other model output the
+   loss uses), the cache; then re-run each mini-batch from its saved RNG state, so dropout draws the same masks, and
+   back-propagate its rows of the cache: the gradient of sum_k <e_k, g_k> with respect to the parameters is dL/dtheta.
 
 Peak activation memory is one mini-batch's graph plus the (2B, D) embeddings; the cost is a second forward pass.
-This module knows nothing about ranks or the Trainer: the caller passes the backward, no-sync and autocast hooks.
+This module knows nothing about ranks or the Trainer: the caller passes the no-sync and autocast hooks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -63,27 +65,28 @@ def split_pairs(inputs: dict[str, Tensor], sentences: int) -> list[dict[str, Ten
     return chunks
 
 
-def cached_step(
+def cached_loss(
     model: nn.Module,
     chunks: Sequence[dict[str, Tensor]],
     embed: Embed,
     loss_fn: Callable[[Tensor, Tensor | None], LossOutput],
-    backward: Callable[[Tensor], None],
     no_sync: Callable[[], AbstractContextManager] = nullcontext,
     autocast: Callable[[], AbstractContextManager] = nullcontext,
     loss_parameters: Sequence[Tensor] = (),
 ) -> LossOutput:
-    """One GradCache step; gradients are accumulated into the parameters through `backward`. -> the loss's output.
+    """Steps 1 and 2 now, step 3 inside the caller's own backward. -> the loss's output, whose `loss` is a leaf
+    holding the loss's value: `backward()` on it, or on it scaled (gradient accumulation, a GradScaler: the scale
+    reaches the hook as the leaf's gradient), replays the mini-batches and accumulates dL/dtheta times that scale.
 
     embed(model, chunk) -> embeddings (b, D) and head inputs (b, H) or None; loss_fn(embeddings (2B, D), head inputs
-    (2B, H) or None) -> LossOutput on the whole batch. backward(scalar) back-propagates a surrogate whose gradient is
-    the parameters' share of dL/dtheta (the caller scales it for gradient accumulation and mixed precision).
-    All re-runs but the last are inside `no_sync()` (DDP all-reduces once, on the last backward); the loss and the
-    forward passes run inside `autocast()`. Trainable `loss_parameters` get their gradient in the last backward.
-    The RNG continues after the step as after the loss, so the next step does not replay these masks.
+    (2B, H) or None) -> LossOutput on the whole batch. The loss's own `loss_parameters` (a learned mixture) get their
+    gradient in the last re-run's backward, the only one outside `no_sync()`: DDP, prepared by that forward, then
+    reduces every parameter once. The caller runs this with autocast on (e.g. inside the Trainer's compute_loss); the
+    re-runs happen later, inside backward, so they enter `autocast()` themselves. The RNG continues after the step as
+    after the loss, so the next step does not replay these masks.
     """
     states, embeddings, head_inputs = [], [], []
-    with torch.no_grad(), autocast():
+    with torch.no_grad():
         for chunk in chunks:
             states.append(RNGState.capture(chunk["input_ids"]))
             z, h = embed(model, chunk)
@@ -91,30 +94,36 @@ def cached_step(
             head_inputs.append(h)
     z = torch.cat(embeddings).requires_grad_()  # (2B, D), a leaf: the cache is its gradient
     h = None if head_inputs[0] is None else torch.cat(head_inputs).requires_grad_()  # (2B, H)
-    with autocast():
-        output = loss_fn(z, h)
-    leaves = [z] if h is None else [z, h]
-    trains_loss = any(p.requires_grad for p in loss_parameters)
-    cache = torch.autograd.grad(output.loss, leaves, retain_graph=trains_loss, allow_unused=True)
+    output = loss_fn(z, h)
     after = RNGState.capture(chunks[0]["input_ids"])
+    leaves = [z] if h is None else [z, h]
 
-    start = 0
-    for i, (chunk, state) in enumerate(zip(chunks, states)):
-        last = i == len(chunks) - 1
-        with nullcontext() if last else no_sync():
-            state.restore()
-            with autocast():
-                outputs = embed(model, chunk)
-            stop = start + outputs[0].shape[0]
-            # sum_k <e_k, g_k>: its gradient w.r.t. the mini-batch's outputs is their rows of the cache
-            surrogate = sum(
-                (out * g[start:stop].to(out.dtype)).sum()
-                for out, g in zip(outputs, cache)
-                if out is not None and g is not None
-            )
-            if last and trains_loss:
-                surrogate = surrogate + output.loss  # the loss's own parameters, in the one synchronised backward
-            backward(surrogate)
-        start = stop
-    after.restore()
-    return output
+    trains_loss = any(p.requires_grad for p in loss_parameters)
+
+    def replay(scale: Tensor) -> None:
+        # the loss graph is kept for the last re-run's backward when the loss has parameters of its own
+        cache = torch.autograd.grad(output.loss, leaves, scale, retain_graph=trains_loss, allow_unused=True)
+        start = 0
+        with torch.enable_grad():
+            for i, (chunk, state) in enumerate(zip(chunks, states)):
+                last = i == len(chunks) - 1
+                with nullcontext() if last else no_sync():
+                    state.restore()
+                    with autocast():
+                        outputs = embed(model, chunk)
+                    stop = start + outputs[0].shape[0]
+                    # sum_k <e_k, g_k>: its gradient w.r.t. the mini-batch's outputs is their rows of the cache
+                    surrogate = sum(
+                        (out * g[start:stop].to(out.dtype)).sum()
+                        for out, g in zip(outputs, cache)
+                        if out is not None and g is not None
+                    )
+                    if last and trains_loss:  # the loss's own parameters, in the one synchronised backward
+                        surrogate = surrogate + output.loss * scale
+                    surrogate.backward()
+                start = stop
+        after.restore()
+
+    loss = output.loss.detach().requires_grad_()  # what the caller back-propagates: its gradient is the scale
+    loss.register_hook(lambda scale: replay(scale) or None)
+    return dataclasses.replace(output, loss=loss)

@@ -14,13 +14,12 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizerFast
 
 from simcse_hn.config import POOLERS, ConfigError
+from simcse_hn.files import HEAD_WEIGHTS, LOSS_STATE, SIMCSE_CONFIG, read_json, record_files, write_json
+from simcse_hn.st_format import copy_head_into_encoder_pooler, write_sentence_transformers_files
 
 logger = logging.getLogger(__name__)
 
 TINY_MODEL = "builtin:tiny-bert"
-SIMCSE_CONFIG = "simcse_config.json"
-HEAD_WEIGHTS = "simcse_head.safetensors"
-LOSS_STATE = "simcse_loss_state.safetensors"
 
 
 _TINY_CHARS = string.ascii_lowercase + string.digits + string.punctuation
@@ -42,7 +41,9 @@ def tiny_bert_config(dropout: float = 0.1) -> BertConfig:
 
 def build_tiny_bert(seed: int = 0, dropout: float = 0.1) -> tuple[BertModel, BertTokenizerFast]:
     """A 2-layer, 32-wide BERT with a character-level WordPiece vocabulary, built in code (no download)."""
-    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(_TINY_VOCAB)}, do_lower_case=True)
+    tokenizer = BertTokenizerFast(
+        vocab={token: i for i, token in enumerate(_TINY_VOCAB)}, do_lower_case=True, model_max_length=128
+    )  # 128: the position embeddings of tiny_bert_config
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         encoder = BertModel(tiny_bert_config(dropout))
@@ -71,7 +72,7 @@ def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
         if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in _WEIGHT_FILES):
             raise ConfigError(f"{field}: {name_or_path} has no weights ({', '.join(_WEIGHT_FILES)})")
     elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
-        raise ConfigError(f"{field}: no such model folder: {name_or_path}")  # not a Hub id ('name', 'owner/name')
+        raise ConfigError(f"{field}: no such model folder: {name_or_path}")  # not 'name' or 'owner/name' (Hub ids)
     try:
         return AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:  # no such Hub repo, no network and not cached, unreadable config
@@ -80,25 +81,6 @@ def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
         raise ConfigError(
             f"{field}: {name_or_path} is neither a folder here nor a Hub model that loads ({_first_line(e)})"
         ) from None
-
-
-# Encoders whose position ids start after the padding index (RobertaEmbeddings and its copies): the first
-# pad_token_id + 1 rows of the position table are never used for tokens.
-_POSITIONS_AFTER_PADDING = frozenset(
-    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "ibert", "mpnet",
-     "luke", "xmod", "roberta-prelayernorm", "markuplm", "lilt"}
-)  # fmt: skip
-
-
-def max_positions(config) -> int | None:
-    """The longest input in tokens the encoder's position embeddings cover, None when it has no absolute limit."""
-    limit = getattr(config, "max_position_embeddings", None)
-    if not isinstance(limit, int) or getattr(config, "position_biased_input", True) is False:  # DeBERTa: relative
-        return None
-    if config.model_type in _POSITIONS_AFTER_PADDING:
-        pad = getattr(config, "pad_token_id", None)
-        limit -= (1 if pad is None else pad) + 1
-    return limit
 
 
 def load_tokenizer(name_or_path: str, field: str = "model_name_or_path"):
@@ -118,6 +100,69 @@ def load_tokenizer(name_or_path: str, field: str = "model_name_or_path"):
             f"tokens only); add them, or pass --tokenizer_name_or_path"
         )
     return tokenizer
+
+
+# Encoders whose position ids start after the padding index (RobertaEmbeddings and its copies): the first
+# pad_token_id + 1 rows of the position table are never used for tokens.
+_POSITIONS_AFTER_PADDING = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "ibert", "mpnet",
+     "luke", "xmod", "roberta-prelayernorm", "markuplm", "lilt"}
+)  # fmt: skip
+
+
+def model_max_length(config, tokenizer=None) -> int | None:
+    """The longest input the encoder takes, in tokens: its position embeddings (less RoBERTa's padding offset; none
+    for DeBERTa's relative positions) and the tokenizer's own `model_max_length` when that is a real limit
+    (tokenizers without one report ~1e30)."""
+    limits = []
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and getattr(config, "position_biased_input", True) is not False:
+        pad = getattr(config, "pad_token_id", None)
+        offset = (1 if pad is None else pad) + 1 if config.model_type in _POSITIONS_AFTER_PADDING else 0
+        limits.append(positions - offset)
+    declared = getattr(tokenizer, "model_max_length", None)
+    if declared and declared < 1_000_000:
+        limits.append(int(declared))
+    return min(limits) if limits else None
+
+
+def _encoder_files(folder: str) -> set[str]:
+    """What `save_pretrained` of a transformers model leaves in a folder: its config and weights (one file, or shards
+    and their index; transformers removes a previous save's stale shards)."""
+    names = {name for name in os.listdir(folder) if os.path.isfile(os.path.join(folder, name))}
+    weights = {n for n in names if n.startswith("model") and n.endswith((".safetensors", ".safetensors.index.json"))}
+    return weights | ({"config.json"} & names) | ({"generation_config.json"} & names)
+
+
+def _finish_tokenizer_config(output_dir: str, max_length: int | None) -> None:
+    """The saved tokenizer_config.json without the keys transformers records about this machine's copy (`is_local`,
+    `local_files_only`), and with `model_max_length` = the inference limit when one is given."""
+    path = os.path.join(output_dir, "tokenizer_config.json")
+    config = read_json(path)
+    if config is None:
+        return
+    for key in ("is_local", "local_files_only"):
+        config.pop(key, None)
+    if max_length is not None:
+        config["model_max_length"] = int(max_length)
+    write_json(path, config)
+
+
+def inference_max_length(name_or_path: str, config, tokenizer=None) -> int | None:
+    """The input length a model built from `name_or_path` should keep at inference: a sentence-transformers base
+    model's own `max_seq_length` (all-MiniLM-L6-v2: 256), else the encoder's limit (`model_max_length`). Training
+    at 32 tokens, as SimCSE does, says nothing about the length users encode at."""
+    from transformers.utils import cached_file
+
+    if name_or_path != TINY_MODEL:
+        try:
+            path = cached_file(name_or_path, "sentence_bert_config.json", _raise_exceptions_for_missing_entries=False)
+        except OSError:  # offline without a cached copy: no sentence-transformers limit to keep
+            path = None
+        length = (read_json(path) or {}).get("max_seq_length") if path else None
+        if length:
+            return int(length)
+    return model_max_length(config, tokenizer)
 
 
 class MLPHead(nn.Module):
@@ -241,27 +286,42 @@ class SimCSEModel(nn.Module):
     def simcse_config(self) -> dict:
         return {"pooler": self.pooler, "mlp_only_train": self.mlp_only_train}
 
-    def save_pretrained(self, output_dir: str, tokenizer=None, extra_config: dict | None = None) -> None:
+    def save_pretrained(self, output_dir: str, tokenizer=None, extra_config: dict | None = None) -> list[str]:
         """Encoder (transformers format), tokenizer, MLP head, hard-negative loss state, simcse_config.json and the
-        sentence-transformers files, so `AutoModel` and `SentenceTransformer` both load the folder."""
-        from simcse_hn.hub import write_sentence_transformers_files
-
+        sentence-transformers files (st_format.py), so `AutoModel` and `SentenceTransformer` both load the folder;
+        the encoder's weights are written once. `extra_config` goes into simcse_config.json; its
+        `inference_max_seq_length`, when given, is the length both libraries truncate to (sentence-transformers'
+        max_seq_length and the tokenizer's model_max_length); otherwise the tokenizer's own limit holds. The files
+        written are recorded in the folder's manifest (simcse_files.json: what a push uploads).
+        -> those files, relative to output_dir."""
         os.makedirs(output_dir, exist_ok=True)
+        config = {**self.simcse_config(), **(extra_config or {})}
+        if self.pooler == "cls" and not self.mlp_only_train:  # AutoModel's pooler_output is then the embedding
+            copy_head_into_encoder_pooler(self.encoder, self.mlp)
         self.encoder.save_pretrained(output_dir)
+        written = sorted(_encoder_files(output_dir))
+        length = config.get("inference_max_seq_length")
         if tokenizer is not None:
-            tokenizer.save_pretrained(output_dir)
+            saved = tokenizer.save_pretrained(output_dir)
+            written += [os.path.relpath(path, output_dir) for path in saved if os.path.isfile(path)]
+            _finish_tokenizer_config(output_dir, length)
         if self.mlp is not None:
-            save_file(
-                {k: v.contiguous() for k, v in self.mlp.state_dict().items()}, os.path.join(output_dir, HEAD_WEIGHTS)
-            )
+            state = {k: v.contiguous() for k, v in self.mlp.state_dict().items()}
+            save_file(state, os.path.join(output_dir, HEAD_WEIGHTS))
+            written.append(HEAD_WEIGHTS)
         loss_fn = getattr(self, "loss_fn", None)
         if loss_fn is not None and len(loss_fn.state_dict()):
             state = {k: v.detach().contiguous() for k, v in loss_fn.state_dict().items()}
             save_file(state, os.path.join(output_dir, LOSS_STATE))
-        config = {**self.simcse_config(), **(extra_config or {})}
-        with open(os.path.join(output_dir, SIMCSE_CONFIG), "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2, sort_keys=True)
-        write_sentence_transformers_files(output_dir, self, tokenizer)
+            written.append(LOSS_STATE)
+        write_json(os.path.join(output_dir, SIMCSE_CONFIG), config)
+        written.append(SIMCSE_CONFIG)
+        if tokenizer is not None:
+            written += write_sentence_transformers_files(output_dir, self, length)
+        else:
+            logger.warning("no tokenizer given: sentence-transformers files not written to %s", output_dir)
+        record_files(output_dir, written, replace=True)
+        return written
 
     def load_weights(self, path: str) -> None:
         """Load encoder, head and loss state saved by `save_pretrained` into this model (checkpoint resume)."""

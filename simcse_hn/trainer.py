@@ -9,22 +9,57 @@ import dataclasses
 import functools
 import logging
 import os
-from collections import defaultdict
 
 import datasets
 import torch
 from accelerate.utils import DistributedType
+from torch import Tensor
 from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from simcse_hn import distributed, grad_cache
 from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
-from simcse_hn.data import STSPairs, contrastive_targets
-from simcse_hn.evaluation import simcse_encode_fn, sts_spearman
-from simcse_hn.losses import ContrastiveLoss
+from simcse_hn.data import STSPairs
+from simcse_hn.evaluation import pair_cosines, spearman_x100
+from simcse_hn.losses import ContrastiveLoss, LossOutput
+from simcse_hn.targets import LossContext, build_targets
 
 logger = logging.getLogger(__name__)
+
+
+def contrastive_loss(
+    loss_fn: ContrastiveLoss,
+    embeddings: Tensor,
+    *,
+    form: str = "symmetric",
+    head_inputs: Tensor | None = None,
+    gather: bool = True,
+    step: int | None = None,
+    max_steps: int | None = None,
+) -> LossOutput:
+    """One SimCSE step's loss: local rows [a, a', b, b', ...] (2B, D) -> candidates gathered from every process with
+    gradient (when `gather` and there is more than one process), targets offset by rank, the loss context.
+
+    Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
+    the gradient of one process on the global batch. head_inputs (2B, H): the MLP head's inputs (UnReMix).
+    """
+    candidates, candidate_features, offset = embeddings, head_inputs, 0
+    several = distributed.world_size() > 1
+    if gather and several:
+        candidates = distributed.all_gather_with_grad(embeddings)  # (2BW, D)
+        if head_inputs is not None:
+            candidate_features = distributed.all_gather_with_grad(head_inputs)  # (2BW, H)
+        offset = distributed.rank() * embeddings.shape[0]
+    targets = build_targets(embeddings.shape[0], form, offset, candidates.shape[0], embeddings.device)
+    context = LossContext(
+        step=step,
+        max_steps=max_steps,
+        # every process fits the same ProGCL mixture, from all processes' pairs
+        all_reduce=distributed.all_reduce_sum if several else None,
+        candidate_features=candidate_features,
+    )
+    return loss_fn.compute(candidates, targets, context)
 
 
 class _NonFiniteGradientGuard(TrainerCallback):
@@ -56,11 +91,16 @@ class _NonFiniteGradientGuard(TrainerCallback):
 class SimCSETrainer(Trainer):
     """Trainer for `SimCSEModel` with a `ContrastiveLoss`.
 
-    compute_loss: embeddings (2B, D) -> candidates (gathered from every process with gradient when
-    `gather_across_devices`) -> targets offset by rank -> loss. Each process averages over its own anchors and DDP
-    averages gradients over processes, so W processes give exactly the gradient of one process on the global batch.
-    With `cache_minibatch_size`, training_step is a GradCache step (grad_cache.py): same loss and gradient, the
-    activation memory of one mini-batch.
+    * compute_loss: embeddings (2B, D) -> `contrastive_loss` (gathered candidates, targets, context) -> loss; the loss
+      diagnostics are averaged over the logging window and over processes before `log()`. With
+      `cache_minibatch_size`, compute_loss is a GradCache loss (grad_cache.py): the Trainer's own training_step runs
+      unchanged, and its backward replays the mini-batches (same loss and gradient, one mini-batch's memory).
+    * STS-B dev through the Trainer's evaluation loop: `eval_pairs`' distinct sentences, sorted by token length, are
+      the eval dataset (split across processes, `per_device_eval_batch_size` per batch), `prediction_step` returns
+      their embeddings and `compute_metrics` the Spearman x 100 of the pairs' cosines (`eval_stsb_spearman`), so
+      logging, callbacks and best-model selection are the Trainer's.
+    * The Trainer never pushes: train.py gives it arguments without push_to_hub and without the token, and pushes the
+      finished folder itself (simcse_hn.hub).
     """
 
     loss_is_scaled_for_ga = False  # the loss is a per-batch mean: the Trainer divides it by the accumulation steps
@@ -71,19 +111,21 @@ class SimCSETrainer(Trainer):
         args,
         loss_fn: ContrastiveLoss,
         eval_pairs: STSPairs | None = None,
-        max_seq_length: int = 32,
+        eval_max_length: int | None = None,
         simcse_config: dict | None = None,
         **kwargs,
     ):
         model.loss_fn = loss_fn  # a submodule: learned loss parameters train, loss state is checkpointed
-        if eval_pairs is not None and kwargs.get("eval_dataset") is None:  # Trainer checks that one exists
-            kwargs["eval_dataset"] = datasets.Dataset.from_dict(dataclasses.asdict(eval_pairs))
-        super().__init__(model=model, args=args, **kwargs)
         self.eval_pairs = eval_pairs
-        self.max_seq_length = max_seq_length
+        self.eval_max_length = eval_max_length
+        if eval_pairs is not None:
+            self._dev = DevSentences(eval_pairs, kwargs["processing_class"], eval_max_length)
+            kwargs.setdefault("eval_dataset", self._dev.dataset)
+            kwargs.setdefault("compute_metrics", self._dev.metrics)
+        super().__init__(model=model, args=args, **kwargs)
         self.simcse_config = simcse_config or {}
         self.skipped_steps = 0
-        self._metric_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=args.device))
+        self._metric_sums: dict[str, torch.Tensor] = {}
         self._metric_count = 0
         self.add_callback(_NonFiniteGradientGuard(self))
         if args.cache_minibatch_size is not None and (
@@ -96,31 +138,17 @@ class SimCSETrainer(Trainer):
         flag = self.args.gather_across_devices
         return distributed.world_size() > 1 if flag is None else flag
 
-    def contrastive_loss(self, model, embeddings, head_inputs=None):
-        """Loss of local embeddings (2B, D) against the (gathered) candidates. -> LossOutput"""
-        unwrapped = self.accelerator.unwrap_model(model)
-        num_rows = embeddings.shape[0]
-        candidates, candidate_features, offset = embeddings, head_inputs, 0
-        if self.gather_across_devices and distributed.world_size() > 1:
-            candidates = distributed.all_gather_with_grad(embeddings)  # (2BW, D)
-            if head_inputs is not None:
-                candidate_features = distributed.all_gather_with_grad(head_inputs)
-            offset = distributed.rank() * num_rows
-        anchor_rows, positive_index, negative_mask = contrastive_targets(
-            num_rows, self.args.contrast_form, offset, candidates.shape[0], device=embeddings.device
+    def contrastive_loss(self, model, embeddings, head_inputs=None) -> LossOutput:
+        """Loss of local embeddings (2B, D) against the (gathered) candidates (`contrastive_loss` above)."""
+        return contrastive_loss(
+            self.accelerator.unwrap_model(model).loss_fn,
+            embeddings,
+            form=self.args.contrast_form,
+            head_inputs=head_inputs,
+            gather=self.gather_across_devices,
+            step=self.state.global_step,
+            max_steps=self.state.max_steps,
         )
-        state = {"step": self.state.global_step, "max_steps": self.state.max_steps}
-        if distributed.world_size() > 1:  # every process fits the same ProGCL mixture, from all processes' pairs
-            state["all_reduce"] = distributed.all_reduce_sum
-        every_row = self.args.contrast_form == "symmetric"  # anchors are all local rows: pass the tensor itself, so
-        # a loss can recognise anchors == candidates (one process) and reuse the similarity matrix
-        anchors = embeddings if every_row else embeddings[anchor_rows]
-        if every_row:  # negative_mask is every candidate but the anchor and its positive (UnReMix uses the structure)
-            state["standard_negatives"] = True
-        if head_inputs is not None:
-            anchor_features = head_inputs if every_row else head_inputs[anchor_rows]
-            state.update(anchor_features=anchor_features, candidate_features=candidate_features)
-        return unwrapped.loss_fn(anchors, candidates, positive_index, negative_mask, **state)
 
     def _embed(self, model, inputs):
         """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""
@@ -129,63 +157,67 @@ class SimCSETrainer(Trainer):
         return output.embeddings, output.head_inputs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        result = self.contrastive_loss(model, *self._embed(model, inputs))
-        self._record_metrics(result.metrics)
+        sentences = self.args.cache_minibatch_size
+        if model.training and sentences is not None and 2 * sentences < inputs["input_ids"].shape[0]:
+            result = grad_cache.cached_loss(
+                model,
+                grad_cache.split_pairs(inputs, sentences),
+                embed=self._embed,
+                loss_fn=functools.partial(self.contrastive_loss, model),
+                no_sync=functools.partial(self.accelerator.no_sync, model),
+                autocast=self.compute_loss_context_manager,
+                loss_parameters=list(self.accelerator.unwrap_model(model).loss_fn.parameters()),
+            )
+        else:
+            result = self.contrastive_loss(model, *self._embed(model, inputs))
+        if model.training:
+            self._record_metrics(result.metrics)
         return (result.loss, result) if return_outputs else result.loss
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        sentences = self.args.cache_minibatch_size
-        if sentences is None or 2 * sentences >= inputs["input_ids"].shape[0]:
-            return super().training_step(model, inputs, num_items_in_batch)
-        model.train()
-        if callable(getattr(self.optimizer, "train", None)):
-            self.optimizer.train()
-        inputs = self._prepare_inputs(inputs)
-        result = grad_cache.cached_step(
-            model,
-            grad_cache.split_pairs(inputs, sentences),
-            embed=self._embed,
-            loss_fn=functools.partial(self.contrastive_loss, model),
-            backward=lambda surrogate: self.accelerator.backward(surrogate / self.current_gradient_accumulation_steps),
-            no_sync=functools.partial(self.accelerator.no_sync, model),
-            autocast=self.compute_loss_context_manager,
-            loss_parameters=list(self.accelerator.unwrap_model(model).loss_fn.parameters()),
-        )
-        self._record_metrics(result.metrics)
-        return result.loss.detach() / self.current_gradient_accumulation_steps
-
     def _record_metrics(self, metrics: dict[str, torch.Tensor]) -> None:
-        if not self.model.training:
-            return
-        for key, value in metrics.items():
-            self._metric_sums[key] = self._metric_sums[key] + value.detach().float()
+        for key, value in metrics.items():  # tensors until log(): no host synchronisation in the step
+            value = value.detach().float()
+            self._metric_sums[key] = self._metric_sums[key] + value if key in self._metric_sums else value
         self._metric_count += 1
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._metric_count:
-            for key, total in self._metric_sums.items():
-                logs[key] = round(float(total) / self._metric_count, 6)
+            keys = sorted(self._metric_sums)
+            # every process logs at the same steps: one all-reduce averages the window over processes too
+            totals = distributed.all_reduce_sum(torch.stack([self._metric_sums[k] for k in keys]))
+            counts = distributed.all_reduce_sum(torch.tensor(float(self._metric_count), device=totals.device))
+            for key, value in zip(keys, (totals / counts).tolist()):
+                logs[key] = round(value, 6)
             logs["skipped_steps"] = self.skipped_steps
             self._metric_sums.clear()
             self._metric_count = 0
         super().log(logs, start_time)
 
-    # --- evaluation: STS-B dev Spearman x 100 ---
+    # --- evaluation: STS-B dev Spearman x 100, through the Trainer's loop ---
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        if self.eval_pairs is None:
-            return {}
-        model = self.accelerator.unwrap_model(self.model)
-        # batches of equal token length, as the STS suite: less padding than SimCSEModel.encode's character sort
-        encode = simcse_encode_fn(
-            model, self.processing_class, self.args.per_device_eval_batch_size * 16, self.max_seq_length
+    def get_eval_dataloader(self, eval_dataset=None):
+        """The dev sentences in order (already sorted by token length), every one of them: the training arguments'
+        `dataloader_drop_last`, which the Trainer would apply here too, is for training batches only."""
+        if self.eval_pairs is None or (eval_dataset is not None and eval_dataset is not self._dev.dataset):
+            return super().get_eval_dataloader(eval_dataset)
+        loader = torch.utils.data.DataLoader(
+            self._dev.dataset,
+            batch_size=self.args.eval_batch_size,
+            collate_fn=self._dev.collate,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
         )
-        pairs = self.eval_pairs
-        score = sts_spearman(encode, pairs.sentence1, pairs.sentence2, pairs.scores)
-        metrics = {f"{metric_key_prefix}_stsb_spearman": score}
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
+        return self.accelerator.prepare(loader)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """-> (no loss, embeddings (b, D) float32, the sentences' indices (b,))"""
+        if self.eval_pairs is None:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        index = inputs.pop("sentence_index")
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            embeddings = model(**inputs).embeddings.float()
+        return None, embeddings, index.to(embeddings.device)
 
     # --- saving and loading: transformers + sentence-transformers folder, plus head and loss state ---
 
@@ -275,35 +307,32 @@ class SimCSETrainer(Trainer):
         losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
         return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
 
-    # --- the Hub: train.py pushes the finished folder once (simcse_hn.hub), the Trainer never pushes by itself ---
 
-    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        self.push_in_progress = None  # no repo at start-up: simcse_hn.hub.push_to_hub creates it at the end
+class DevSentences:
+    """The STS-B dev pairs as an evaluation set: each distinct sentence once (a `datasets.Dataset` of token ids,
+    longest first, so that batches need little padding), and the metric over the embeddings the evaluation loop
+    gathers.
 
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        pass  # checkpoints stay local
+    `max_length` None: no truncation below the model's own limit (SimCSE evaluates without a length limit)."""
 
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        super().save_model(output_dir, _internal_call=True)  # no push here: the card and STS results come later
+    def __init__(self, pairs: STSPairs, tokenizer, max_length: int | None):
+        self.pairs, self.tokenizer = pairs, tokenizer
+        self.sentences = list(dict.fromkeys(pairs.sentence1 + pairs.sentence2))
+        encoded = tokenizer(self.sentences, truncation=True, max_length=max_length)
+        order = sorted(range(len(self.sentences)), key=lambda i: -len(encoded["input_ids"][i]))
+        columns = {key: [values[i] for i in order] for key, values in encoded.items()}
+        self.dataset = datasets.Dataset.from_dict({**columns, "sentence_index": order})
+        self.index = {sentence: i for i, sentence in enumerate(self.sentences)}
 
-    def push_to_hub(
-        self,
-        commit_message: str | None = "End of training",
-        blocking: bool = True,
-        token: str | None = None,
-        revision: str | None = None,
-        private: bool | None = None,
-        **kwargs,
-    ) -> str | None:
-        """Upload `args.output_dir` as it is on disk to `args.hub_model_id` (simcse_hn.hub.push_to_hub)."""
-        from simcse_hn import hub
+    def collate(self, features: list[dict]) -> dict[str, Tensor]:
+        index = torch.tensor([f["sentence_index"] for f in features])
+        batch = self.tokenizer.pad([{k: v for k, v in f.items() if k != "sentence_index"} for f in features],
+                                   return_tensors="pt")  # fmt: skip
+        return {**batch, "sentence_index": index}
 
-        if not self.is_world_process_zero():
-            return None
-        return hub.push_to_hub(
-            self.args.output_dir,
-            self.args.hub_model_id,
-            token=token if token is not None else self.args.hub_token,
-            private=private if private is not None else self.args.hub_private_repo,
-            commit_message=commit_message or "End of training",
-        )
+    def metrics(self, prediction) -> dict[str, float]:
+        """EvalPrediction(predictions (U, D) embeddings, label_ids (U,) sentence indices) -> {"stsb_spearman"}"""
+        embeddings = torch.empty(prediction.predictions.shape)
+        embeddings[torch.from_numpy(prediction.label_ids)] = torch.from_numpy(prediction.predictions)  # (U, D)
+        cosines = pair_cosines(embeddings, self.index, self.pairs)  # float64, as the STS suite
+        return {"stsb_spearman": spearman_x100(cosines, self.pairs.scores)}

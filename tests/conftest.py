@@ -29,6 +29,25 @@ def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     return positive_index, negative_mask
 
 
+def square_targets(num_rows: int):
+    """`symmetric_targets` as the training loop's ContrastiveTargets on one process: anchor i is candidate i, so its
+    checked facts (anchors_are_candidates, standard_negatives) hold and the losses' shortcuts apply."""
+    from simcse_hn.targets import ContrastiveTargets
+
+    positive_index, negative_mask = symmetric_targets(num_rows)
+    return ContrastiveTargets(positive_index, negative_mask, anchor_index=torch.arange(num_rows))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads and lose a lot to them on a shared 2-core machine: a module
+    uses this with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_args(tmp_path):
     """Arguments of a fast debug_tiny run writing into tmp_path."""

@@ -30,6 +30,7 @@ from dist_worker_common import (  # noqa: E402
     CACHE_SENTENCES,
     batch,
     cases,
+    dev_pairs,
     global_texts,
     gradients,
     make_loss,
@@ -99,6 +100,20 @@ def _train(out_dir, cache) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters()}
 
 
+def _evaluate_and_log(out_dir, inputs) -> dict:
+    """The STS-B dev score (each process encodes its share of the sentences) and the diagnostics logged after one
+    training step (each process's own window and what log() writes, which must be the mean over processes)."""
+    trainer = make_trainer(make_model(), make_loss("hcl", "hcl"), out_dir, eval_pairs=dev_pairs(),
+                           processing_class=build_tiny_bert()[1])  # fmt: skip
+    score = trainer.evaluate()["eval_stsb_spearman"]
+    ddp_model = trainer.accelerator.prepare_model(trainer.model)
+    trainer.training_step(ddp_model, inputs)
+    own = {key: float(value) for key, value in trainer._metric_sums.items()}
+    trainer.log({"loss": 0.0})
+    logged = {key: trainer.state.log_history[-1][key] for key in own}
+    return {"dev": score, "own": own, "logged": logged}
+
+
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     trainer_dir = out / "trainer"
@@ -122,6 +137,7 @@ def main(out_dir: str) -> None:
         finally:
             distributed.all_gather_with_grad = with_grad
         results[case] = runs
+    results["evaluate_and_log"] = _evaluate_and_log(trainer_dir, inputs)
     initial = {n: p.detach() for n, p in make_model().named_parameters()}
     trained = {"plain": _train(trainer_dir, None), "cached": _train(trainer_dir, 1), "initial": initial}
     torch.save(trained, out / f"train_rank{rank}.pt")

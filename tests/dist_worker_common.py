@@ -6,13 +6,14 @@ dropout off; models are the tiny BERT in float64 with the SimCSE MLP head.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
 from pathlib import Path
 
 import torch
 
 from simcse_hn.config import SimCSETrainingArguments
+from simcse_hn.data import load_sts_pairs
 from simcse_hn.losses import LOSSES, build_loss
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
 from simcse_hn.trainer import SimCSETrainer
@@ -54,7 +55,10 @@ def make_loss(case: str, loss: str):
     if case == "progcl_mix":  # one fixed permutation, the same in every process and in the reference
         k = 2 * SENTENCES_PER_RANK * WORLD_SIZE
         permutation = torch.randperm(k, generator=torch.Generator().manual_seed(0))
-        loss_fn.forward = functools.partial(loss_fn.forward, mix_permutation=permutation)
+        compute = loss_fn.compute
+        loss_fn.compute = lambda candidates, targets, context=None: compute(
+            candidates, targets, dataclasses.replace(context, mix_permutation=permutation)
+        )
     return loss_fn
 
 
@@ -93,8 +97,21 @@ def rank_texts(rank: int) -> list[str]:
     return global_texts()[rank * rows : (rank + 1) * rows]
 
 
+def dev_pairs():
+    """The tiny STS fixture's dev pairs."""
+    return load_sts_pairs(str(FIXTURES / "sts_tiny.jsonl"), "dev")
+
+
 def make_trainer(
-    model, loss_fn, output_dir, contrast_form="symmetric", train_dataset=None, data_collator=None, **overrides
+    model,
+    loss_fn,
+    output_dir,
+    contrast_form="symmetric",
+    train_dataset=None,
+    data_collator=None,
+    eval_pairs=None,
+    processing_class=None,
+    **overrides,
 ) -> SimCSETrainer:
     args = SimCSETrainingArguments(
         output_dir=str(output_dir),
@@ -112,8 +129,9 @@ def make_trainer(
         **overrides,
     )
     trainer = SimCSETrainer(
-        model=model, args=args, loss_fn=loss_fn, train_dataset=train_dataset, data_collator=data_collator
-    )
+        model=model, args=args, loss_fn=loss_fn, train_dataset=train_dataset, data_collator=data_collator,
+        eval_pairs=eval_pairs, processing_class=processing_class,
+    )  # fmt: skip
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop, which these tests skip
     return trainer
 

@@ -7,6 +7,7 @@ It serves just what huggingface_hub 2.4 calls for `create_repo`, `upload_folder`
     POST /api/validate-yaml                        the README's YAML block must parse to a mapping
     POST /api/models/{repo}/preupload/{revision}   every file "regular" (no LFS/Xet), with the git oid if present
     POST /api/models/{repo}/commit/{revision}      NDJSON: a header line, then files inline as base64
+    POST /api/models/{repo}/branch/{branch}        create a branch (recorded; a commit names its revision)
     HEAD|GET /{repo}/resolve/{revision}/{path}     the committed bytes, with the headers hf_hub_download checks
     GET  /api/models/{repo}                        id, sha and the file list (model_info)
     GET  /api/whoami-v2
@@ -30,6 +31,7 @@ import yaml
 _YAML_BLOCK = re.compile(r"^\s*---\r?\n(.*?)\r?\n---", re.DOTALL)
 _REPO_INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)$")
 _REPO_API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/(?P<action>preupload|commit)/(?P<revision>[^/]+)$")
+_BRANCH = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/branch/(?P<branch>[^/]+)$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<path>.+)$")
 
 
@@ -44,6 +46,7 @@ class HubStandIn:
         self.private: dict[str, bool | None] = {}
         self.commits: list[dict] = []  # {"repo", "revision", "summary", "paths"}
         self.heads: dict[str, str] = {}  # repo id -> last commit oid
+        self.branches: dict[str, set[str]] = {}  # repo id -> branches created besides main
         self.requests: list[tuple[str, str]] = []  # (method, path)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -115,6 +118,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 return self._create_repo()
             if self.command == "POST" and path == "/api/validate-yaml":
                 return self._validate_yaml()
+            if self.command == "POST" and (m := _BRANCH.match(path)):
+                return self._create_branch(m["repo"], m["branch"])
             if self.command == "POST" and (m := _REPO_API.match(path)):
                 if m["action"] == "preupload":
                     return self._preupload(m["repo"])
@@ -138,11 +143,25 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             repo_id = f"{payload.get('organization') or hub.user}/{payload['name']}"
             url = f"{hub.url}/{repo_id}"
             with hub._lock:
-                if repo_id in hub.repos:
-                    return self._error(409, "You already created this model repo", "RepoAlreadyExists")
+                if repo_id in hub.repos:  # the Hub names the existing repo in its 409 answer
+                    message = "You already created this model repo"
+                    headers = {"X-Error-Message": message, "X-Error-Code": "RepoAlreadyExists"}
+                    return self._reply(409, {"error": message, "url": url}, headers)
                 hub.repos[repo_id] = {}
                 hub.private[repo_id] = payload.get("visibility")
             self._reply(200, {"url": url, "name": repo_id})
+
+        def _create_branch(self, repo_id: str, branch: str) -> None:
+            if not self._authorised():
+                return
+            if repo_id not in hub.repos:
+                return self._error(404, "Repository not found", "RepoNotFound")
+            self._body()
+            with hub._lock:
+                if branch in hub.branches.setdefault(repo_id, set()):
+                    return self._error(409, "Reference already exists", "RefAlreadyExists")
+                hub.branches[repo_id].add(branch)
+            self._reply(200, {})
 
         def _repo_info(self, repo_id: str) -> None:
             if repo_id not in hub.repos:
@@ -185,6 +204,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 return
             if repo_id not in hub.repos:
                 return self._error(404, "Repository not found", "RepoNotFound")
+            if revision != "main" and revision not in hub.branches.get(repo_id, set()):
+                return self._error(404, f"Invalid rev id: {revision}", "RevisionNotFound")
             lines = [json.loads(line) for line in self._body().decode().splitlines() if line.strip()]
             header = next(item["value"] for item in lines if item["key"] == "header")
             changes: dict[str, bytes | None] = {}

@@ -17,6 +17,7 @@ from conftest import ROOT
 from dist_worker_common import (
     batch,
     cases,
+    dev_pairs,
     global_texts,
     gradients,
     make_loss,
@@ -27,6 +28,7 @@ from dist_worker_common import (
 
 from simcse_hn import distributed
 from simcse_hn.losses import LOSSES
+from simcse_hn.modeling import build_tiny_bert
 
 CASES = cases()
 IDS = [case for case, _, _ in CASES]
@@ -130,3 +132,22 @@ def test_helpers_are_the_identity_without_a_process_group():
     assert distributed.all_gather_with_grad(x) is x
     assert distributed.all_gather_no_grad(x) is x
     assert distributed.all_reduce_sum(x) is x
+
+
+@pytest.mark.multiprocess
+def test_dev_evaluation_split_across_processes_equals_one_process(ranks, tmp_path):
+    """Each process encodes its share of the dev sentences; the gathered score is the one-process score."""
+    trainer = make_trainer(make_model(), make_loss("hcl", "hcl"), tmp_path, eval_pairs=dev_pairs(),
+                           processing_class=build_tiny_bert()[1])  # fmt: skip
+    want = trainer.evaluate()["eval_stsb_spearman"]
+    for r in ranks:
+        assert r["evaluate_and_log"]["dev"] == pytest.approx(want, abs=1e-9)
+
+
+@pytest.mark.multiprocess
+def test_logged_diagnostics_are_the_mean_over_processes(ranks):
+    own = [r["evaluate_and_log"]["own"] for r in ranks]
+    assert own[0]["pos_sim"] != own[1]["pos_sim"]  # the processes' rows differ, so their windows do
+    for r in ranks:
+        for key in own[0]:
+            assert r["evaluate_and_log"]["logged"][key] == pytest.approx((own[0][key] + own[1][key]) / 2, abs=1e-6)

@@ -27,13 +27,7 @@ CASES = cases()
 IDS = [case for case, _, _ in CASES]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny float64 matmuls: OpenMP threads only spin on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _same_masks_step(trainer, inputs, sentences):
@@ -124,5 +118,5 @@ def test_cached_step_equals_the_trainers_plain_step_without_dropout(case, loss, 
 def test_a_cache_as_large_as_the_batch_is_the_plain_step(tmp_path, monkeypatch):
     inputs = batch(global_texts())
     trainer = make_trainer(make_model(), make_loss("infonce", "infonce"), tmp_path, cache_minibatch_size=8)
-    monkeypatch.setattr(grad_cache, "cached_step", lambda *a, **k: pytest.fail("GradCache for a batch that fits"))
+    monkeypatch.setattr(grad_cache, "cached_loss", lambda *a, **k: pytest.fail("GradCache for a batch that fits"))
     trainer.training_step(trainer.model, inputs)

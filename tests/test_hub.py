@@ -20,10 +20,13 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
 import train
-from simcse_hn import hub
+from simcse_hn import hub, model_card
+from simcse_hn.data import STS_HUB, STS_TASKS
+from simcse_hn.hub import HubTarget
 from simcse_hn.modeling import TINY_MODEL, SimCSEModel, load_tokenizer
 
-# The first sentence is longer than max_seq_length=32 (character-level tokenizer): every path must truncate alike.
+# The first sentence is longer than the training max_seq_length=32 (character-level tokenizer): the saved folder keeps
+# the encoder's own 128-token limit, so every path must encode it whole.
 SENTENCES = [
     "A man is playing a large guitar on the stage while the crowd sings along with him.",
     "Someone plays an instrument.",
@@ -37,9 +40,15 @@ STS_RESULTS = {
     "sickr_pairs": "test",
     "date": "2026-11-30",
     "versions": {"transformers": "5.24.0"},
-    "tasks": {name: {"spearman": 61.25 + i, "pairs": 100 + i, "subsets": {}} for i, name in enumerate(hub.STS_TASKS)},
+    "tasks": {name: {"spearman": 61.25 + i, "pairs": 100 + i, "subsets": {}} for i, name in enumerate(STS_TASKS)},
     "average": 64.25,
 }
+
+
+# Training at 32 tokens and a stated inference limit of 48 (the first of SENTENCES is longer): both libraries must
+# truncate at 48, never at 32.
+INFERENCE_LENGTH = 48
+SAVED_LENGTHS = {"max_seq_length": 32, "inference_max_seq_length": INFERENCE_LENGTH}
 
 
 def train_args(output_dir: Path, *extra: str, evaluate: bool = False) -> list[str]:
@@ -122,7 +131,7 @@ def saved_folder(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("saved")
     model = SimCSEModel.from_pretrained(TINY_MODEL, pooler="avg")
     model.save_pretrained(str(out), tokenizer=load_tokenizer(TINY_MODEL), extra_config={"max_seq_length": 32})
-    hub.write_model_card(str(out))
+    model_card.write_model_card(str(out))
     return out
 
 
@@ -146,10 +155,10 @@ def trained(request, tmp_path_factory):
 def test_train_py_folder_loads_in_sentence_transformers_and_transformers_with_simcse_embeddings(trained):
     trainer, out, pooler, mlp_only_train = trained
     model, tokenizer = trainer.model, trainer.processing_class
-    expected = model.encode(SENTENCES, tokenizer, max_length=32)  # the trained model in memory, as evaluated
+    expected = model.encode(SENTENCES, tokenizer)  # the trained model in memory, at full length
 
     st = SentenceTransformer(str(out), device="cpu")
-    assert st.max_seq_length == 32  # the training max_seq_length, not the position-embedding limit
+    assert st.max_seq_length == 128  # the encoder's limit, not the training max_seq_length (32)
     torch.testing.assert_close(st.encode(SENTENCES, convert_to_tensor=True), expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(auto_model_embeddings(out, pooler, mlp_only_train), expected, rtol=0, atol=1e-5)
     reloaded = SimCSEModel.from_pretrained(str(out))
@@ -165,7 +174,7 @@ def test_train_py_folder_loads_in_sentence_transformers_and_transformers_with_si
 
     # The card's own usage snippets give the same embeddings.
     card = (out / "README.md").read_text()
-    reference = model.encode(SNIPPET_SENTENCES, tokenizer, max_length=32)
+    reference = model.encode(SNIPPET_SENTENCES, tokenizer)
     torch.testing.assert_close(run_snippet(snippet(card, "transformers")), reference, rtol=0, atol=1e-5)
     torch.testing.assert_close(run_snippet(snippet(card, "sentence-transformers")), reference, rtol=0, atol=1e-5)
 
@@ -181,15 +190,15 @@ def test_layer_average_poolers_load_in_sentence_transformers(tmp_path, pooler):
     )  # fmt: skip
     torch.manual_seed(0)
     model = SimCSEModel(BertModel(config), pooler=pooler)
-    model.save_pretrained(str(tmp_path), tokenizer=tokenizer, extra_config={"max_seq_length": 32})
-    hub.write_model_card(str(tmp_path))
-    expected = model.encode(SENTENCES, tokenizer, max_length=32)
+    model.save_pretrained(str(tmp_path), tokenizer=tokenizer, extra_config=SAVED_LENGTHS)
+    model_card.write_model_card(str(tmp_path))
+    expected = model.encode(SENTENCES, tokenizer, max_length=INFERENCE_LENGTH)
 
     st = SentenceTransformer(str(tmp_path), device="cpu")
     torch.testing.assert_close(st.encode(SENTENCES, convert_to_tensor=True), expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(auto_model_embeddings(tmp_path, pooler, True), expected, rtol=0, atol=1e-5)
     assert "output_hidden_states" not in json.loads((tmp_path / "config.json").read_text())  # AutoModel unchanged
-    reference = model.encode(SNIPPET_SENTENCES, tokenizer, max_length=32)
+    reference = model.encode(SNIPPET_SENTENCES, tokenizer, max_length=INFERENCE_LENGTH)
     card = (tmp_path / "README.md").read_text()
     torch.testing.assert_close(run_snippet(snippet(card, "transformers")), reference, rtol=0, atol=1e-5)
 
@@ -209,8 +218,8 @@ def saved_pooler_folders(root: Path) -> dict[str, tuple[Path, torch.Tensor]]:
         torch.manual_seed(0)
         model = SimCSEModel(BertModel(config), pooler=pooler, mlp_only_train=mlp_only_train)
         folder = root / f"{pooler}-{'mlp_train_only' if mlp_only_train else 'mlp'}"
-        model.save_pretrained(str(folder), tokenizer=tokenizer, extra_config={"max_seq_length": 32})
-        folders[folder.name] = (folder, model.encode(SENTENCES, tokenizer, max_length=32))
+        model.save_pretrained(str(folder), tokenizer=tokenizer, extra_config=SAVED_LENGTHS)
+        folders[folder.name] = (folder, model.encode(SENTENCES, tokenizer, max_length=INFERENCE_LENGTH))
     return folders
 
 
@@ -222,7 +231,10 @@ def test_saved_modules_use_the_classic_format_every_version_reads(tmp_path):
         entries = json.loads((folder / "modules.json").read_text())
         assert all(e["type"].startswith("sentence_transformers.models.") for e in entries), name
         config = json.loads((folder / "sentence_bert_config.json").read_text())
-        assert config["max_seq_length"] == 32 and config["do_lower_case"] is False
+        assert config["max_seq_length"] == INFERENCE_LENGTH and config["do_lower_case"] is False
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        assert tokenizer_config["model_max_length"] == INFERENCE_LENGTH  # transformers users truncate alike
+        assert not {"is_local", "local_files_only"} & set(tokenizer_config)  # nothing about this machine's copy
         assert ("config_args" in config) == name.startswith(("avg_first_last", "avg_top2"))
         for entry in entries[1:]:
             module_config = json.loads((folder / entry["path"] / "config.json").read_text())
@@ -281,7 +293,9 @@ def test_card_metadata_and_sts_table(tmp_path, saved_folder):
         "loss_kwargs": {"temperature": 0.05, "beta": 0.1, "tau_plus": 0.0},
         "train_file": "princeton-nlp/datasets-for-simcse",
     }
-    path = hub.write_model_card(str(tmp_path), config, STS_RESULTS, repo_id="tester/tiny-hcl", dev_spearman=81.5)
+    path = model_card.write_model_card(
+        str(tmp_path), config, STS_RESULTS, repo_id="tester/tiny-hcl", dev_spearman=81.5
+    )
 
     card = ModelCard.load(path)
     data = card.data
@@ -292,12 +306,13 @@ def test_card_metadata_and_sts_table(tmp_path, saved_folder):
     values = {r.dataset_name: r.metric_value for r in data.eval_results}
     assert values == {name: round(t["spearman"], 2) for name, t in STS_RESULTS["tasks"].items()}
     assert data.model_name == "tiny-hcl"
-    assert {r.dataset_type for r in data.eval_results} == set(hub.STS_DATASETS.values())
+    assert {r.dataset_type for r in data.eval_results} == set(STS_HUB.values())  # what eval/sts.py reads
     row = "| tiny-hcl | 61.25 | 62.25 | 63.25 | 64.25 | 65.25 | 66.25 | 67.25 | 64.25 |"
     assert row in card.text and "| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |" in card.text
     assert "| beta | `0.1` |" in card.text and "81.50" in card.text and "arXiv:2010.04592" in card.text
     assert json.loads((tmp_path / "sts_results.json").read_text()) == STS_RESULTS  # kept next to the card
-    assert hub.base_model_license("bert-base-uncased") == "apache-2.0" and hub.base_model_license(TINY_MODEL) is None
+    assert model_card.base_model_license("bert-base-uncased") == "apache-2.0"
+    assert model_card.base_model_license(TINY_MODEL) is None
 
 
 def test_update_card_sts_keeps_other_metadata_and_results():
@@ -305,10 +320,11 @@ def test_update_card_sts_keeps_other_metadata_and_results():
         "---\nlicense: apache-2.0\nmodel-index:\n- name: m\n  results:\n  - task: {type: text-classification}\n"
         "    dataset: {name: SST-2, type: glue}\n    metrics:\n    - {type: accuracy, value: 90.1}\n---\n# m\n"
     )
-    updated = ModelCard(hub.update_card_sts(foreign, STS_RESULTS))
+    updated = ModelCard(model_card.update_card_sts(foreign, STS_RESULTS))
     assert updated.data.license == "apache-2.0"
-    assert [r.dataset_name for r in updated.data.eval_results] == ["SST-2", *hub.STS_TASKS]
-    again = ModelCard(hub.update_card_sts(updated.content, {**STS_RESULTS, "tasks": {"STS12": {"spearman": 70.0}}}))
+    assert [r.dataset_name for r in updated.data.eval_results] == ["SST-2", *STS_TASKS]
+    changed = {**STS_RESULTS, "tasks": {"STS12": {"spearman": 70.0}}}
+    again = ModelCard(model_card.update_card_sts(updated.content, changed))
     assert [(r.dataset_name, r.metric_value) for r in again.data.eval_results] == [("SST-2", 90.1), ("STS12", 70.0)]
     assert again.text.count("## STS results") == 1 and "| m | 70.00 | – |" in again.text
 
@@ -328,7 +344,8 @@ def test_train_py_pushes_once_and_eval_results_update_the_card(tmp_path, hub_env
         assert [p for _, p in server.requests if p == "/api/repos/create"] == ["/api/repos/create"]
         local = files_snapshot(out)
         pushed = server.repos[repo]
-        expected = {p: b for p, b in local.items() if not p.startswith("checkpoint-") and p != "training_args.bin"}
+        run_state = ("training_args.bin", "simcse_run.json")  # the run's files, not the model's
+        expected = {p: b for p, b in local.items() if not p.startswith("checkpoint-") and p not in run_state}
         assert pushed == expected
         model_files = {"model.safetensors", "tokenizer.json", "simcse_config.json", "simcse_head.safetensors"}
         assert model_files | {"modules.json", "1_Pooling/config.json", "README.md"} <= set(pushed)
@@ -359,7 +376,7 @@ def test_push_without_token_or_network_is_one_line_and_leaves_the_folder(saved_f
     for env, message in cases:
         hub_env(closed_port_url, **env)
         for push in (
-            lambda: hub.push_to_hub(str(saved_folder), "tester/m"),
+            lambda: hub.push_to_hub(str(saved_folder), HubTarget("tester/m")),
             lambda: hub.push_sts_results("tester/m", STS_RESULTS),
         ):
             with pytest.raises(hub.HubError, match=message) as error:
@@ -372,7 +389,7 @@ def test_push_with_a_rejected_token_names_the_status(saved_folder, hub_env):
     with HubStandIn(token="the-right-one") as server:
         hub_env(server.url, token="a-wrong-one")
         with pytest.raises(hub.HubError, match="HTTP 401") as error:
-            hub.push_to_hub(str(saved_folder), "tester/m")
+            hub.push_to_hub(str(saved_folder), HubTarget("tester/m"))
         assert "\n" not in str(error.value) and not server.commits
 
 
@@ -391,3 +408,49 @@ def test_push_to_hub_needs_a_repo_name(tmp_path, capsys):
     assert train.main(argv) == 2
     assert "error: hub_model_id: required with push_to_hub" in capsys.readouterr().err
     assert not (tmp_path / "out" / "model.safetensors").exists()  # refused before training
+
+
+def test_push_uploads_exactly_the_saved_files_to_the_named_revision(tmp_path, hub_env):
+    """The upload is an allow-list: the save's manifest, not whatever else lies in the folder (a .env, notes, a
+    sub-folder, the Trainer's pickled arguments); `hub_revision` names the branch, created when missing."""
+    folder = tmp_path / "model"
+    model = SimCSEModel.from_pretrained(TINY_MODEL, pooler="avg")
+    saved = model.save_pretrained(str(folder), tokenizer=load_tokenizer(TINY_MODEL), extra_config={"loss": "hcl"})
+    model_card.write_model_card(str(folder))
+    (folder / ".env").write_text("HF_TOKEN=hf_should_never_leave\n")
+    (folder / "notes.txt").write_text("private notes\n")
+    (folder / "drafts").mkdir()
+    (folder / "drafts" / "idea.md").write_text("# an idea\n")
+    (folder / "training_args.bin").write_bytes(b"pickled arguments")
+    with HubStandIn() as server:
+        hub_env(server.url, token=server.token)
+        hub.push_to_hub(str(folder), HubTarget("tester/allow", revision="experiment-1"))
+        pushed = set(server.repos["tester/allow"])
+        assert server.commits[-1]["revision"] == "experiment-1" and server.branches["tester/allow"] == {"experiment-1"}
+    assert pushed == set(saved) | {"README.md", "simcse_files.json"}
+    assert {"model.safetensors", "tokenizer.json", "modules.json", "1_Pooling/config.json"} <= pushed
+
+
+def test_every_save_pushes_each_checkpoints_model_files_then_the_folder(tmp_path, hub_env):
+    out = tmp_path / "out"
+    repo = "tester/every-save"
+    with HubStandIn() as server:
+        hub_env(server.url, token=server.token)
+        argv = train_args(out, "--save_steps", "1", "--push_to_hub", "true", "--hub_model_id", repo,
+                          "--hub_strategy", "every_save")  # fmt: skip
+        assert train.main(argv) == 0
+        summaries = [c["summary"] for c in server.commits]
+        assert summaries == ["Checkpoint at step 1", "Checkpoint at step 2", "Upload SimCSE sentence encoder"]
+        checkpoint_paths = set(server.commits[0]["paths"])
+        assert "model.safetensors" in checkpoint_paths
+        assert not checkpoint_paths & {"optimizer.pt", "scheduler.pt", "trainer_state.json", "training_args.bin"}
+
+
+def test_hub_strategies_that_push_checkpoint_state_are_refused(tmp_path, capsys):
+    for strategy in ("checkpoint", "all_checkpoints"):
+        argv = train_args(tmp_path / "out", "--push_to_hub", "true", "--hub_model_id", "tester/m",
+                          "--hub_strategy", strategy)  # fmt: skip
+        assert train.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: hub_strategy:") and "\n" not in err
+    assert not (tmp_path / "out").exists()

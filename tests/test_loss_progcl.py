@@ -8,10 +8,10 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import symmetric_targets
+from conftest import square_targets, symmetric_targets
 from scipy import stats
 
-from simcse_hn.losses import InfoNCELoss, ProGCLLoss, build_loss
+from simcse_hn.losses import ContrastiveTargets, InfoNCELoss, LossContext, ProGCLLoss, build_loss
 from simcse_hn.losses.progcl import beta_mixture_em, fit_beta_mixture
 
 
@@ -163,9 +163,11 @@ def test_loss_matches_loop_reference_with_scipy_mixture(mode, mix_k, square):
 
     loss_fn = ProGCLLoss(temperature, mode=mode, mix_k=mix_k)
     a, c = (z.clone().requires_grad_(True) for _ in range(2))
+    context = LossContext(mix_permutation=permutation)
     if square:
-        c = a
-    out = loss_fn(a, c, positive_index, negative_mask, mix_permutation=permutation)
+        out = loss_fn.compute(a, square_targets(num_rows), context)
+    else:
+        out = loss_fn(a, c, positive_index, negative_mask, context)
     out.loss.backward()
     ra, rc = (z.clone().requires_grad_(True) for _ in range(2))
     ref = reference_progcl(ra, rc, hardness, temperature, mode, permutation.tolist(), mix_k)
@@ -192,8 +194,11 @@ def test_upper_triangle_fit_equals_full_fit_for_any_mask(mode):
     assert not torch.equal(negative_mask, negative_mask.T)
     permutation = torch.randperm(20, generator=torch.Generator().manual_seed(2))
     square, full = ProGCLLoss(0.05, mode=mode), ProGCLLoss(0.05, mode=mode)
-    got = square(z, z, positive_index, negative_mask, mix_permutation=permutation)
-    expected = full(z.clone(), z, positive_index, negative_mask, mix_permutation=permutation)
+    context = LossContext(mix_permutation=permutation)
+    targets = ContrastiveTargets(positive_index, negative_mask, anchor_index=torch.arange(20))
+    assert targets.anchors_are_candidates and not targets.standard_negatives
+    got = square.compute(z, targets, context)
+    expected = full(z, z, positive_index, negative_mask, context)
     torch.testing.assert_close(got.loss, expected.loss, rtol=1e-12, atol=0)
     for name, value in expected.metrics.items():
         torch.testing.assert_close(got.metrics[name], value, rtol=1e-9, atol=1e-12, msg=name)
@@ -217,7 +222,8 @@ def test_gradcheck_with_detached_mixture(mode, monkeypatch):
     monkeypatch.setattr(loss_fn, "fit_hardness", lambda *args, **kwargs: fixed)
     permutation = torch.randperm(8, generator=torch.Generator().manual_seed(1))
     a, c = (z.clone().requires_grad_(True) for _ in range(2))
-    func = lambda x, y: loss_fn(x, y, positive_index, negative_mask, mix_permutation=permutation).loss  # noqa: E731
+    context = LossContext(mix_permutation=permutation)
+    func = lambda x, y: loss_fn(x, y, positive_index, negative_mask, context).loss  # noqa: E731
     assert torch.autograd.gradcheck(func, (a, c))
 
 
@@ -227,12 +233,12 @@ def test_warmup_and_neutral_setting_are_infonce():
     plain = InfoNCELoss(0.05)(z, z, positive_index, negative_mask).loss
     neutral = ProGCLLoss(0.05, warmup_ratio=1.0)
     assert torch.equal(neutral(z, z, positive_index, negative_mask).loss, plain)
-    assert torch.equal(neutral(z, z, positive_index, negative_mask, step=99, max_steps=100).loss, plain)
+    assert torch.equal(neutral(z, z, positive_index, negative_mask, LossContext(step=99, max_steps=100)).loss, plain)
     scheduled = ProGCLLoss(0.05, warmup_ratio=0.2)
-    warm = scheduled(z, z, positive_index, negative_mask, step=1, max_steps=10)
+    warm = scheduled(z, z, positive_index, negative_mask, LossContext(step=1, max_steps=10))
     assert torch.equal(warm.loss, plain) and warm.weights is None
     assert not scheduled.bmm_valid  # no fit during warm-up
-    after = scheduled(z, z, positive_index, negative_mask, step=2, max_steps=10)
+    after = scheduled(z, z, positive_index, negative_mask, LossContext(step=2, max_steps=10))
     assert after.weights is not None and not torch.equal(after.loss, plain)
     assert scheduled.bmm_valid
 
@@ -250,18 +256,18 @@ def test_refit_schedule_state_dict_and_warm_start():
     positive_index, negative_mask = symmetric_targets(16)
     first, second = simcse_like(16, 8, 9), simcse_like(16, 8, 10)
     loss_fn = ProGCLLoss(0.05, refit_every=3, warmup_ratio=0.2)
-    loss_fn(first, first, positive_index, negative_mask, step=2, max_steps=10)  # first step after warm-up: fit
+    loss_fn(first, first, positive_index, negative_mask, LossContext(step=2, max_steps=10))  # after warm-up: fit
     fitted = {k: v.clone() for k, v in loss_fn.state_dict().items()}
     assert set(fitted) == {"bmm_alpha", "bmm_beta", "bmm_pi", "bmm_valid"}
-    reused = loss_fn(second, second, positive_index, negative_mask, step=4, max_steps=10)  # not a refit step
+    reused = loss_fn(second, second, positive_index, negative_mask, LossContext(step=4, max_steps=10))  # no refit
     assert all(torch.equal(v, fitted[k]) for k, v in loss_fn.state_dict().items())
 
     restored = ProGCLLoss(0.05, refit_every=3, warmup_ratio=0.2)
     restored.load_state_dict(fitted)  # e.g. resuming from a checkpoint
-    again = restored(second, second, positive_index, negative_mask, step=4, max_steps=10)
+    again = restored(second, second, positive_index, negative_mask, LossContext(step=4, max_steps=10))
     torch.testing.assert_close(again.loss, reused.loss, rtol=0, atol=0)
 
-    loss_fn(second, second, positive_index, negative_mask, step=5, max_steps=10)  # refit step
+    loss_fn(second, second, positive_index, negative_mask, LossContext(step=5, max_steps=10))  # refit step
     assert not torch.equal(loss_fn.bmm_alpha, fitted["bmm_alpha"])
 
     warm = ProGCLLoss(0.05, em_iters=1, warm_start=True)
@@ -282,12 +288,12 @@ def test_compiles_without_graph_breaks_and_matches_eager(mode):
     # 3 EM iterations: the traced loop is unrolled, and the graph is the same with 10, only longer to compile
     eager_fn, compiled_fn = (ProGCLLoss(0.05, mode=mode, em_iters=3) for _ in range(2))
     torch._dynamo.reset()
-    compiled = torch.compile(compiled_fn, fullgraph=True, backend="aot_eager")
     a = z.clone().requires_grad_(True)
-    out = compiled(a, a, positive_index, negative_mask, step=5, max_steps=10, mix_permutation=permutation)
+    context = LossContext(step=5, max_steps=10, mix_permutation=permutation)
+    out = torch.compile(compiled_fn.compute, fullgraph=True, backend="aot_eager")(a, square_targets(12), context)
     out.loss.backward()
     r = z.clone().requires_grad_(True)
-    ref = eager_fn(r, r, positive_index, negative_mask, step=5, max_steps=10, mix_permutation=permutation)
+    ref = eager_fn.compute(r, square_targets(12), context)
     ref.loss.backward()
     torch._dynamo.reset()
     torch.testing.assert_close(out.loss, ref.loss)
@@ -324,9 +330,9 @@ def test_mix_permutation_is_shared_across_processes_through_all_reduce():
             return shared.clone()
         return t  # EM statistics of this single "process"
 
-    got = loss_fn(z, z, positive_index, negative_mask, all_reduce=all_reduce).loss
-    # a copy of z as the anchors: the full-matrix fit, as with all_reduce, not the one-process triangle fit
+    got = loss_fn.compute(z, square_targets(8), LossContext(all_reduce=all_reduce)).loss
+    # the plain call: the full-matrix fit, as with all_reduce, not the one-process triangle fit
     permutation = torch.argsort(shared, stable=True)
-    expected = loss_fn(z.clone(), z, positive_index, negative_mask, mix_permutation=permutation).loss
+    expected = loss_fn(z, z, positive_index, negative_mask, LossContext(mix_permutation=permutation)).loss
     assert len(reduced) == 1
     torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -8,10 +8,10 @@ import statistics
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import symmetric_targets
+from conftest import square_targets, symmetric_targets
 from torch.func import functional_call, grad, vmap
 
-from simcse_hn.losses import InfoNCELoss, UnReMixLoss, build_loss
+from simcse_hn.losses import ContrastiveTargets, InfoNCELoss, LossContext, UnReMixLoss, build_loss
 from simcse_hn.losses.unremix import standardise, uncertainty_scores
 
 TAU = 0.1
@@ -138,7 +138,7 @@ def test_loss_matches_loop_reference(mode, beta, tau_plus):
     components = loop_components(z, h, weight, bias, negative_mask, head=mode == "head")
     loss_fn = UnReMixLoss(TAU, beta=beta, tau_plus=tau_plus, gradient=mode)
     a, c = (z.clone().requires_grad_(True) for _ in range(2))
-    out = loss_fn(a, c, positive_index, negative_mask, anchor_features=h, candidate_features=h)
+    out = loss_fn(a, c, positive_index, negative_mask, LossContext(anchor_features=h, candidate_features=h))
     out.loss.backward()
     ra, rc = (z.clone().requires_grad_(True) for _ in range(2))
     ref = reference_unremix(ra, rc, components, beta, tau_plus, TAU)
@@ -148,15 +148,13 @@ def test_loss_matches_loop_reference(mode, beta, tau_plus):
     torch.testing.assert_close(c.grad, rc.grad, rtol=1e-8, atol=1e-10)
     assert out.metrics["u_from_head"].item() == float(mode == "head")
 
-    # the same components through the shortcut taken when anchors and candidates are one tensor
+    # the same components without structure (two tensors) and through the shortcuts of the training loop's targets
+    # (anchors are the candidates: sim reused; standard negatives: R without a matrix product)
     unit = F.normalize(z, dim=1)
     features = (h, h) if mode == "head" else (None, None)
-    # and through the trainer's promise that the mask is every row but the anchor and its positive (R without a
-    # matrix product)
-    for standard in (False, True):
-        scores = loss_fn.component_scores(
-            unit @ unit.T, z, z, positive_index, negative_mask, *features, standard_negatives=standard
-        )
+    for standard, targets in ((False, ContrastiveTargets(positive_index, negative_mask)), (True, square_targets(10))):
+        assert targets.anchors_are_candidates == targets.standard_negatives == standard
+        scores = loss_fn.component_scores(unit @ unit.T, z, z.clone(), targets, *features)
         for index, name in enumerate("AUR"):
             expected = torch.zeros(10, 10, dtype=torch.float64)
             for i in range(10):
@@ -170,14 +168,14 @@ def test_gradcheck_with_detached_scores_and_learned_mixture(monkeypatch):
     positive_index, negative_mask = symmetric_targets(8)
     loss_fn = UnReMixLoss(0.2, beta=1.5, tau_plus=0.05, gradient="head", learn_mixture=True).double()
     unit = F.normalize(z, dim=1)
-    fixed = loss_fn.raw_scores(unit @ unit.T, z, z, positive_index, negative_mask, h, h)
+    fixed = loss_fn.raw_scores(unit @ unit.T, z, z, ContrastiveTargets(positive_index, negative_mask), h, h)
     monkeypatch.setattr(loss_fn, "raw_scores", lambda *args, **kwargs: fixed)  # detached: held constant
-    state = {"anchor_features": h, "candidate_features": h}
+    context = LossContext(anchor_features=h, candidate_features=h)
     theta = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64, requires_grad=True)
     a, c = (z.clone().requires_grad_(True) for _ in range(2))
 
     def func(x, y, t):
-        return functional_call(loss_fn, {"theta": t}, (x, y, positive_index, negative_mask), state).loss
+        return functional_call(loss_fn, {"theta": t}, (x, y, positive_index, negative_mask, context)).loss
 
     assert torch.autograd.gradcheck(func, (a, c, theta))
 
@@ -188,7 +186,7 @@ def test_neutral_setting_is_infonce(mode):
     positive_index, negative_mask = symmetric_targets(12)
     a, c = (z.clone().requires_grad_(True) for _ in range(2))
     loss_fn = UnReMixLoss(0.05, beta=0.0, gradient=mode)
-    out = loss_fn(a, c, positive_index, negative_mask, anchor_features=h, candidate_features=h)
+    out = loss_fn(a, c, positive_index, negative_mask, LossContext(anchor_features=h, candidate_features=h))
     out.loss.backward()
     ra, rc = (z.clone().requires_grad_(True) for _ in range(2))
     ref = InfoNCELoss(0.05)(ra, rc, positive_index, negative_mask).loss
@@ -206,8 +204,8 @@ def test_head_mode_without_features_is_embedding_mode():
     out = head(z, z, positive_index, negative_mask)
     assert out.metrics["u_from_head"].item() == 0
     torch.testing.assert_close(out.loss, embedding(z, z, positive_index, negative_mask).loss, rtol=0, atol=0)
-    # the one-tensor shortcut and two separate tensors agree
-    torch.testing.assert_close(out.loss, head(z.clone(), z.clone(), positive_index, negative_mask).loss)
+    # the training loop's shortcuts and two separate tensors agree
+    torch.testing.assert_close(out.loss, head.compute(z, square_targets(12)).loss)
 
 
 def test_mixture_parameter_or_buffer():
@@ -218,7 +216,7 @@ def test_mixture_parameter_or_buffer():
     learned = UnReMixLoss(0.05, learn_mixture=True).double()
     assert [name for name, _ in learned.named_parameters()] == ["theta"]
     assert torch.equal(learned.theta, torch.zeros(3, dtype=torch.float64))
-    out = learned(z, z, positive_index, negative_mask, anchor_features=h, candidate_features=h)
+    out = learned(z, z, positive_index, negative_mask, LossContext(anchor_features=h, candidate_features=h))
     out.loss.backward()
     assert torch.isfinite(learned.theta.grad).all() and learned.theta.grad.abs().sum() > 0
     for name in ("lambda_A", "lambda_U", "lambda_R"):
@@ -231,16 +229,16 @@ def test_compiles_without_graph_breaks_and_matches_eager(mode, learn):
     z, h = z.float(), h.float()
     positive_index, negative_mask = symmetric_targets(12)
     loss_fn = UnReMixLoss(0.05, beta=1.0, gradient=mode, learn_mixture=learn)
-    state = {"anchor_features": h, "candidate_features": h, "step": 3, "max_steps": 10}
+    context = LossContext(candidate_features=h, step=3, max_steps=10)
     torch._dynamo.reset()
-    compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(loss_fn.compute, fullgraph=True, backend="aot_eager")
     a = z.clone().requires_grad_(True)
-    out = compiled(a, a, positive_index, negative_mask, **state)
+    out = compiled(a, square_targets(12), context)
     out.loss.backward()
     theta_grad = loss_fn.theta.grad.clone() if learn else None
     loss_fn.zero_grad()
     r = z.clone().requires_grad_(True)
-    ref = loss_fn(r, r, positive_index, negative_mask, **state)
+    ref = loss_fn.compute(r, square_targets(12), context)
     ref.loss.backward()
     torch._dynamo.reset()
     torch.testing.assert_close(out.loss, ref.loss)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from conftest import symmetric_targets
+from conftest import square_targets, symmetric_targets
 
-from simcse_hn.losses import LOSSES, DCLLoss, HCLLoss, InfoNCELoss, build_loss
+from simcse_hn.losses import LOSSES, DCLLoss, HCLLoss, InfoNCELoss, LossContext, build_loss
 from simcse_hn.losses.base import weighted_loss
 
 
@@ -146,7 +146,7 @@ def test_hcl_compiles_without_graph_breaks_and_matches_eager():
         torch._dynamo.reset()
         compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
         a, c = leaves(z)
-        out = compiled(a, c, positive_index, negative_mask, step=3, max_steps=10)
+        out = compiled(a, c, positive_index, negative_mask, LossContext(step=3, max_steps=10))
         out.loss.backward()
         ra, rc = leaves(z)
         ref = loss_fn(ra, rc, positive_index, negative_mask)
@@ -195,8 +195,7 @@ def test_edge_cases_are_finite(name, case):
     positive_index, negative_mask = symmetric_targets(8)
     features = torch.randn(8, 12).requires_grad_(True)  # the head inputs h, for UnReMix's "head" gradient
     a = z.clone().requires_grad_(True)
-    state = {"anchor_features": features, "candidate_features": features}
-    out = EDGE_LOSSES[name]()(a, a, positive_index, negative_mask, **state)
+    out = EDGE_LOSSES[name]().compute(a, square_targets(8), LossContext(candidate_features=features))
     out.loss.backward()
     assert torch.isfinite(out.loss)
     assert torch.isfinite(a.grad).all()
@@ -215,11 +214,11 @@ def test_autocast_does_not_lower_the_precision_of_the_loss(name):
     z = edge_batch("duplicate")
     positive_index, negative_mask = symmetric_targets(8)
     features = torch.randn(8, 12, generator=torch.Generator().manual_seed(0))
-    state = {"anchor_features": features, "candidate_features": features, "mix_permutation": torch.randperm(8)}
+    context = LossContext(candidate_features=features, mix_permutation=torch.randperm(8))
     torch.manual_seed(0)
-    plain = EDGE_LOSSES[name]()(z, z, positive_index, negative_mask, **state)
+    plain = EDGE_LOSSES[name]().compute(z, square_targets(8), context)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        mixed = EDGE_LOSSES[name]()(z, z, positive_index, negative_mask, **state)
+        mixed = EDGE_LOSSES[name]().compute(z, square_targets(8), context)
     assert mixed.loss.dtype == torch.float32
     torch.testing.assert_close(mixed.loss, plain.loss, rtol=1e-6, atol=1e-6)
     if plain.weights is not None:
@@ -233,10 +232,10 @@ def test_nonfinite_objective_falls_back_to_infonce(name, monkeypatch):
     positive_index, negative_mask = symmetric_targets(8)
     loss_fn = EDGE_LOSSES[name]()
 
-    def broken(sim, logits, positive_index, negative_mask, **state):
+    def broken(sim, logits, targets, context, anchors, candidates):
         # NaN weights inside the graph: the value is NaN and its backward would be NaN too.
         log_weights = logits * float("nan")
-        return weighted_loss(logits, positive_index, negative_mask, log_weights), log_weights, {}
+        return weighted_loss(logits, targets.positive_index, targets.negative_mask, log_weights), log_weights, {}
 
     monkeypatch.setattr(loss_fn, "objective", broken)
     a = z.clone().requires_grad_(True)

@@ -100,27 +100,28 @@ def test_paper_configs_differ_only_in_loss_keys_and_names():
 
 @pytest.mark.parametrize("form", ["symmetric", "simcse"])
 def test_trainer_tells_the_loss_what_its_targets_are(form):
-    """SimCSETrainer.contrastive_loss on one process: the symmetric form passes the embeddings tensor itself as the
-    anchors (ProGCL's triangle fit, UnReMix's shared products) and promises the standard negatives (UnReMix's R
-    without a product), which must then be exactly every row but the anchor and its positive."""
+    """simcse_hn.trainer.contrastive_loss on one process: in the symmetric form the targets' checked facts say that
+    the anchors are the candidates (ProGCL's triangle fit, UnReMix's shared products) and that the negatives are the
+    standard ones (UnReMix's R without a product); they must then be exactly every row but the anchor and its
+    positive. In the simcse form neither holds."""
     from types import SimpleNamespace
 
-    from simcse_hn.trainer import SimCSETrainer
+    from simcse_hn.trainer import contrastive_loss
 
     seen = {}
 
-    def loss_fn(anchors, candidates, positive_index, negative_mask, **state):
-        seen.update(anchors=anchors, candidates=candidates, mask=negative_mask, positive=positive_index, state=state)
+    def compute(candidates, targets, context):
+        seen.update(candidates=candidates, targets=targets, context=context)
 
-    trainer = SimpleNamespace(
-        accelerator=SimpleNamespace(unwrap_model=lambda model: model), gather_across_devices=False,
-        args=SimpleNamespace(contrast_form=form), state=SimpleNamespace(global_step=3, max_steps=10),
-    )  # fmt: skip
     embeddings = torch.randn(8, 4)
-    SimCSETrainer.contrastive_loss(trainer, SimpleNamespace(loss_fn=loss_fn), embeddings)
-    promised = seen["state"].get("standard_negatives", False)
-    assert promised == (form == "symmetric") and (seen["anchors"] is embeddings) == (form == "symmetric")
-    if promised:
-        rows = torch.arange(8)
-        standard = (rows[None] != rows[:, None]) & (rows[None] != seen["positive"][:, None])
-        assert torch.equal(seen["mask"], standard)
+    contrastive_loss(SimpleNamespace(compute=compute), embeddings, form=form, step=3, max_steps=10)
+    targets = seen["targets"]
+    symmetric = form == "symmetric"
+    assert seen["candidates"] is embeddings
+    assert targets.anchors_are_candidates == symmetric and targets.standard_negatives == symmetric
+    assert (seen["context"].step, seen["context"].max_steps, seen["context"].all_reduce) == (3, 10, None)
+    rows = torch.arange(8)
+    anchors = rows if symmetric else rows[0::2]
+    assert torch.equal(targets.anchor_index, anchors) and torch.equal(targets.positive_index, anchors ^ 1)
+    standard = (rows[None] != anchors[:, None]) & (rows[None] != (anchors ^ 1)[:, None])
+    assert torch.equal(targets.negative_mask, standard if symmetric else standard & (rows % 2 == 1)[None])

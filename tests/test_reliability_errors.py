@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 from test_hub import train_args
-from transformers import BertConfig, DebertaV2Config, RobertaConfig
+from transformers import BertConfig, DebertaV2Config, MPNetConfig, RobertaConfig
 
 import train
-from simcse_hn.modeling import SimCSEModel, max_positions
+from simcse_hn.modeling import SimCSEModel, model_max_length
 
 
 @pytest.fixture
@@ -109,6 +109,7 @@ def test_a_mistake_is_one_line_before_any_model_or_data_loads(tmp_path, name, no
 
 
 def test_position_limits_from_the_config():
-    assert max_positions(BertConfig()) == 512
-    assert max_positions(RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
-    assert max_positions(DebertaV2Config(position_biased_input=False)) is None  # relative positions only
+    assert model_max_length(BertConfig()) == 512
+    assert model_max_length(RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
+    assert model_max_length(MPNetConfig(max_position_embeddings=514, pad_token_id=1)) == 512  # RoBERTa's offset too
+    assert model_max_length(DebertaV2Config(position_biased_input=False)) is None  # relative positions only

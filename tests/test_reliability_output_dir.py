@@ -1,6 +1,6 @@
 """Reliability, class 2: files in --output_dir that simcse-hn did not write are never overwritten, deleted or taken
 for its own. A folder is simcse-hn's when it holds simcse_run.json; a checkpoint is this run family's when its
-simcse_config.json carries the folder's run_id; a card is simcse-hn's when it carries hub.CARD_MARKER."""
+simcse_config.json carries the folder's run_id; a card is simcse-hn's when it carries model_card.CARD_MARKER."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from test_hub import files_snapshot, train_args
 
 import train
-from simcse_hn import hub
+from simcse_hn import model_card
 from simcse_hn.modeling import TINY_MODEL, SimCSEModel, load_tokenizer
 
 
@@ -56,15 +56,15 @@ def test_the_card_never_replaces_a_readme_simcse_hn_did_not_write(tmp_path):
     model.save_pretrained(str(tmp_path), tokenizer=load_tokenizer(TINY_MODEL), extra_config={"max_seq_length": 32})
     readme = tmp_path / "README.md"
     readme.write_text("# Notes I wrote\n", encoding="utf-8")
-    with pytest.raises(hub.HubError, match="README.md was not written by simcse-hn") as error:
-        hub.write_model_card(str(tmp_path))
+    with pytest.raises(FileExistsError, match="README.md was not written by simcse-hn") as error:
+        model_card.write_model_card(str(tmp_path))
     assert "\n" not in str(error.value)
     assert readme.read_text(encoding="utf-8") == "# Notes I wrote\n"
 
-    hub.write_model_card(str(tmp_path), overwrite=True)  # the user said so
+    model_card.write_model_card(str(tmp_path), overwrite=True)  # the user said so
     first = readme.read_text(encoding="utf-8")
-    assert first.rstrip().endswith(hub.CARD_MARKER)
-    hub.write_model_card(str(tmp_path), dev_spearman=50.0)  # our own card is rewritten without asking
+    assert first.rstrip().endswith(model_card.CARD_MARKER)
+    model_card.write_model_card(str(tmp_path), dev_spearman=50.0)  # our own card is rewritten without asking
     assert readme.read_text(encoding="utf-8") != first
 
 

@@ -7,6 +7,7 @@ from simcse_hn.losses.hcl import DCLLoss, HCLLoss
 from simcse_hn.losses.infonce import InfoNCELoss
 from simcse_hn.losses.progcl import ProGCLLoss
 from simcse_hn.losses.unremix import UnReMixLoss
+from simcse_hn.targets import ContrastiveTargets, LossContext, build_targets
 
 LOSSES: dict[str, type[ContrastiveLoss]] = {
     "infonce": InfoNCELoss,
@@ -26,11 +27,14 @@ def build_loss(name: str, **kwargs) -> ContrastiveLoss:
 __all__ = [
     "LOSSES",
     "ContrastiveLoss",
+    "ContrastiveTargets",
     "DCLLoss",
     "HCLLoss",
     "InfoNCELoss",
+    "LossContext",
     "LossOutput",
     "ProGCLLoss",
     "UnReMixLoss",
     "build_loss",
+    "build_targets",
 ]

@@ -8,12 +8,15 @@ so every loss runs under `torch.compile(fullgraph=True)`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from simcse_hn.targets import ContrastiveTargets, LossContext
 
 NEG_INF = float("-inf")
 
@@ -112,11 +115,6 @@ def weight_stats(weights: Tensor | None, log_weights: Tensor | None, negative_ma
     return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy.mean()}
 
 
-def same_rows(a: Tensor, b: Tensor) -> bool:
-    """True when two tensors view the same memory the same way (metadata only: no host synchronisation)."""
-    return a is b or (a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())
-
-
 class _DropNonFiniteGrad(torch.autograd.Function):
     """Identity whose backward passes the gradient on only when all of it is finite, else zeros."""
 
@@ -136,38 +134,83 @@ def drop_nonfinite_grad(x: Tensor) -> Tensor:
 
 
 class ContrastiveLoss(nn.Module):
-    """Base class. Subclasses implement `objective`; `forward` adds similarities, diagnostics and the fallback.
+    """Base class. Subclasses implement `objective`; the base adds similarities, diagnostics and the fallback.
+
+    Two calls, one computation:
+    * `loss_fn(anchors, candidates, positive_index, negative_mask, context=None)`: the plain call. No structure is
+      assumed between anchors and candidates.
+    * `loss_fn.compute(candidates, targets, context=None)`: the training loop's call (`simcse_hn.trainer
+      .contrastive_loss`). The anchors are the candidates' rows `targets.anchor_index`, so the targets' checked facts
+      (`anchors_are_candidates`, `standard_negatives`) hold for the tensors the loss sees and a loss may use them.
 
     Fallback: a non-finite objective is replaced by plain InfoNCE for the step (selected with `torch.where`,
     no host synchronisation) and counted in `metrics["nonfinite_fallback"]`. The objective sees `sim` through
     `drop_nonfinite_grad`, so a non-finite gradient from its branch is dropped and the step keeps InfoNCE's.
+    InfoNCE is its own fallback (`has_fallback = False`): it is computed once.
     """
+
+    has_fallback = True
 
     def __init__(self, temperature: float = 0.05):
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if not 0 < temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
         self.temperature = float(temperature)
 
     def objective(
-        self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state
+        self,
+        sim: Tensor,
+        logits: Tensor,
+        targets: ContrastiveTargets,
+        context: LossContext,
+        anchors: Tensor,
+        candidates: Tensor,
     ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
-        """-> per-anchor loss (M,), log-weights applied to the negatives (M, N) or None, extra metrics."""
+        """sim, logits (M, N); anchors (M, D), candidates (N, D) as given (not normalised).
+        -> per-anchor loss (M,), log-weights applied to the negatives (M, N) or None, extra metrics."""
         raise NotImplementedError
 
     def forward(
-        self, anchors: Tensor, candidates: Tensor, positive_index: Tensor, negative_mask: Tensor, **state
+        self,
+        anchors: Tensor,
+        candidates: Tensor,
+        positive_index: Tensor,
+        negative_mask: Tensor,
+        context: LossContext | None = None,
     ) -> LossOutput:
+        return self._loss(anchors, candidates, ContrastiveTargets(positive_index, negative_mask), context)
+
+    def compute(
+        self, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None = None
+    ) -> LossOutput:
+        """candidates (N, D); the anchors are candidates[targets.anchor_index] (the tensor itself when
+        `targets.anchors_are_candidates`), and `context.candidate_features` gives the anchors' features likewise."""
+        if targets.anchor_index is None:
+            raise ValueError("compute() needs targets with anchor_index; use loss_fn(anchors, candidates, ...)")
+        same = targets.anchors_are_candidates
+        anchors = candidates if same else candidates[targets.anchor_index]
+        if context is not None and context.candidate_features is not None and context.anchor_features is None:
+            features = context.candidate_features
+            context = dataclasses.replace(
+                context, anchor_features=features if same else features[targets.anchor_index]
+            )
+        return self._loss(anchors, candidates, targets, context)
+
+    def _loss(
+        self, anchors: Tensor, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None
+    ) -> LossOutput:
+        context = LossContext() if context is None else context
+        positive_index, negative_mask = targets.positive_index, targets.negative_mask
         sim = cosine_similarities(anchors, candidates)  # (M, N)
-        logits = sim / self.temperature
-        guarded = drop_nonfinite_grad(sim)
+        guarded = drop_nonfinite_grad(sim) if self.has_fallback else sim
         per_anchor, log_weights, extra = self.objective(
-            guarded, guarded / self.temperature, positive_index, negative_mask, **state
+            guarded, guarded / self.temperature, targets, context, anchors, candidates
         )
         loss = per_anchor.mean()
-        plain = weighted_loss(logits, positive_index, negative_mask).mean()
         finite = torch.isfinite(loss)
-        loss = torch.where(finite, loss, plain)
+        if self.has_fallback:
+            plain = weighted_loss(sim / self.temperature, positive_index, negative_mask).mean()
+            loss = torch.where(finite, loss, plain)
 
         weights = None
         with torch.no_grad():

@@ -33,7 +33,8 @@ class HCLLoss(ContrastiveLoss):
         self.tau_plus = check_tau_plus(tau_plus)
         self.detach_weights = bool(detach_weights)
 
-    def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
+    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
+        positive_index, negative_mask = targets.positive_index, targets.negative_mask
         # With w_ij = e^{beta l_ij} / mean_k e^{beta l_ik}:  log R_i = logsumexp_j((1 + beta) l_ij) - log mean_k
         # e^{beta l_ik}. Two row reductions over the masked logits; the (M, N) log-weights are only materialised,
         # without gradient, for the returned weights and diagnostics.
@@ -63,6 +64,8 @@ class DCLLoss(HCLLoss):
     def __init__(self, temperature: float = 0.05, tau_plus: float = 0.1):
         super().__init__(temperature, beta=0.0, tau_plus=tau_plus)
 
-    def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
-        loss, clamped = debiased_loss(logits, positive_index, negative_mask, None, self.tau_plus, self.temperature)
+    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
+        loss, clamped = debiased_loss(
+            logits, targets.positive_index, targets.negative_mask, None, self.tau_plus, self.temperature
+        )
         return loss, None, {"clamp_frac": clamped.float().mean()}

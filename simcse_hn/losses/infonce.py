@@ -13,5 +13,7 @@ class InfoNCELoss(ContrastiveLoss):
     negative_mask (M, N).
     """
 
-    def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
-        return weighted_loss(logits, positive_index, negative_mask), None, {}
+    has_fallback = False  # its own fallback: computed once
+
+    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
+        return weighted_loss(logits, targets.positive_index, targets.negative_mask), None, {}

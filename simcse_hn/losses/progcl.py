@@ -9,7 +9,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, positive_logits, same_rows, weighted_loss
+from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, positive_logits, weighted_loss
+from simcse_hn.targets import LossContext
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
 EPS = 1e-12
@@ -153,10 +154,11 @@ class ProGCLLoss(ContrastiveLoss):
     was valid): saved with the state dict, reused between refits (`refit_every`), the initial point when
     `warm_start`, and what the `bmm_*` metrics report. Keep the module on the embeddings'
     device. Shapes: anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N).
-    State (all optional): `step`, `max_steps` (ints; without them the loss is past warm-up and refits every call),
-    `all_reduce` (a sum over processes, so every process fits the mixture of the gathered batch),
+    Context (LossContext, all optional): `step`, `max_steps` (without them the loss is past warm-up and refits every
+    call), `all_reduce` (a sum over processes, so every process fits the mixture of the gathered batch),
     `mix_permutation` ((K,) long permutation of 0..K-1, K = min(mix_k, N); replaces the random draw, e.g. in tests;
-    a row with fewer than K negatives uses its entries below that count, in order).
+    a row with fewer than K negatives uses its entries below that count, in order). With targets whose
+    `anchors_are_candidates` (the `compute` call on one process) the fit uses the symmetric matrix's upper triangle.
     """
 
     def __init__(
@@ -208,9 +210,9 @@ class ProGCLLoss(ContrastiveLoss):
     def stored_fit(self) -> BetaMixture:
         return BetaMixture(self.bmm_alpha.double(), self.bmm_beta.double(), self.bmm_pi.double(), self.bmm_valid)
 
-    def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
-        step, max_steps = state.get("step"), state.get("max_steps")
-        if self.in_warmup(step, max_steps):
+    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
+        positive_index, negative_mask = targets.positive_index, targets.negative_mask
+        if self.in_warmup(context.step, context.max_steps):
             zero = torch.zeros((), device=sim.device)
             metrics = self._metrics(self.stored_fit(), zero, zero)
             return weighted_loss(logits, positive_index, negative_mask), None, metrics
@@ -218,7 +220,9 @@ class ProGCLLoss(ContrastiveLoss):
         # The fit and B are float64; the weights, like the logits, need only the logits' precision. Mix sorts by B:
         # there B keeps float64, so that rounding cannot reorder near-ties.
         dtype = logits.dtype if self.mode == "weight" else torch.float64
-        hardness, valid, metrics = self.fit_hardness(sim, negative_mask, dtype=dtype, **state)
+        # the triangle shortcut needs sim to be the candidates' own (symmetric) matrix, fitted on this process alone
+        square = targets.anchors_are_candidates and context.all_reduce is None
+        hardness, valid, metrics = self.fit_hardness(sim, negative_mask, context, dtype=dtype, square=square)
         if self.mode == "weight":
             n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
             row_mean = hardness.sum(dim=1, keepdim=True) / n.clamp_min(1)  # (M, 1)
@@ -226,24 +230,24 @@ class ProGCLLoss(ContrastiveLoss):
             # degenerate fit or all-zero row -> w = 1; outside N(i) the log-weights are ignored (masked downstream)
             log_w = torch.where(valid & (row_mean > 0), log_w, 0.0)
             return weighted_loss(logits, positive_index, negative_mask, log_w), log_w, metrics
-        return self._mix_loss(sim, logits, positive_index, negative_mask, hardness, valid, state), None, metrics
-
-    def forward(self, anchors: Tensor, candidates: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
-        state = {**state, "square": same_rows(anchors, candidates)}
-        return super().forward(anchors, candidates, positive_index, negative_mask, **state)
+        return self._mix_loss(sim, logits, positive_index, negative_mask, hardness, valid, context), None, metrics
 
     def fit_hardness(
-        self, sim: Tensor, negative_mask: Tensor, dtype: torch.dtype = torch.float64, **state
+        self,
+        sim: Tensor,
+        negative_mask: Tensor,
+        context: LossContext | None = None,
+        dtype: torch.dtype = torch.float64,
+        square: bool = False,
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """(Re)fit the mixture if the schedule says so and score the negatives (in float64).
         -> B (M, N) in `dtype`, detached, 0 outside N(i); the fit's validity (); the bmm metrics.
 
-        When anchors are the candidates (state `square`: one process, symmetric form), s_ij = s_ji, so every
+        `square`: sim is the candidates' own similarity matrix (targets.anchors_are_candidates, one process), so every
         unordered pair is fitted and scored once, from the upper triangle, counted once per direction in which it is
         a negative: the same moments, fit and B as over the full matrix, for half the work (s_ji is taken to be s_ij,
         which the matrix product may compute with another rounding)."""
-        step, max_steps = state.get("step"), state.get("max_steps")
-        square = state.get("square", False) and state.get("all_reduce") is None
+        context = LossContext() if context is None else context
         s, data = sim.detach().reshape(-1), negative_mask.reshape(-1)  # (M*N,)
         if square:
             upper, lower = self._triangles(sim.shape[0], sim.device)  # (P,) flat indices of (i, j) and (j, i), i < j
@@ -251,9 +255,9 @@ class ProGCLLoss(ContrastiveLoss):
         x = ((s.to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)
         x = torch.where(data > 0, x, 0.5)  # non-pairs (self, positive) are not data: keep their densities tame
         features = _features(x)  # shared by the fit and the posterior
-        if self.refits(step, max_steps):
+        if self.refits(context.step, context.max_steps):
             init = self.stored_fit()[:3] if self.warm_start else None
-            fit = _em(x, features, data, self.em_iters, init, state.get("all_reduce"))
+            fit = _em(x, features, data, self.em_iters, init, context.all_reduce)
             with torch.no_grad():  # the buffers keep the last valid fit, so they never hold NaN
                 for buffer, value in zip((self.bmm_alpha, self.bmm_beta, self.bmm_pi), fit[:3]):
                     buffer.copy_(torch.where(fit.valid, value, buffer))
@@ -283,7 +287,7 @@ class ProGCLLoss(ContrastiveLoss):
             self._triangle_key, self._triangle_index = key, (rows * n + cols, cols * n + rows)
         return self._triangle_index
 
-    def _mix_loss(self, sim, logits, positive_index, negative_mask, hardness, valid, state) -> Tensor:
+    def _mix_loss(self, sim, logits, positive_index, negative_mask, hardness, valid, context: LossContext) -> Tensor:
         num_candidates = sim.shape[1]
         k = num_candidates if self.mix_k is None else min(self.mix_k, num_candidates)
         key = torch.where(negative_mask, hardness, NEG_INF)
@@ -293,11 +297,11 @@ class ProGCLLoss(ContrastiveLoss):
         n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
         in_top = torch.arange(k, device=sim.device)[None, :] < n.clamp_max(k)  # (M, K)
 
-        permutation = state.get("mix_permutation")
+        permutation = context.mix_permutation
         if permutation is None:
             noise = torch.rand(k, device=sim.device)  # (K,)
-            if state.get("all_reduce") is not None:  # one sigma on every process: the sum of their draws
-                noise = state["all_reduce"](noise)
+            if context.all_reduce is not None:  # one sigma on every process: the sum of their draws
+                noise = context.all_reduce(noise)
             permutation = torch.argsort(noise, stable=True)  # (K,)
         permutation = permutation.to(sim.device)
         # Row i's sigma: the permutation's entries below the row's count of negatives, in order, then the identity on

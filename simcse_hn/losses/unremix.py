@@ -12,9 +12,9 @@ from simcse_hn.losses.base import (
     debiased_loss,
     drop_nonfinite_grad,
     log_normalised_weights,
-    same_rows,
 )
 from simcse_hn.losses.hcl import check_tau_plus
+from simcse_hn.targets import ContrastiveTargets
 
 GRADIENTS = ("head", "embedding")
 STD_EPS = 1e-6
@@ -118,11 +118,11 @@ class UnReMixLoss(ContrastiveLoss):
 
     Neutral setting: beta = 0 -> plain InfoNCE. The scores are detached; with `learn_mixture` theta is a parameter
     trained through the weights (gradient reaches theta only), otherwise a fixed buffer of equal weights.
-    gradient = "head": g is the gradient w.r.t. the MLP head's Linear (W, b) of z = tanh(W h + b); it needs the state
-    `anchor_features` (M, H) and `candidate_features` (N, H) = h, and falls back to "embedding" (g = gradient at z)
-    when they are missing (metric `u_from_head` = 0). When anchors and candidates are the same tensor or view (one
-    process, symmetric form) each row's pseudo-posterior runs over its positive and negatives and all scores reuse
-    `sim`, which saves two (N, N, D) products: pass `embeddings`, not `embeddings[arange]`, there.
+    gradient = "head": g is the gradient w.r.t. the MLP head's Linear (W, b) of z = tanh(W h + b); it needs the
+    context's `anchor_features` (M, H) and `candidate_features` (N, H) = h, and falls back to "embedding" (g = gradient
+    at z) when they are missing (metric `u_from_head` = 0). With targets whose `anchors_are_candidates` (the `compute`
+    call on one process, symmetric form) each row's pseudo-posterior runs over its positive and negatives and all
+    scores reuse `sim`, which saves two (N, N, D) products.
     Shapes: anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N).
     """
 
@@ -153,26 +153,19 @@ class UnReMixLoss(ContrastiveLoss):
     def needs_head_inputs(self) -> bool:
         return self.gradient == "head"
 
-    def forward(self, anchors: Tensor, candidates: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
-        state = {**state, "anchor_embeddings": anchors, "candidate_embeddings": candidates}
-        return super().forward(anchors, candidates, positive_index, negative_mask, **state)
-
-    def objective(self, sim: Tensor, logits: Tensor, positive_index: Tensor, negative_mask: Tensor, **state):
+    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
+        positive_index, negative_mask = targets.positive_index, targets.negative_mask
         lam = torch.softmax(drop_nonfinite_grad(self.theta).to(sim.dtype), dim=0)  # (3,)
-        anchors, candidates = state.get("anchor_embeddings"), state.get("candidate_embeddings")
-        anchor_features, candidate_features = state.get("anchor_features"), state.get("candidate_features")
+        anchor_features, candidate_features = context.anchor_features, context.candidate_features
         use_head = self.needs_head_inputs and anchor_features is not None and candidate_features is not None
         metrics = {"lambda_A": lam[0], "lambda_U": lam[1], "lambda_R": lam[2]}
         metrics["u_from_head"] = torch.tensor(float(use_head), device=sim.device)
 
         log_weights = None
-        if self.beta > 0 and anchors is not None:
+        if self.beta > 0:
             with torch.no_grad(), torch.autocast(device_type=sim.device.type, enabled=False):
                 features = (anchor_features, candidate_features) if use_head else (None, None)
-                raw = self.raw_scores(
-                    sim, anchors, candidates, positive_index, negative_mask, *features,
-                    standard_negatives=state.get("standard_negatives", False),
-                )  # fmt: skip
+                raw = self.raw_scores(sim, anchors, candidates, targets, *features)
                 dev, std = centre(raw, negative_mask)  # (3, M, N), (3, M, 1)
             # C = sum_c lambda_c dev_c / (std_c + 1e-6): the standardised scores are never materialised
             kappa = lam[:, None, None] / (std + STD_EPS)  # (3, M, 1)
@@ -189,50 +182,44 @@ class UnReMixLoss(ContrastiveLoss):
         sim: Tensor,
         anchors: Tensor,
         candidates: Tensor,
-        positive_index: Tensor,
-        negative_mask: Tensor,
+        targets: ContrastiveTargets,
         anchor_features: Tensor | None = None,
         candidate_features: Tensor | None = None,
-        standard_negatives: bool = False,
     ) -> Tensor:
         """Standardised (A, U, R) over N(i), stacked. -> (3, M, N), detached."""
-        raw = self.raw_scores(
-            sim, anchors, candidates, positive_index, negative_mask, anchor_features, candidate_features,
-            standard_negatives=standard_negatives,
-        )  # fmt: skip
-        return standardise(raw, negative_mask)
+        raw = self.raw_scores(sim, anchors, candidates, targets, anchor_features, candidate_features)
+        return standardise(raw, targets.negative_mask)
 
     def raw_scores(
         self,
         sim: Tensor,
         anchors: Tensor,
         candidates: Tensor,
-        positive_index: Tensor,
-        negative_mask: Tensor,
+        targets: ContrastiveTargets,
         anchor_features: Tensor | None = None,
         candidate_features: Tensor | None = None,
-        standard_negatives: bool = False,
     ) -> Tensor:
         """(A, U, R) before standardisation, stacked. -> (3, M, N), detached.
 
-        standard_negatives: the caller's promise that negative_mask is every candidate but the anchor itself and its
-        positive (SimCSETrainer's symmetric form). With anchors = candidates, R then needs no matrix product."""
+        With `targets.anchors_are_candidates` the candidates' similarities are sim; with `standard_negatives` as well,
+        their pseudo-posteriors are the anchors' and R needs no matrix product."""
+        positive_index, negative_mask = targets.positive_index, targets.negative_mask
         dtype = sim.dtype
         m, n_cand = sim.shape
         sim = sim.detach()
         with torch.autocast(device_type=sim.device.type, enabled=False):
             a = anchors.detach().to(dtype)
             a_hat, a_norm = _unit(a)
-            same = same_rows(anchors, candidates)
+            same = targets.anchors_are_candidates
             c = a if same else candidates.detach().to(dtype)
             c_hat, c_norm = _unit(c)
             other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
             logits = torch.where(other_mask, sim / self.temperature, NEG_INF)
             anchor_delta = _embedding_gradients(a_hat, a_norm, logits, c_hat, self.temperature)  # (M, D)
-            if same:
-                cand_sim, candidate_delta = sim, anchor_delta
+            cand_sim = sim if same else c_hat @ c_hat.T  # (N, N)
+            if same and targets.standard_negatives:  # every anchor's pseudo-posterior already runs over all other rows
+                candidate_delta = anchor_delta
             else:
-                cand_sim = c_hat @ c_hat.T  # (N, N)
                 eye = torch.eye(n_cand, dtype=torch.bool, device=sim.device)
                 cand_logits = torch.where(eye, NEG_INF, cand_sim / self.temperature)
                 candidate_delta = _embedding_gradients(c_hat, c_norm, cand_logits, c_hat, self.temperature)
@@ -250,7 +237,7 @@ class UnReMixLoss(ContrastiveLoss):
             mask = negative_mask.to(dtype)
             n = mask.sum(dim=1, keepdim=True)  # (M, 1)
             self_sim = c_hat.square().sum(dim=1)  # (N,), 1 (0 for a zero-norm row)
-            if same and standard_negatives:
+            if same and targets.standard_negatives:
                 # sum_{k in N(i)} s_jk = sum_k s_jk - s_ji - s_{j,p(i)}, and s is symmetric: O(N^2), no product
                 torch.sub(sim.sum(dim=1)[None, :], sim, out=scores[2]).sub_(sim.index_select(0, positive_index))
             elif 2 * c.shape[1] < n_cand:

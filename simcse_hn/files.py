@@ -1,0 +1,49 @@
+"""The names of what a saved model folder holds, and what counts as a Hub id: one definition for every module."""
+
+from __future__ import annotations
+
+import json
+import os
+
+SIMCSE_CONFIG = "simcse_config.json"  # pooler, loss, hyper-parameters, training budget (SimCSEModel.save_pretrained)
+HEAD_WEIGHTS = "simcse_head.safetensors"  # SimCSE's MLP head
+LOSS_STATE = "simcse_loss_state.safetensors"  # a hard-negative loss's state (ProGCL's mixture, UnReMix's theta)
+MANIFEST = "simcse_files.json"  # the files the last save wrote: the Hub upload is exactly these
+STS_RESULTS = "sts_results.json"  # eval/sts.py --save_to_model
+CARD = "README.md"
+RUN_MARKER = "simcse_run.json"  # an output folder simcse-hn writes, and its run family's id (simcse_hn.checkpoints)
+
+
+def is_hub_id(name: str | None) -> bool:
+    """'owner/name' or 'name' that is not an existing path, a file name, a relative or absolute path or a builtin."""
+    if not name or ":" in name or os.path.exists(name) or name.startswith((".", "/", "~")):
+        return False
+    return os.path.splitext(name)[1] == "" and name.count("/") <= 1
+
+
+def read_json(path: str) -> dict | list | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json(path: str, data) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def record_files(output_dir: str, files: list[str], replace: bool = False) -> None:
+    """Add `files` (paths relative to output_dir) to the folder's manifest; `replace`: start a new one (a save)."""
+    path = os.path.join(output_dir, MANIFEST)
+    known = [] if replace else (read_json(path) or {}).get("files", [])
+    write_json(path, {"files": sorted(set(known) | set(files) | {MANIFEST})})
+
+
+def recorded_files(output_dir: str) -> list[str] | None:
+    """The manifest's files that exist, or None for a folder without a manifest."""
+    manifest = read_json(os.path.join(output_dir, MANIFEST))
+    if manifest is None:
+        return None
+    return [name for name in manifest.get("files", []) if os.path.isfile(os.path.join(output_dir, name))]
