@@ -71,7 +71,6 @@ def test_the_card_never_replaces_a_readme_simcse_hn_did_not_write(tmp_path):
 def test_train_refuses_before_training_when_the_card_would_replace_a_readme(tmp_path, capsys):
     out = tmp_path / "out"
     argv = train_args(out, "--save_strategy", "no")
-    assert train.main(argv) == 0  # our folder, no checkpoints: a fresh run may write into it again
     assert train.main(argv) == 0
     (out / "README.md").write_text("# Results I wrote down\n", encoding="utf-8")
     before = files_snapshot(out)
