@@ -15,14 +15,20 @@ import datasets
 import torch
 import transformers
 
-from simcse_hn.checkpoints import resolve_resume
+from simcse_hn import distributed
+from simcse_hn.checkpoints import check_output_dir, checkpoint_run_id, claim_output_dir, new_run_id, resolve_resume
 from simcse_hn.config import ConfigError, parse_args
 from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
-from simcse_hn.files import source_record
+from simcse_hn.files import CARD, source_record
 from simcse_hn.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
-from simcse_hn.losses import build_loss
-from simcse_hn.model_card import base_model_license, write_model_card
-from simcse_hn.modeling import SimCSEModel, inference_max_length, load_tokenizer, model_max_length
+from simcse_hn.model_card import base_model_license, card_is_ours, write_model_card
+from simcse_hn.modeling import (
+    SimCSEModel,
+    inference_max_length,
+    load_encoder_config,
+    load_tokenizer,
+    model_max_length,
+)
 from simcse_hn.trainer import SimCSETrainer
 
 logger = logging.getLogger("simcse_hn.train")
@@ -44,14 +50,28 @@ def _cpu_fallback(argv: list[str] | None) -> list[str]:
     return argv
 
 
+def _prepare_output_dir(training_args, checkpoint: str | None) -> str:
+    """Check and claim the output folder before any data or model is read; returns the run family's id (a resume
+    keeps the checkpoint's, a fresh run gets a new one), the same on every process."""
+    output_dir = training_args.output_dir
+    check_output_dir(output_dir, resuming=checkpoint is not None, overwrite=training_args.overwrite_output_dir)
+    if not training_args.overwrite_output_dir and not card_is_ours(output_dir):
+        raise ConfigError(
+            f"output_dir: {os.path.join(output_dir, CARD)} was not written by simcse-hn and the model card "
+            "would replace it; move it away, or pass --overwrite_output_dir true"
+        )
+    run_id = checkpoint_run_id(checkpoint) if checkpoint is not None else new_run_id()
+    run_id = distributed.broadcast_object(run_id)  # process 0's fresh id
+    if training_args.should_save:  # the processes that write checkpoints (one per node with save_on_each_node)
+        claim_output_dir(output_dir, run_id)
+    return run_id
+
+
 def run(argv: list[str] | None = None) -> SimCSETrainer:
     model_args, data_args, training_args = parse_args(_cpu_fallback(argv))
     _setup_logging(training_args)
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
-    checkpoint = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    if checkpoint is not None:
-        logger.info("resuming from %s", checkpoint)
     if data_args.train_file is None:
         raise ConfigError("train_file: required (a text/jsonl/csv file or a Hub dataset id)")
     if training_args.push_to_hub and not training_args.hub_model_id:
@@ -67,6 +87,24 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     # keeps the Hub settings and pushes the finished folder itself.
     hub_target = HubTarget.from_args(training_args) if training_args.push_to_hub else None
     training_args = dataclasses.replace(training_args, push_to_hub=False, hub_token=None)
+
+    # Everything that can be known without data or weights, in the order a user would fix it.
+    encoder_config = load_encoder_config(model_args.model_name_or_path)
+    positions = model_max_length(encoder_config)
+    if positions is not None and data_args.max_seq_length > positions:
+        raise ConfigError(
+            f"max_seq_length: {data_args.max_seq_length} is above the {positions} positions of "
+            f"{model_args.model_name_or_path}"
+        )
+    loss_fn = training_args.build_loss()
+    if model_args.tokenizer_name_or_path is not None:
+        tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, field="tokenizer_name_or_path")
+    else:
+        tokenizer = load_tokenizer(model_args.model_name_or_path)
+    checkpoint = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+    if checkpoint is not None:
+        logger.info("resuming from %s", checkpoint)
+    run_id = _prepare_output_dir(training_args, checkpoint)
 
     sentences = load_sentences(
         data_args.train_file,
@@ -85,7 +123,6 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     logger.info("%d training sentences, %s STS dev pairs", len(sentences), len(eval_pairs.scores) if eval_pairs else 0)
 
     transformers.set_seed(training_args.seed)  # the MLP head and any new weights start the same in every run
-    tokenizer = load_tokenizer(model_args.model_name_or_path)
     model = SimCSEModel.from_pretrained(
         model_args.model_name_or_path,
         pooler=model_args.pooler,
@@ -96,7 +133,6 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     inference_length = model_args.inference_max_seq_length or inference_max_length(
         model_args.model_name_or_path, model.config, tokenizer
     )
-    loss_fn = build_loss(training_args.loss, **training_args.loss_kwargs())
     simcse_config = {
         "base_model": source_record(model_args.model_name_or_path),
         "base_model_license": base_model_license(model_args.model_name_or_path),
@@ -112,6 +148,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "world_size": training_args.world_size,
         "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
         "learning_rate": training_args.learning_rate,
+        "run_id": run_id,  # marks every checkpoint as this run family's (simcse_hn.checkpoints)
     }
     trainer = SimCSETrainer(
         model=model,
@@ -137,7 +174,12 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if dev_spearman is not None:
         logger.info("STS-B dev Spearman x 100 of the saved model: %.2f", dev_spearman)
     if trainer.is_world_process_zero():
-        write_model_card(training_args.output_dir, repo_id=training_args.hub_model_id, dev_spearman=dev_spearman)
+        write_model_card(
+            training_args.output_dir,
+            repo_id=training_args.hub_model_id,
+            dev_spearman=dev_spearman,
+            overwrite=training_args.overwrite_output_dir,
+        )
         if hub_target is not None:  # one push of the finished folder; SimCSETrainer never pushes by itself
             push_to_hub(training_args.output_dir, hub_target)
     return trainer

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import typing
 from dataclasses import dataclass, field, fields
 
 import yaml
@@ -32,6 +34,15 @@ class ConfigError(ValueError):
 def _check(condition: bool, name: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{name}: {message}")
+
+
+def _check_finite(arguments) -> None:
+    """Every float setting must be a finite number: an `inf` or `nan` temperature, tilt, prior or learning rate
+    passes every range check and then silently disables the objective (or the training)."""
+    for f in fields(arguments):
+        value = getattr(arguments, f.name, None)
+        if isinstance(value, float):
+            _check(math.isfinite(value), f.name, f"must be a finite number, got {value}")
 
 
 @dataclass
@@ -72,8 +83,13 @@ class ModelArguments:
             "dropout; SimCSE keeps BERT's 0.1)."
         },
     )
+    tokenizer_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Hub id or local folder of the tokenizer, when model_name_or_path has none (default: it)."},
+    )
 
     def __post_init__(self):
+        _check_finite(self)
         _check(self.pooler in POOLERS, "pooler", f"must be one of {', '.join(POOLERS)}, got {self.pooler!r}")
         _check(self.dropout is None or 0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
         _check(
@@ -119,6 +135,7 @@ class DataArguments:
     )
 
     def __post_init__(self):
+        _check_finite(self)
         _check(self.max_seq_length >= 2, "max_seq_length", f"must be >= 2, got {self.max_seq_length}")
         _check(
             self.eval_max_seq_length is None or self.eval_max_seq_length >= 2,
@@ -217,8 +234,16 @@ class SimCSETrainingArguments(TrainingArguments):
         metadata={"help": "Every trainable parameter is used each step (the encoder's own pooler is frozen)."},
     )
     remove_unused_columns: bool = field(default=False, metadata={"help": "The collator needs the text column."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Write into a non-empty output_dir that simcse-hn did not write (no simcse_run.json), or start "
+            "a new run in one that holds an earlier run's checkpoints; files a save writes replace theirs."
+        },
+    )
 
     def __post_init__(self):
+        _check_finite(self)
         _check(self.loss in LOSS_NAMES, "loss", f"unknown loss {self.loss!r}; choose one of {', '.join(LOSS_NAMES)}")
         _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         _check(
@@ -261,6 +286,8 @@ class SimCSETrainingArguments(TrainingArguments):
         _check(
             self.cache_minibatch_size is None or self.cache_minibatch_size >= 1, "cache_minibatch_size", "must be >= 1"
         )
+        if self.hub_model_id is not None:
+            _check_repo_id(self.hub_model_id)
         _check(
             str(getattr(self.hub_strategy, "value", self.hub_strategy)) in HUB_STRATEGIES,
             "hub_strategy",
@@ -268,31 +295,76 @@ class SimCSETrainingArguments(TrainingArguments):
             f"got {self.hub_strategy!r}",
         )
         super().__post_init__()
+        if self.loss == "progcl" and self.progcl_mode == "mix" and self.progcl_mix_k is not None:
+            negatives = self.negatives_per_anchor()
+            _check(
+                self.progcl_mix_k <= negatives,
+                "progcl_mix_k",
+                f"must be <= the {negatives} negatives per anchor (2 x {self.per_device_train_batch_size} sentences "
+                f"x {self.world_size if self.gathers else 1} processes - 2), got {self.progcl_mix_k}",
+            )
+
+    @property
+    def gathers(self) -> bool:
+        """Whether every process's rows are candidates (gather_across_devices, default on with > 1 process)."""
+        return self.world_size > 1 if self.gather_across_devices is None else self.gather_across_devices
+
+    def negatives_per_anchor(self) -> int:
+        """In-batch negatives of one anchor: all candidate rows but itself and its positive (symmetric form)."""
+        candidates = 2 * self.per_device_train_batch_size * (self.world_size if self.gathers else 1)
+        return candidates - 2 if self.contrast_form == "symmetric" else candidates // 2 - 1
 
     def loss_kwargs(self) -> dict:
         """build_loss() keyword arguments for `self.loss`, in the paper's symbols."""
-        kwargs = {"temperature": self.temperature}
-        if self.loss == "dcl":
-            kwargs.update(tau_plus=self.hcl_tau_plus)
-        elif self.loss == "hcl":
-            kwargs.update(beta=self.hcl_beta, tau_plus=self.hcl_tau_plus, detach_weights=self.hcl_detach_weights)
-        elif self.loss == "progcl":
-            kwargs.update(
-                mode=self.progcl_mode,
-                warmup_ratio=self.progcl_warmup_ratio,
-                refit_every=self.progcl_refit_every,
-                em_iters=self.progcl_em_iters,
-                mix_k=self.progcl_mix_k,
-                warm_start=self.progcl_warm_start,
-            )
-        elif self.loss == "unremix":
-            kwargs.update(
-                beta=self.unremix_beta,
-                tau_plus=self.unremix_tau_plus,
-                gradient=self.unremix_gradient,
-                learn_mixture=self.unremix_learn_mixture,
-            )
-        return kwargs
+        fields_of_loss = LOSS_FIELDS[self.loss].items()
+        return {"temperature": self.temperature, **{symbol: getattr(self, name) for symbol, name in fields_of_loss}}
+
+    def build_loss(self):
+        """The configured objective, built before any model loads: a value the loss rejects is a ConfigError naming
+        the config field (the loss names its own argument, e.g. `beta`)."""
+        from simcse_hn.losses import build_loss
+
+        try:
+            return build_loss(self.loss, **self.loss_kwargs())
+        except ValueError as e:
+            message = str(e).strip().splitlines()[0]
+            symbol = re.match(r"\w+", message)
+            name = {"temperature": "temperature", **LOSS_FIELDS[self.loss]}.get(symbol and symbol.group(0))
+            if name is None:
+                raise ConfigError(f"loss: {message}") from None
+            raise ConfigError(f"{name}: {message[symbol.end():].strip()}") from None
+
+
+# build_loss() keyword (the paper's symbol) -> config field, for each loss; `temperature` is common to all
+LOSS_FIELDS = {
+    "infonce": {},
+    "dcl": {"tau_plus": "hcl_tau_plus"},
+    "hcl": {"beta": "hcl_beta", "tau_plus": "hcl_tau_plus", "detach_weights": "hcl_detach_weights"},
+    "progcl": {
+        "mode": "progcl_mode",
+        "warmup_ratio": "progcl_warmup_ratio",
+        "refit_every": "progcl_refit_every",
+        "em_iters": "progcl_em_iters",
+        "mix_k": "progcl_mix_k",
+        "warm_start": "progcl_warm_start",
+    },
+    "unremix": {
+        "beta": "unremix_beta",
+        "tau_plus": "unremix_tau_plus",
+        "gradient": "unremix_gradient",
+        "learn_mixture": "unremix_learn_mixture",
+    },
+}
+
+
+def _check_repo_id(repo_id: str) -> None:
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        _check(False, "hub_model_id", str(e).strip().splitlines()[0])
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
@@ -304,7 +376,7 @@ class _Parser(HfArgumentParser):
         raise ConfigError(f"{match.group(1)}: {match.group(2)}" if match else message)
 
 
-def _yaml_to_argv(config: dict, path: str, known: set[str]) -> list[str]:
+def _yaml_to_argv(config: dict, path: str, known: set[str], takes_lists: set[str]) -> list[str]:
     argv = []
     for key, value in config.items():
         _check(key in known, key, f"unknown key in {path}")
@@ -312,6 +384,8 @@ def _yaml_to_argv(config: dict, path: str, known: set[str]) -> list[str]:
             continue
         if isinstance(value, dict):
             value = json.dumps(value)
+        if isinstance(value, list):
+            _check(key in takes_lists, key, f"expected one value, got a list {value} (in {path})")
         values = value if isinstance(value, list) else [value]
         argv.append(f"--{key}")
         argv.extend(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
@@ -341,10 +415,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known_args, rest = pre.parse_known_args(argv)
-    parser = _Parser(ARGUMENT_CLASSES)
     known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init}
+    # from the annotations: HfArgumentParser rewrites a field's `str | list[str]` type to `str` in place
+    hints = [typing.get_type_hints(cls) for cls in ARGUMENT_CLASSES]
+    takes_lists = {name for types in hints for name, annotation in types.items() if "list" in str(annotation)}
+    parser = _Parser(ARGUMENT_CLASSES)
     config = load_yaml(known_args.config) if known_args.config else {}
-    yaml_argv = _yaml_to_argv(config, known_args.config, known)
+    yaml_argv = _yaml_to_argv(config, known_args.config, known, takes_lists)
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)
     except ConfigError as e:

@@ -6,7 +6,9 @@ file and the line or field.
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 import logging
 import os
@@ -24,21 +26,32 @@ class DataError(ValueError):
     """A problem with the user's data; the message is one line naming file and line or field."""
 
 
-def _read_lines(path: str) -> list[str]:
+def _read_text(path: str) -> str:
+    """The whole file decoded as UTF-8, a leading byte-order mark dropped (every reader goes through here). Bytes
+    that are not UTF-8 and NUL bytes (a binary or UTF-16 file) are a DataError naming the line."""
     if not os.path.isfile(path):
         raise DataError(f"{path}: file not found")
     with open(path, "rb") as f:
         raw = f.read()
-    lines = raw.split(b"\n")
-    out = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{number}: not valid UTF-8 (byte {e.start + 1} of the line)") from None
-    if out and out[-1] == "":
-        out.pop()
-    return out
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = raw.rfind(b"\n", 0, e.start) + 1
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8 (byte {e.start - line_start + 1} of the line)") from None
+    nul = text.find("\0")
+    if nul >= 0:
+        raise DataError(f"{path}:{text.count(chr(10), 0, nul) + 1}: NUL byte (a binary file, or UTF-16 text?)")
+    return text
+
+
+def _read_lines(path: str) -> list[str]:
+    lines = _read_text(path).split("\n")  # not splitlines(): form feeds and U+2028 stay inside a sentence
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def _read_jsonl_column(path: str, column: str) -> list[str]:
@@ -53,16 +66,36 @@ def _read_jsonl_column(path: str, column: str) -> list[str]:
             raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
         if not isinstance(record, dict) or column not in record:
             raise DataError(f"{path}:{number}: no field {column!r} (set --text_column)")
-        texts.append("" if record[column] is None else str(record[column]))
+        value = record[column]
+        if value is not None and not isinstance(value, str):
+            raise DataError(f"{path}:{number}: field {column!r} is not a string: {_short(value)}")
+        texts.append(value or "")  # null: an empty sentence, dropped and counted with the blank lines
     return texts
 
 
 def _read_csv_column(path: str, column: str) -> list[str]:
-    lines = _read_lines(path)
-    reader = csv.DictReader(lines, delimiter="\t" if path.endswith(".tsv") else ",")
-    if reader.fieldnames is None or column not in reader.fieldnames:
-        raise DataError(f"{path}:1: no column {column!r} in header {reader.fieldnames} (set --text_column)")
-    return [row[column] or "" for row in reader]
+    """`column` of a CSV (TSV for .tsv) file, parsed by the csv module on the whole text: a quoted field may hold
+    delimiters and line breaks. A record whose field count differs from the header's is a DataError."""
+    kind = "TSV" if path.lower().endswith(".tsv") else "CSV"
+    delimiter = "\t" if kind == "TSV" else ","
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""), delimiter=delimiter, strict=True)
+    line = 1  # where the record being read starts
+    try:
+        header = next(reader, None)
+        if header is None or column not in header:
+            raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
+        index = header.index(column)
+        texts = []
+        line = reader.line_num + 1
+        for row in reader:
+            if row and len(row) != len(header):
+                raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(header)} (unquoted {kind}?)")
+            texts.append(row[index] if row else "")
+            line = reader.line_num + 1
+    except csv.Error as e:
+        reason = str(e).replace("\t", "\\t")  # csv names the delimiter it expected: a TSV's is a tab
+        raise DataError(f"{path}:{line}: malformed {kind} ({reason})") from None
+    return texts
 
 
 def _read_hub_column(name: str, column: str, data_files: str | None, split: str = "train") -> list[str]:
@@ -135,12 +168,15 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
             dataset = datasets.load_dataset(path, split=split or "validation")
         except Exception as e:
             raise DataError(f"{path}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-        return STSPairs(list(dataset["sentence1"]), list(dataset["sentence2"]), [float(s) for s in dataset["score"]])
+        pairs = STSPairs(list(dataset["sentence1"]), list(dataset["sentence2"]), [float(s) for s in dataset["score"]])
+        warn_out_of_scale(path, pairs.scores, "STS-B")
+        return pairs
 
     rows = [row for row in read_sts_jsonl(path) if split is None or row["split"] in (None, split)]
     pairs = STSPairs([r["sentence1"] for r in rows], [r["sentence2"] for r in rows], [r["score"] for r in rows])
     if not pairs.scores:
         raise DataError(f"{path}: no pairs" + (f" with split {split!r}" if split else ""))
+    warn_out_of_scale(path, pairs.scores, "STS-B")
     return pairs
 
 
@@ -203,6 +239,19 @@ STS_HUB = {
     "SICK-R": "mteb/sickr-sts",
 }
 SENTEVAL_MULTI_FILE = ("STS12", "STS13", "STS14", "STS15", "STS16")
+# Gold similarity scales: 0 (unrelated) to 5 (equivalent) for STS; SICK-R's relatedness runs from 1 to 5.
+STS_SCALES = {task: (1.0, 5.0) if task == "SICK-R" else (0.0, 5.0) for task in STS_TASKS}
+
+
+def warn_out_of_scale(source: str, scores: list[float], task: str) -> int:
+    """Log one warning naming `source` when scores fall outside `task`'s gold scale; returns how many do. (A score
+    off the scale is a sign of another file or a rescaled copy; Spearman would not notice.)"""
+    low, high = STS_SCALES[task]
+    outside = sum(not low <= score <= high for score in scores)
+    if outside:
+        logger.warning("%s: %d of %d scores are outside the %s scale [%g, %g]", source, outside, len(scores), task,
+                       low, high)
+    return outside
 
 
 @dataclass
@@ -299,6 +348,7 @@ def load_sts_task(task: str, data_dir: str | None = None, sickr_all: bool = Fals
     else:
         source = STS_HUB[task]
         rows = _read_sts_hub(source)
+    warn_out_of_scale(source, [row["score"] for row in rows], task)
 
     multi_file = task in SENTEVAL_MULTI_FILE
     if task == "SICK-R" and sickr_all:

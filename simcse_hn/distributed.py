@@ -22,6 +22,15 @@ def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
+def broadcast_object(obj):
+    """Process 0's `obj` on every process (a picklable value; the identity on one process)."""
+    if not is_distributed():
+        return obj
+    objects = [obj]
+    dist.broadcast_object_list(objects, src=0)
+    return objects[0]
+
+
 class _AllGatherWithGrad(torch.autograd.Function):
     """Concatenate every process's rows along dim 0 and route gradients back to their owners.
 

@@ -11,6 +11,7 @@ LOSS_STATE = "simcse_loss_state.safetensors"  # a hard-negative loss's state (Pr
 MANIFEST = "simcse_files.json"  # the files the last save wrote: the Hub upload is exactly these
 STS_RESULTS = "sts_results.json"  # eval/sts.py --save_to_model
 CARD = "README.md"
+RUN_MARKER = "simcse_run.json"  # an output folder simcse-hn writes, and its run family's id (simcse_hn.checkpoints)
 
 
 def is_hub_id(name: str | None) -> bool:

@@ -24,6 +24,8 @@ from simcse_hn.files import (
 logger = logging.getLogger(__name__)
 
 STS_METRIC = "spearman_cosine"
+# The last line of every card write_model_card writes: a README.md without it is someone else's and is never replaced.
+CARD_MARKER = "<!-- model card written by simcse-hn; it is rewritten on each save -->"
 _STS_BEGIN, _STS_END = "<!-- simcse-hn:sts-results -->", "<!-- /simcse-hn:sts-results -->"
 
 LOSS_DESCRIPTIONS = {
@@ -392,13 +394,19 @@ def write_model_card(
     *,
     repo_id: str | None = None,
     dev_spearman: float | None = None,
+    overwrite: bool = False,
 ) -> str:
     """Write README.md into a saved model folder; returns its path.
 
     `simcse_config` / `sts_results` default to the folder's simcse_config.json / sts_results.json; results passed
     in are also saved as sts_results.json, so the folder stays complete. `repo_id` names the model in the card and
-    its snippets (default: the folder's name).
+    its snippets (default: the folder's name). A README.md that simcse-hn did not write (no CARD_MARKER) is a
+    FileExistsError, before anything is written, unless `overwrite`.
     """
+    if not overwrite and not card_is_ours(output_dir):
+        raise FileExistsError(
+            f"{os.path.join(output_dir, CARD)} was not written by simcse-hn: not replacing it with the model card"
+        )
     if simcse_config is None:
         simcse_config = read_json(os.path.join(output_dir, SIMCSE_CONFIG)) or {}
     if sts_results is None:
@@ -415,10 +423,20 @@ def write_model_card(
         dev_spearman=dev_spearman,
         output_dir=output_dir,
     )
+    card.text = card.text.rstrip("\n") + f"\n\n{CARD_MARKER}\n"
     path = os.path.join(output_dir, CARD)
     card.save(path)
     record_files(output_dir, [CARD])
     return path
+
+
+def card_is_ours(output_dir: str) -> bool:
+    """Whether write_model_card may write output_dir's README.md: there is none, or simcse-hn wrote it."""
+    path = os.path.join(output_dir, CARD)
+    if not os.path.exists(path):
+        return True
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return CARD_MARKER in f.read()
 
 
 def update_card_sts(card_text: str, results: dict, model_name: str | None = None) -> str:

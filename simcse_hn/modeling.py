@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizerFast
 
-from simcse_hn.config import POOLERS
+from simcse_hn.config import POOLERS, ConfigError
 from simcse_hn.files import HEAD_WEIGHTS, LOSS_STATE, SIMCSE_CONFIG, read_json, record_files, write_json
 from simcse_hn.st_format import copy_head_into_encoder_pooler, write_sentence_transformers_files
 
@@ -22,15 +22,13 @@ logger = logging.getLogger(__name__)
 TINY_MODEL = "builtin:tiny-bert"
 
 
-def build_tiny_bert(seed: int = 0, dropout: float = 0.1) -> tuple[BertModel, BertTokenizerFast]:
-    """A 2-layer, 32-wide BERT with a character-level WordPiece vocabulary, built in code (no download)."""
-    chars = string.ascii_lowercase + string.digits + string.punctuation
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(chars) + [f"##{c}" for c in chars]
-    tokenizer = BertTokenizerFast(
-        vocab={token: i for i, token in enumerate(vocab)}, do_lower_case=True, model_max_length=128
-    )  # 128: the position embeddings below
-    config = BertConfig(
-        vocab_size=len(vocab),
+_TINY_CHARS = string.ascii_lowercase + string.digits + string.punctuation
+_TINY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(_TINY_CHARS) + [f"##{c}" for c in _TINY_CHARS]
+
+
+def tiny_bert_config(dropout: float = 0.1) -> BertConfig:
+    return BertConfig(
+        vocab_size=len(_TINY_VOCAB),
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -39,25 +37,88 @@ def build_tiny_bert(seed: int = 0, dropout: float = 0.1) -> tuple[BertModel, Ber
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
     )
+
+
+def build_tiny_bert(seed: int = 0, dropout: float = 0.1) -> tuple[BertModel, BertTokenizerFast]:
+    """A 2-layer, 32-wide BERT with a character-level WordPiece vocabulary, built in code (no download)."""
+    tokenizer = BertTokenizerFast(
+        vocab={token: i for i, token in enumerate(_TINY_VOCAB)}, do_lower_case=True, model_max_length=128
+    )  # 128: the position embeddings of tiny_bert_config
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        encoder = BertModel(config)
+        encoder = BertModel(tiny_bert_config(dropout))
     return encoder, tokenizer
 
 
-def load_tokenizer(name_or_path: str):
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+# what transformers' from_pretrained reads from a folder, in its order of preference
+_WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
+)  # fmt: skip
+
+
+def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
+    """The encoder's config alone (no weights): whether the model exists and what its limits are, known before any
+    data or weights are read. A missing folder or Hub id is a ConfigError naming `field`."""
+    if name_or_path == TINY_MODEL:
+        return tiny_bert_config()
+    if os.path.isdir(name_or_path):
+        if not os.path.isfile(os.path.join(name_or_path, "config.json")):
+            raise ConfigError(f"{field}: {name_or_path} is not a model folder (no config.json)")
+        if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in _WEIGHT_FILES):
+            raise ConfigError(f"{field}: {name_or_path} has no weights ({', '.join(_WEIGHT_FILES)})")
+    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
+        raise ConfigError(f"{field}: no such model folder: {name_or_path}")  # not 'name' or 'owner/name' (Hub ids)
+    try:
+        return AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:  # no such Hub repo, no network and not cached, unreadable config
+        if os.path.isdir(name_or_path):
+            raise ConfigError(f"{field}: cannot read the config in {name_or_path} ({_first_line(e)})") from None
+        raise ConfigError(
+            f"{field}: {name_or_path} is neither a folder here nor a Hub model that loads ({_first_line(e)})"
+        ) from None
+
+
+def load_tokenizer(name_or_path: str, field: str = "model_name_or_path"):
+    """The tokenizer of a Hub id or folder, or the tiny model's. A folder or repo without tokenizer files is a
+    ConfigError naming `field`: transformers 5 then builds the tokenizer class of the config's model type with an
+    empty vocabulary (so that it can be trained), and every sentence would become [CLS] [UNK] [SEP]."""
     if name_or_path == TINY_MODEL:
         return build_tiny_bert()[1]
-    return AutoTokenizer.from_pretrained(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{field}: cannot load a tokenizer from {name_or_path} ({_first_line(e)})") from None
+    special = set(tokenizer.all_special_tokens)
+    if not any(token not in special for token in tokenizer.get_vocab()):
+        raise ConfigError(
+            f"{field}: {name_or_path} has no tokenizer files (its vocabulary would be the {len(special)} special "
+            f"tokens only); add them, or pass --tokenizer_name_or_path"
+        )
+    return tokenizer
+
+
+# Encoders whose position ids start after the padding index (RobertaEmbeddings and its copies): the first
+# pad_token_id + 1 rows of the position table are never used for tokens.
+_POSITIONS_AFTER_PADDING = frozenset(
+    {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "ibert", "mpnet",
+     "luke", "xmod", "roberta-prelayernorm", "markuplm", "lilt"}
+)  # fmt: skip
 
 
 def model_max_length(config, tokenizer=None) -> int | None:
-    """The longest input the encoder takes, in tokens: its position embeddings (less RoBERTa's padding offset) and the
-    tokenizer's own `model_max_length` when that is a real limit (tokenizers without one report ~1e30)."""
+    """The longest input the encoder takes, in tokens: its position embeddings (less RoBERTa's padding offset; none
+    for DeBERTa's relative positions) and the tokenizer's own `model_max_length` when that is a real limit
+    (tokenizers without one report ~1e30)."""
     limits = []
     positions = getattr(config, "max_position_embeddings", None)
-    if positions:
-        offset = config.pad_token_id + 1 if config.model_type in ("roberta", "xlm-roberta", "camembert") else 0
+    if positions and getattr(config, "position_biased_input", True) is not False:
+        pad = getattr(config, "pad_token_id", None)
+        offset = (1 if pad is None else pad) + 1 if config.model_type in _POSITIONS_AFTER_PADDING else 0
         limits.append(positions - offset)
     declared = getattr(tokenizer, "model_max_length", None)
     if declared and declared < 1_000_000:

@@ -3,6 +3,9 @@ contrastive loss. The only place besides distributed.py that knows about ranks."
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import functools
 import logging
 import os
@@ -11,10 +14,12 @@ import datasets
 import torch
 from accelerate.utils import DistributedType
 from torch import Tensor
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from simcse_hn import distributed, grad_cache
+from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
 from simcse_hn.data import STSPairs
 from simcse_hn.evaluation import sts_dev_metrics
 from simcse_hn.losses import ContrastiveLoss, LossOutput
@@ -222,7 +227,17 @@ class SimCSETrainer(Trainer):
             return
         model = self.accelerator.unwrap_model(self.model)
         model.save_pretrained(output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config)
-        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+        torch.save(self._args_for_disk(), os.path.join(output_dir, TRAINING_ARGS_NAME))
+
+    def _args_for_disk(self):
+        """The arguments pickled into a saved folder (training_args.bin): never a token (train.py keeps the Hub token
+        from the Trainer; this covers a Trainer built elsewhere), and the configured save_total_limit, which
+        `_rotation_of_this_run` hides from the Trainer while a checkpoint is written."""
+        args = copy.copy(self.args)
+        args.save_total_limit = getattr(self, "_configured_save_total_limit", args.save_total_limit)
+        for name in [f.name for f in dataclasses.fields(args) if f.name.endswith("_token")]:
+            setattr(args, name, None)
+        return args
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         (model or self.model).load_weights(resume_from_checkpoint)
@@ -230,6 +245,67 @@ class SimCSETrainer(Trainer):
     def _load_best_model(self) -> None:
         logger.info("loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
         self.accelerator.unwrap_model(self.model).load_weights(self.state.best_model_checkpoint)
+
+    # --- checkpoints of this run family only (simcse_hn.checkpoints); resuming a run that already ended ---
+
+    @property
+    def run_id(self) -> str:
+        """The run family recorded in every checkpoint (simcse_config.json); train.py passes the output folder's."""
+        return self.simcse_config.setdefault("run_id", new_run_id())
+
+    @contextlib.contextmanager
+    def _rotation_of_this_run(self):
+        """transformers deletes any `checkpoint-*` folder of output_dir beyond save_total_limit, whoever wrote it:
+        hide the limit from it, and rotate this run family's checkpoints only."""
+        limit = self._configured_save_total_limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            yield limit
+        finally:
+            self.args.save_total_limit = limit
+
+    def _save_checkpoint(self, model, trial) -> None:
+        run_id = self.run_id  # before the first save writes simcse_config.json
+        with self._rotation_of_this_run() as limit:
+            super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            run_dir = self._get_output_dir(trial)
+            written = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            rotate_checkpoints(run_dir, run_id, limit, {written, self.state.best_model_checkpoint})
+
+    def _finalize_training(self, trial, num_train_samples, start_time):
+        with self._rotation_of_this_run() as limit:
+            output = super()._finalize_training(trial, num_train_samples, start_time)
+        self._keep_only_the_best(trial, limit)
+        return output
+
+    def _keep_only_the_best(self, trial, limit: int | None) -> None:
+        """As transformers at the end of training: a save_total_limit of 1 keeps the best checkpoint only."""
+        if self.args.should_save and limit == 1 and self.state.best_model_checkpoint is not None:
+            rotate_checkpoints(self._get_output_dir(trial), self.run_id, 1, {self.state.best_model_checkpoint})
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        if isinstance(resume_from_checkpoint, str) and self._reached_max_steps(resume_from_checkpoint):
+            return self._finish_from_checkpoint(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+
+    def _reached_max_steps(self, checkpoint: str) -> bool:
+        state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
+        return state.global_step >= self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+
+    def _finish_from_checkpoint(self, checkpoint: str) -> TrainOutput:
+        """A run killed after its last checkpoint (e.g. during the final save): the Trainer, which checks for the end
+        only after a step, would train one step more. Take the checkpoint's weights and state and end as training
+        ends (the best checkpoint's weights with load_best_model_at_end), without a step."""
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
+        logger.info("%s already reached step %d: finishing the save only", checkpoint, self.state.global_step)
+        self._load_from_checkpoint(checkpoint)
+        best = self.state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best is not None and os.path.isdir(best):
+            self._load_best_model()
+        self._keep_only_the_best(None, self.args.save_total_limit)
+        losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
+        return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
 
 
 class DevSentences:

@@ -351,7 +351,8 @@ def test_train_py_pushes_once_and_eval_results_update_the_card(tmp_path, hub_env
         assert [p for _, p in server.requests if p == "/api/repos/create"] == ["/api/repos/create"]
         local = files_snapshot(out)
         pushed = server.repos[repo]
-        expected = {p: b for p, b in local.items() if not p.startswith("checkpoint-") and p != "training_args.bin"}
+        run_state = ("training_args.bin", "simcse_run.json")  # the run's files, not the model's
+        expected = {p: b for p, b in local.items() if not p.startswith("checkpoint-") and p not in run_state}
         assert pushed == expected
         model_files = {"model.safetensors", "tokenizer.json", "simcse_config.json", "simcse_head.safetensors"}
         assert model_files | {"modules.json", "1_Pooling/config.json", "README.md"} <= set(pushed)

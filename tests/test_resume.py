@@ -13,15 +13,19 @@ import torch
 from conftest import FIXTURES, ROOT
 from safetensors.torch import load_file
 
-# Crash like a SIGKILL right after step 5 finished (checkpoint-4 is on disk, checkpoint-6 is not).
+# A SIGKILL at a chosen point (env CRASH): "step N" right after step N finished (checkpoint N is on disk only if N is
+# a save step); "save NAME" half-way through writing the folder NAME ("checkpoint-6", or "final" for output_dir):
+# its encoder weights are written, nothing else.
 CRASH = """
 import os, sys, train
 from transformers import TrainerCallback
 from simcse_hn.trainer import SimCSETrainer
 
+where = os.environ["CRASH"]
+
 class Crash(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 5:
+        if where == f"step {state.global_step}":
             os._exit(137)
 
 init = SimCSETrainer.__init__
@@ -29,13 +33,22 @@ def patched(self, *a, **k):
     init(self, *a, **k)
     self.add_callback(Crash())
 SimCSETrainer.__init__ = patched
+
+save = SimCSETrainer._save
+def crashing_save(self, output_dir=None, state_dict=None):
+    final = os.path.abspath(output_dir) == os.path.abspath(self.args.output_dir)
+    if where == "save " + ("final" if final else os.path.basename(output_dir)):
+        self.accelerator.unwrap_model(self.model).encoder.save_pretrained(output_dir)
+        os._exit(137)
+    save(self, output_dir, state_dict)
+SimCSETrainer._save = crashing_save
 sys.exit(train.main(sys.argv[1:]))
 """
 
 
-def _run(args, crash=False):
+def _run(args, crash: str | None = None):
     code = ["-c", CRASH] if crash else ["train.py"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CRASH": crash or ""}
     return subprocess.run(
         [sys.executable, *code, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
     )
@@ -52,54 +65,46 @@ def _weights(folder):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "loss_args",
+    "loss_args, crash, resumed_from",
     [
-        ["--loss", "progcl", "--progcl_warmup_ratio", "0.25", "--progcl_warm_start", "true"],
-        ["--loss", "unremix", "--unremix_learn_mixture", "true"],
+        (["--loss", "progcl", "--progcl_warmup_ratio", "0.25", "--progcl_warm_start", "true"], "step 5", 4),
+        # killed while writing the last checkpoint, under a constant learning rate (a linear decay reaches lr 0 at the
+        # end, where a wrong extra step would change no weight)
+        (["--loss", "unremix", "--unremix_learn_mixture", "true", "--lr_scheduler_type", "constant"],
+         "save checkpoint-8", 6),
     ],
-    ids=["progcl", "unremix"],
-)
-def test_killed_run_resumes_to_the_same_weights(tmp_path, loss_args):
+    ids=["progcl-step-5", "unremix-constant-lr-last-checkpoint"],
+)  # fmt: skip
+def test_killed_run_resumes_to_the_same_weights(tmp_path, loss_args, crash, resumed_from):
     common = [
-        "--config",
-        "configs/debug_tiny.yaml",
-        "--train_file",
-        str(FIXTURES / "tiny_corpus.txt"),
-        "--eval_file",
-        str(FIXTURES / "sts_tiny.jsonl"),
-        "--max_steps",
-        "8",
-        "--save_steps",
-        "2",
-        "--eval_steps",
-        "2",
-        "--save_total_limit",
-        "2",
-        "--load_best_model_at_end",
-        "false",
-        "--disable_tqdm",
-        "true",
-        "--seed",
-        "7",
+        "--config", "configs/debug_tiny.yaml",
+        "--train_file", str(FIXTURES / "tiny_corpus.txt"),
+        "--eval_file", str(FIXTURES / "sts_tiny.jsonl"),
+        "--max_steps", "8", "--save_steps", "2", "--eval_steps", "2", "--save_total_limit", "2",
+        "--load_best_model_at_end", "false",
+        "--disable_tqdm", "true",
+        "--seed", "7",
         *loss_args,
-    ]
+    ]  # fmt: skip
     straight = tmp_path / "straight"
     crashed = tmp_path / "crashed"
     result = _run([*common, "--output_dir", str(straight)])
     assert result.returncode == 0, result.stderr[-2000:]
 
-    result = _run([*common, "--output_dir", str(crashed)], crash=True)
+    result = _run([*common, "--output_dir", str(crashed)], crash=crash)
     assert result.returncode == 137
-    assert (crashed / "checkpoint-4").is_dir() and not (crashed / "checkpoint-6").exists()
+    newest = crashed / f"checkpoint-{resumed_from + 2}"
+    assert (crashed / f"checkpoint-{resumed_from}" / "trainer_state.json").is_file()
+    assert not (newest / "trainer_state.json").exists()
     assert not (crashed / "model.safetensors").exists()
-    # a checkpoint the crash interrupted while writing (no trainer_state.json) must be skipped, not loaded
-    shutil.copytree(crashed / "checkpoint-4", crashed / "checkpoint-5")
-    os.remove(crashed / "checkpoint-5" / "trainer_state.json")
+    if not newest.exists():  # a checkpoint the crash interrupted while writing must be skipped, not loaded
+        shutil.copytree(crashed / f"checkpoint-{resumed_from}", newest)
+        os.remove(newest / "trainer_state.json")
 
     result = _run([*common, "--output_dir", str(crashed), "--resume_from_checkpoint", "true"])
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"resuming from {crashed / 'checkpoint-4'}" in result.stdout
-    assert "checkpoint-5 is incomplete" in result.stdout + result.stderr
+    assert f"resuming from {crashed / f'checkpoint-{resumed_from}'}" in result.stdout
+    assert f"{newest} is skipped: no trainer_state.json" in result.stdout + result.stderr
 
     expected, got = _weights(straight), _weights(crashed)
     assert expected.keys() == got.keys()
@@ -110,13 +115,14 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, loss_args):
 
 
 def test_resume_needs_a_complete_checkpoint(tmp_path):
-    from simcse_hn.checkpoints import resolve_resume
+    from simcse_hn.checkpoints import claim_output_dir, resolve_resume
     from simcse_hn.config import ConfigError
 
     (tmp_path / "checkpoint-3").mkdir()
-    with pytest.raises(ConfigError, match="no complete checkpoint in"):
+    with pytest.raises(ConfigError, match="was not written by simcse-hn"):
         resolve_resume("true", str(tmp_path))
-    with pytest.raises(ConfigError, match="checkpoint-3 is incomplete"):
+    claim_output_dir(str(tmp_path), "run-a")
+    with pytest.raises(ConfigError, match="no complete checkpoint of this run in"):
+        resolve_resume("true", str(tmp_path))
+    with pytest.raises(ConfigError, match="checkpoint-3 cannot be resumed from: no trainer_state.json"):
         resolve_resume(str(tmp_path / "checkpoint-3"), str(tmp_path))
-    (tmp_path / "checkpoint-3" / "trainer_state.json").write_text("{}")
-    assert resolve_resume("latest", str(tmp_path)) == str(tmp_path / "checkpoint-3")

@@ -1,0 +1,115 @@
+"""Reliability, class 5: user mistakes that used to end in a traceback (or in a message naming neither field nor
+file) are one line, `error: ...`, exit 2, before any model is loaded and, where the config alone tells, before any
+data is read."""
+
+from __future__ import annotations
+
+import pytest
+from test_hub import train_args
+from transformers import BertConfig, DebertaV2Config, MPNetConfig, RobertaConfig
+
+import train
+from simcse_hn.modeling import SimCSEModel, model_max_length
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    def fail(what):
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"{what} before the mistake was reported")
+
+        return refuse
+
+    monkeypatch.setattr(SimCSEModel, "from_pretrained", fail("a model was loaded"))
+    monkeypatch.setattr(train, "load_sentences", fail("the training data was read"))
+
+
+def _roberta_folder(path):
+    RobertaConfig(max_position_embeddings=34, pad_token_id=1, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=64).save_pretrained(path)  # fmt: skip
+    return path
+
+
+def _case(tmp_path, name):
+    """-> (extra argv, the one line on stderr)"""
+    config = tmp_path / "list.yaml"
+    config.write_text("temperature: [0.05, 0.1]\n", encoding="utf-8")
+    (tmp_path / "a_file").write_text("", encoding="utf-8")
+    unwritable = tmp_path / "a_file" / "out"
+    roberta = _roberta_folder(tmp_path / "roberta")
+    (roberta / "model.safetensors").write_bytes(b"")  # a weights file, for the config-only checks to get past
+    config_only = _roberta_folder(tmp_path / "config_only")
+    return {
+        "missing model folder": (
+            ["--model_name_or_path", "/no/such/model"],
+            "model_name_or_path: no such model folder: /no/such/model",
+        ),
+        "missing hub model": (
+            ["--model_name_or_path", "nobody-xyz/no-such-model"],
+            "model_name_or_path: nobody-xyz/no-such-model is neither a folder here nor a Hub model that loads (",
+        ),
+        "a model folder without weights": (
+            ["--model_name_or_path", str(config_only)],
+            f"model_name_or_path: {config_only} has no weights (model.safetensors, model.safetensors.index.json, ",
+        ),
+        "loss rejects a value": (
+            ["--loss", "unremix", "--unremix_beta", "-1"],
+            "unremix_beta: must be >= 0, got -1.0",
+        ),
+        "beyond the positions": (
+            ["--max_seq_length", "129"],
+            "max_seq_length: 129 is above the 128 positions of builtin:tiny-bert",
+        ),
+        "beyond roberta's positions": (  # 34 position rows, the first two (padding index + 1) never used
+            ["--model_name_or_path", str(roberta), "--max_seq_length", "33"],
+            f"max_seq_length: 33 is above the 32 positions of {roberta}",
+        ),
+        "unwritable output folder": (
+            ["--output_dir", str(unwritable)],
+            f"output_dir: cannot write {unwritable} (NotADirectoryError: Not a directory)",
+        ),
+        "output folder is a file": (
+            ["--output_dir", str(tmp_path / "a_file")],
+            f"output_dir: {tmp_path / 'a_file'} exists and is not a folder",
+        ),
+        "a yaml list for one number": (
+            ["--config", str(config)],
+            f"temperature: expected one value, got a list [0.05, 0.1] (in {config})",
+        ),
+        "invalid hub repo id": (
+            ["--push_to_hub", "true", "--hub_model_id", "me/not a name"],
+            "hub_model_id: Repo id must use alphanumeric chars, '-', '_' or '.'.",
+        ),
+    }[name]
+
+
+CASES = [
+    "missing model folder",
+    "missing hub model",
+    "a model folder without weights",
+    "loss rejects a value",
+    "beyond the positions",
+    "beyond roberta's positions",
+    "unwritable output folder",
+    "output folder is a file",
+    "a yaml list for one number",
+    "invalid hub repo id",
+]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_mistake_is_one_line_before_any_model_or_data_loads(tmp_path, name, nothing_loads, capsys):
+    extra, message = _case(tmp_path, name)
+    argv = train_args(tmp_path / "out")
+    if "--config" in extra:  # a second --config: the YAML under test, with the rest of the tiny run on the CLI
+        argv = argv[2:]
+    assert train.main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_position_limits_from_the_config():
+    assert model_max_length(BertConfig()) == 512
+    assert model_max_length(RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
+    assert model_max_length(MPNetConfig(max_position_embeddings=514, pad_token_id=1)) == 512  # RoBERTa's offset too
+    assert model_max_length(DebertaV2Config(position_biased_input=False)) is None  # relative positions only
