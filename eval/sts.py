@@ -29,6 +29,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from simcse_hn.data import STS_FILES, STS_HUB, DataError, STSPairs, load_sts_pairs, load_sts_task, read_sts_jsonl
+from simcse_hn.errors import UserError
 from simcse_hn.evaluation import (
     AGGREGATION_HELP,
     AGGREGATIONS,
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except DataError as e:
+    except UserError as e:  # a bad task file or flag, a model folder without a usable tokenizer, ...
         print(f"error: {e}", file=sys.stderr)
         return 2
 

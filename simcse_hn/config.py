@@ -19,16 +19,13 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
+from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
 from simcse_hn.files import is_hub_id
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 CONTRAST_FORMS = ("simcse", "symmetric")
 LOSS_NAMES = ("infonce", "dcl", "hcl", "progcl", "unremix")
 HUB_STRATEGIES = ("end", "every_save")
-
-
-class ConfigError(ValueError):
-    """A user mistake in the configuration; its message is one line naming the field."""
 
 
 def _check(condition: bool, name: str, message: str) -> None:

@@ -61,12 +61,15 @@ class Curves:
 def trainer_state_path(run: str) -> str | None:
     """The folder's own trainer_state.json, else the newest complete checkpoint's (the Trainer does not write one
     beside the final model)."""
-    from simcse_hn.checkpoints import last_complete_checkpoint
+    from simcse_hn.checkpoints import checkpoints_by_step
 
     if os.path.isfile(os.path.join(run, TRAINER_STATE)):
         return os.path.join(run, TRAINER_STATE)
-    checkpoint = last_complete_checkpoint(run)
-    return os.path.join(checkpoint, TRAINER_STATE) if checkpoint else None
+    # only reading its history: any checkpoint the Trainer finished writing (its state file comes last) will do
+    for _, checkpoint in reversed(checkpoints_by_step(run)):
+        if os.path.isfile(os.path.join(checkpoint, TRAINER_STATE)):
+            return os.path.join(checkpoint, TRAINER_STATE)
+    return None
 
 
 def _is_number(value) -> bool:

@@ -17,13 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported from here by callers)
 from simcse_hn.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.data.contrastive_targets)
 
 logger = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """A problem with the user's data; the message is one line naming file and line or field."""
 
 
 def _read_text(path: str) -> str:

@@ -14,11 +14,25 @@ CARD = "README.md"
 RUN_MARKER = "simcse_run.json"  # an output folder simcse-hn writes, and its run family's id (simcse_hn.checkpoints)
 
 
+# Suffixes of the files a user points simcse-hn at: a name ending so is a local file that does not exist (yet), not a
+# Hub repo (whose names may well contain dots: BAAI/bge-small-en-v1.5).
+_FILE_SUFFIXES = (".txt", ".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".gz", ".yaml", ".yml")
+
+
 def is_hub_id(name: str | None) -> bool:
-    """'owner/name' or 'name' that is not an existing path, a file name, a relative or absolute path or a builtin."""
+    """'owner/name' or 'name' as the Hub spells repo ids, that is not an existing path, a relative or absolute path, a
+    data file's name or a builtin ('builtin:tiny-bert')."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     if not name or ":" in name or os.path.exists(name) or name.startswith((".", "/", "~")):
         return False
-    return os.path.splitext(name)[1] == "" and name.count("/") <= 1
+    if name.count("/") > 1 or name.lower().endswith(_FILE_SUFFIXES):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 def source_record(name: str | None) -> dict | None:

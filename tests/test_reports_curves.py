@@ -51,7 +51,8 @@ def test_curves_are_the_trainers_log_history_merged_with_tensorboard(trained, tm
 
     written = write_curves([curves], str(tmp_path))
     assert {"curves.md", "curves.json", "curves.png", "curve_loss.png", "curve_eval_stsb_spearman.png"} <= set(written)
-    assert "alignment_uniformity.png" not in written  # the trainer logged no alignment / uniformity
+    assert "alignment_uniformity.png" in written  # the trainer logs alignment and uniformity at each evaluation
+    assert set(curves.series["eval_uniformity"]) == {3, 6}
     for name in written:
         assert (tmp_path / name).is_file()
     text = (tmp_path / "curves.md").read_text()
