@@ -40,6 +40,10 @@ def _setup_logging(training_args) -> None:
     transformers.utils.logging.set_verbosity(logging.WARNING if level == logging.INFO else level)
     datasets.utils.logging.set_verbosity(logging.WARNING)
     logging.getLogger("simcse_hn").setLevel(level)
+    # Quiet apart from the training progress bar and the metrics: no bars for loading weights or writing every
+    # checkpoint's shards (transformers) or for preparing datasets.
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
 
 
 def _cpu_fallback(argv: list[str] | None) -> list[str]:
@@ -164,10 +168,9 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if hub_target is not None and hub_target.strategy == "every_save":
         trainer.add_callback(CheckpointPush(hub_target))
     trainer.train(resume_from_checkpoint=checkpoint)
-    collator = trainer.data_collator
-    if collator.num_truncated:
-        logger.warning("%d of %d sentences were longer than %d tokens and were truncated",
-                       collator.num_truncated, collator.num_sentences, data_args.max_seq_length)
+    if trainer.truncated_sentences:
+        logger.warning("%d of the %d sentences trained on were longer than %d tokens and were truncated",
+                       trainer.truncated_sentences, trainer.trained_sentences, data_args.max_seq_length)
     trainer.simcse_config.update(training_budget(trainer))  # the final folder says how much training it had
     trainer.save_model(training_args.output_dir)
     dev_spearman = final_dev_score(trainer) if eval_pairs is not None else None

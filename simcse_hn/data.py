@@ -181,15 +181,15 @@ class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
     gives two dropout views of every sentence.
 
-    Sentences longer than `max_length` tokens are truncated; `num_truncated` / `num_sentences` count them (a warning
-    is logged the first time)."""
+    Sentences longer than `max_length` tokens are truncated: the batch says how many (`num_truncated`, an int, not a
+    model input: the trainer pops it and counts the batches it trains on; the data loader collates one batch ahead,
+    so a count kept here would include a batch never trained on), and a warning is logged the first time."""
 
     def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text"):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.text_column = text_column
-        self.num_sentences = 0
-        self.num_truncated = 0
+        self.warned = False
 
     def __call__(self, features: list) -> dict[str, Tensor]:
         texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
@@ -200,17 +200,18 @@ class SimCSECollator:
             return_overflowing_tokens=True,
         )  # each (B + overflow rows, T)
         sample = batch.pop("overflow_to_sample_mapping", None)
+        truncated = 0
         if sample is not None and len(sample) > len(texts):  # keep each sentence's first window
             first = torch.ones_like(sample, dtype=torch.bool)
             first[1:] = sample[1:] != sample[:-1]
             batch = {key: value[first] for key, value in batch.items()}
             truncated = int(sample[~first].unique().numel())
-            if self.num_truncated == 0:
+            if not self.warned:
                 logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d)",
                                self.max_length, truncated, len(texts))
-            self.num_truncated += truncated
-        self.num_sentences += len(texts)
-        return {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+                self.warned = True
+        rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+        return {**rows, "num_truncated": truncated}
 
 
 # --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---

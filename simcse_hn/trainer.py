@@ -125,6 +125,8 @@ class SimCSETrainer(Trainer):
         super().__init__(model=model, args=args, **kwargs)
         self.simcse_config = simcse_config or {}
         self.skipped_steps = 0
+        self.trained_sentences = 0  # sentences of the batches this process trained on (resumed runs: since resuming)
+        self.truncated_sentences = 0  # of those, how many were longer than max_seq_length
         self._metric_sums: dict[str, torch.Tensor] = {}
         self._metric_count = 0
         self.add_callback(_NonFiniteGradientGuard(self))
@@ -157,6 +159,10 @@ class SimCSETrainer(Trainer):
         return output.embeddings, output.head_inputs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        truncated = inputs.pop("num_truncated", 0)  # the collator's count for this batch (an int: no host sync)
+        if model.training:
+            self.trained_sentences += inputs["input_ids"].shape[0] // 2
+            self.truncated_sentences += truncated
         sentences = self.args.cache_minibatch_size
         if model.training and sentences is not None and 2 * sentences < inputs["input_ids"].shape[0]:
             result = grad_cache.cached_loss(
