@@ -28,6 +28,7 @@ from simcse_hn.modeling import (
     load_encoder_config,
     load_tokenizer,
     model_max_length,
+    resolve_packaged,
 )
 from simcse_hn.trainer import SimCSETrainer
 
@@ -74,6 +75,8 @@ def _prepare_output_dir(training_args, checkpoint: str | None) -> str:
 def run(argv: list[str] | None = None) -> SimCSETrainer:
     model_args, data_args, training_args = parse_args(_cpu_fallback(argv))
     _setup_logging(training_args)
+    base_model = model_args.model_name_or_path  # as named: a packaged model's record is its Hub id
+    model_args.model_name_or_path = resolve_packaged(base_model)
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
     if data_args.train_file is None:
@@ -138,7 +141,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         model_args.model_name_or_path, model.config, tokenizer
     )
     simcse_config = {
-        "base_model": source_record(model_args.model_name_or_path),
+        "base_model": source_record(base_model),
         "base_model_license": base_model_license(model_args.model_name_or_path),
         "loss": training_args.loss,
         "loss_kwargs": training_args.loss_kwargs(),
@@ -175,7 +178,10 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     trainer.save_model(training_args.output_dir)
     dev_spearman = final_dev_score(trainer) if eval_pairs is not None else None
     if dev_spearman is not None:
-        logger.info("STS-B dev Spearman x 100 of the saved model: %.2f", dev_spearman)
+        before = next((e["eval_stsb_spearman"] for e in trainer.state.log_history if e.get("step") == 0
+                       and "eval_stsb_spearman" in e), None)  # fmt: skip  (eval_on_start)
+        logger.info("STS-B dev Spearman x 100 of the saved model: %.2f%s", dev_spearman,
+                    "" if before is None else f" (before training: {before:.2f})")  # fmt: skip
     if trainer.is_world_process_zero():
         write_model_card(
             training_args.output_dir,

@@ -133,12 +133,16 @@ def default_output(model: str) -> str:
     """Beside the model, never inside it (a report in the folder would be taken for one of its files)."""
     if os.path.isdir(model):
         return os.path.normpath(model) + "-sts"
-    return "sts-" + model.rstrip("/").split("/")[-1]
+    return "sts-" + model.rstrip("/").split("/")[-1].split(":")[-1]
 
 
 def run(args: argparse.Namespace) -> int:
-    local_model = os.path.isdir(args.model)
     args.output = args.output or default_output(args.model)
+    if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
+        from simcse_hn.modeling import resolve_packaged
+
+        args.model = resolve_packaged(args.model, field="--model")
+    local_model = os.path.isdir(args.model)
     if args.save_to_model and not local_model:
         raise DataError(f"--save_to_model needs a local model folder; {args.model!r} is not one")
     hub_repo = args.hub_model_id or (None if local_model else args.model)
