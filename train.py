@@ -79,8 +79,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     model_args.model_name_or_path = resolve_packaged(base_model)
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
-    if data_args.train_file is None:
-        raise ConfigError("train_file: required (a text/jsonl/csv file or a Hub dataset id)")
+    if data_args.train_source is None:
+        raise ConfigError("train_file: required (a text/jsonl/csv file), or dataset_name (a Hub dataset id)")
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise ConfigError("hub_model_id: required with push_to_hub (e.g. user/unsup-simcse-bert-base)")
     if training_args.push_to_hub and find_token(training_args.hub_token) is None:
@@ -114,16 +114,18 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     run_id = _prepare_output_dir(training_args, checkpoint)
 
     sentences = load_sentences(
-        data_args.train_file,
+        data_args.train_source,
         data_args.text_column,
         data_args.train_data_files,
         data_args.max_train_samples,
         data_args.drop_duplicates,
+        config_name=data_args.dataset_config_name,
+        split=data_args.dataset_split,
     )
     global_batch = training_args.per_device_train_batch_size * training_args.world_size
     if len(sentences) < global_batch:
         raise DataError(
-            f"{data_args.train_file}: {len(sentences)} sentences, fewer than one batch "
+            f"{data_args.train_source}: {len(sentences)} sentences, fewer than one batch "
             f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
         )
     eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
@@ -150,7 +152,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "eval_max_seq_length": eval_max_length,
         "inference_max_seq_length": inference_length,
         "seed": training_args.seed,
-        "train_file": source_record(data_args.train_file),
+        "train_file": source_record(data_args.train_source),
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
         "world_size": training_args.world_size,
         "gradient_accumulation_steps": training_args.gradient_accumulation_steps,

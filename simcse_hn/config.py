@@ -101,13 +101,21 @@ class DataArguments:
     train_file: str | None = field(
         default=None,
         metadata={
-            "help": "Training sentences: a .txt file (one per line), .jsonl/.csv with `text_column`, or a "
-            "Hub dataset id (read through `datasets`; see train_data_files)."
+            "help": "Training sentences from a local file: .txt (one per line), or .jsonl/.csv/.tsv with "
+            "`text_column`. (A Hub dataset id here still works; --dataset_name is the usual route.)"
         },
     )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Training sentences from a Hub dataset, read through `datasets` (instead of train_file)."},
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "The dataset's configuration (subset) name, when it has several."}
+    )
+    dataset_split: str = field(default="train", metadata={"help": "The dataset's split to train on."})
     train_data_files: str | None = field(
         default=None,
-        metadata={"help": "With a Hub dataset id: the file inside the repo (e.g. wiki1m_for_simcse.txt)."},
+        metadata={"help": "With a Hub dataset: the file(s) inside the repo (e.g. wiki1m_for_simcse.txt)."},
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the sentence in jsonl/csv/Hub data."})
     max_seq_length: int = field(default=32, metadata={"help": "Token limit per sentence (SimCSE: 32)."})
@@ -144,6 +152,21 @@ class DataArguments:
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
                 _check(os.path.isfile(path), name, f"file not found: {path}")
+        _check(
+            self.train_file is None or self.dataset_name is None,
+            "dataset_name",
+            f"give train_file or dataset_name, not both (got {self.train_file!r} and {self.dataset_name!r})",
+        )
+        _check(
+            self.dataset_name is None or is_hub_id(self.dataset_name),
+            "dataset_name",
+            f"{self.dataset_name!r} is not a Hub dataset id ('owner/name'); a local file goes in train_file",
+        )
+
+    @property
+    def train_source(self) -> str | None:
+        """Where the training sentences come from: the Hub dataset, else the file (or the Hub id in train_file)."""
+        return self.dataset_name or self.train_file
 
 
 @dataclass

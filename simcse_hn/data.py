@@ -95,11 +95,14 @@ def _read_csv_column(path: str, column: str) -> list[str]:
     return texts
 
 
-def _read_hub_column(name: str, column: str, data_files: str | None, split: str = "train") -> list[str]:
+def _read_hub_column(
+    name: str, column: str, data_files: str | None, split: str = "train", config_name: str | None = None
+) -> list[str]:
     import datasets
 
     try:
-        dataset = datasets.load_dataset(name, data_files=data_files, split=split)
+        config = {"name": config_name} if config_name else {}  # the dataset's configuration (subset)
+        dataset = datasets.load_dataset(name, data_files=data_files, split=split, **config)
     except Exception as e:  # network, missing repo, missing file: all user-facing
         raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     if column not in dataset.column_names:
@@ -113,8 +116,11 @@ def load_sentences(
     data_files: str | None = None,
     max_samples: int | None = None,
     drop_duplicates: bool = False,
+    config_name: str | None = None,
+    split: str = "train",
 ) -> list[str]:
-    """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id.
+    """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id (with its
+    `config_name`, `split` and `data_files`).
 
     Strips white space, drops empty lines and reports how many; counts duplicates and drops them on request.
     """
@@ -127,7 +133,7 @@ def load_sentences(
         else:
             raw = _read_lines(path)
     else:
-        raw = _read_hub_column(path, text_column, data_files)
+        raw = _read_hub_column(path, text_column, data_files, split, config_name)
 
     sentences = [s.strip() for s in raw]
     sentences = [s for s in sentences if s]
