@@ -43,6 +43,6 @@ def test_config_defaults_are_the_loss_classes_defaults(loss, tmp_path):
     if loss == "dcl":
         assert configured.tau_plus == 1e-3
     if loss == "progcl":
-        assert configured.fit_pairs == 16384
+        assert configured.fit_pairs == 65536
         zero = parse_args(["--loss", loss, "--progcl_fit_pairs", "0", "--output_dir", str(tmp_path)])[2]
         assert build_loss(loss, **zero.loss_kwargs()).fit_pairs is None  # every pair

@@ -538,3 +538,20 @@ def test_mix_without_the_sort_has_the_sorted_pairings_expectation():
     by_hardness, _ = mean_loss(4, 4)  # K = n = 4 < N: the sort, 24 permutations
     assert spread > 1e-4  # the pairing matters for each draw
     torch.testing.assert_close(unsorted, by_hardness, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["weight", "mix"])
+def test_sampled_fit_and_random_pairing_compile_without_graph_breaks(mode):
+    """The draws (the fit's sample, mix's permutation) stay in the graph and follow torch's generator as in eager."""
+    z = simcse_like(12, 8, 13, dtype=torch.float32)
+    eager_fn, compiled_fn = (ProGCLLoss(0.05, mode=mode, em_iters=3, fit_pairs=40) for _ in range(2))
+    context = LossContext(step=5, max_steps=10)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    out = torch.compile(compiled_fn.compute, fullgraph=True, backend="aot_eager")(z, square_targets(12), context)
+    torch.manual_seed(0)
+    ref = eager_fn.compute(z, square_targets(12), context)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out.loss, ref.loss)
+    torch.testing.assert_close(compiled_fn.bmm_alpha, eager_fn.bmm_alpha)
+    assert not torch.equal(eager_fn.bmm_alpha, ProGCLLoss(0.05, em_iters=3, fit_pairs=0).bmm_alpha)  # it was fitted
