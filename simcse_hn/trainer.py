@@ -19,6 +19,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from simcse_hn import distributed, grad_cache
+from simcse_hn.callbacks import ClampWarningCallback
 from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
 from simcse_hn.data import STSPairs
 from simcse_hn.evaluation import sts_dev_metrics
@@ -130,6 +131,7 @@ class SimCSETrainer(Trainer):
         self._metric_sums: dict[str, torch.Tensor] = {}
         self._metric_count = 0
         self.add_callback(_NonFiniteGradientGuard(self))
+        self.add_callback(ClampWarningCallback())
         if args.cache_minibatch_size is not None and (
             self.accelerator.distributed_type == DistributedType.DEEPSPEED or args.n_gpu > 1
         ):
