@@ -433,6 +433,8 @@ def _check_repo_id(repo_id: str) -> None:
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
+# Fields that say the same thing in two ways: one given on the command line replaces the other given in the YAML.
+ALTERNATIVE_FIELDS = (("train_file", "dataset_name"),)
 
 
 # --help: simcse-hn's own flags first, in these groups (in this order), then the Trainer's. A field goes to the
@@ -528,6 +530,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     takes_lists = {name for types in hints for name, annotation in types.items() if "list" in str(annotation)}
     parser = _Parser(ARGUMENT_CLASSES)
     config = load_yaml(known_args.config) if known_args.config else {}
+    for alternatives in ALTERNATIVE_FIELDS:  # a source given on the command line replaces the YAML's other one
+        if any(f"--{name}" in rest for name in alternatives):
+            config = {k: v for k, v in config.items() if k not in alternatives or f"--{k}" in rest}
     yaml_argv = _yaml_to_argv(config, known_args.config, known, takes_lists)
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)

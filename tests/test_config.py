@@ -142,3 +142,13 @@ def test_help_lists_the_projects_flags_first_by_group_with_choices():
     resume = text.split("--resume_from_checkpoint")[-1][:400]
     assert "'true'" in resume
     assert text.index("--hcl_beta") < text.index("--learning_rate") < text.index("--resume_from_checkpoint")
+
+
+def test_a_local_corpus_on_the_command_line_replaces_the_configs_hub_dataset():
+    """The recipe configs read SimCSE's corpus from the Hub (dataset_name); --train_file FILE replaces it."""
+    corpus = str(FIXTURES / "tiny_corpus.txt")
+    _, data_args, _ = parse_args(["--config", str(ROOT / "configs" / "unsup_bert_base_hcl.yaml"),
+                                  "--train_file", corpus, "--output_dir", "/tmp/unused"])  # fmt: skip
+    assert (data_args.train_file, data_args.dataset_name, data_args.train_source) == (corpus, None, corpus)
+    _, data_args, _ = parse_args(["--config", str(ROOT / "configs" / "unsup_bert_base_hcl.yaml")])
+    assert data_args.train_source == "princeton-nlp/datasets-for-simcse"
