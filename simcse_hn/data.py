@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -183,13 +184,19 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
     return pairs
 
 
+def text_id(text: str) -> int:
+    """A 63-bit id of a sentence's text, the same in every process (Python's own hash is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
 class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
     gives two dropout views of every sentence.
 
     Sentences longer than `max_length` tokens are truncated: the batch says how many (`num_truncated`, an int, not a
     model input: the trainer pops it and counts the batches it trains on; the data loader collates one batch ahead,
-    so a count kept here would include a batch never trained on), and a warning is logged the first time."""
+    so a count kept here would include a batch never trained on), and a warning is logged the first time. The batch
+    also holds `text_ids` (2B,), each row's `text_id` (not a model input either: the duplicate diagnostics use it)."""
 
     def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text"):
         self.tokenizer = tokenizer
@@ -217,7 +224,8 @@ class SimCSECollator:
                                self.max_length, truncated, len(texts))
                 self.warned = True
         rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
-        return {**rows, "num_truncated": truncated}
+        ids = torch.tensor([text_id(t) for t in texts]).repeat_interleave(2)  # (2B,) the same text, the same id
+        return {**rows, "num_truncated": truncated, "text_ids": ids}
 
 
 # --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---
