@@ -9,7 +9,8 @@ embeds each as training does (rows [a, a', b, b', ...], the model in train mode:
 and for the first `--anchors` sentences of each batch lists their `--top` most similar in-batch negatives
 (symmetric form) with the cosine and the weight each objective gives them (mean one over the anchor's negatives:
 InfoNCE and DCL weigh every negative 1; ProGCL as after its warm-up). Prints the Markdown and writes negatives.md
-and negatives.json to --output (default: beside the model, MODEL-negatives). One `error: ...` line and exit 2 for a bad argument or file.
+and negatives.json to --output (default: beside the model, MODEL-negatives). One `error: ...` line and exit 2 for a
+bad argument or file.
 """
 
 from __future__ import annotations
