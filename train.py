@@ -104,6 +104,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
             f"{model_args.model_name_or_path}"
         )
     loss_fn = training_args.build_loss()
+    training_args.check_optimizer()
     if model_args.tokenizer_name_or_path is not None:
         tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, field="tokenizer_name_or_path")
     else:

@@ -382,6 +382,20 @@ class SimCSETrainingArguments(TrainingArguments):
         fields_of_loss = LOSS_FIELDS[self.loss].items()
         return {"temperature": self.temperature, **{symbol: getattr(self, name) for symbol, name in fields_of_loss}}
 
+    def check_optimizer(self) -> None:
+        """The optimizer's settings, checked by the optimizer itself (built once on a dummy parameter), before any
+        model or data loads: what it would reject at the first step is a ConfigError naming the field now."""
+        import torch
+        from transformers import Trainer
+
+        try:
+            optimizer, kwargs = Trainer.get_optimizer_cls_and_kwargs(self)
+            optimizer([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+        except (ValueError, ImportError) as e:
+            message = str(e).strip().splitlines()[0]
+            name = next((field for words, field in OPTIMIZER_FIELDS if words in message.lower()), "optim")
+            raise ConfigError(f"{name}: {message}") from None
+
     def build_loss(self):
         """The configured objective, built before any model loads: a value the loss rejects is a ConfigError naming
         the config field (the loss names its own argument, e.g. `beta`)."""
@@ -397,6 +411,10 @@ class SimCSETrainingArguments(TrainingArguments):
                 raise ConfigError(f"loss: {message}") from None
             raise ConfigError(f"{name}: {message[symbol.end():].strip()}") from None
 
+
+# words of the optimizers' own error messages -> the field they are about
+OPTIMIZER_FIELDS = (("learning rate", "learning_rate"), ("epsilon", "adam_epsilon"), ("index 0", "adam_beta1"),
+                    ("index 1", "adam_beta2"), ("weight_decay", "weight_decay"))  # fmt: skip
 
 # build_loss() keyword (the paper's symbol) -> config field, for each loss; `temperature` is common to all
 LOSS_FIELDS = {

@@ -95,6 +95,11 @@ def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
             raise ConfigError(f"{field}: {name_or_path} is not a model folder (no config.json)")
         if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in _WEIGHT_FILES):
             raise ConfigError(f"{field}: {name_or_path} has no weights ({', '.join(_WEIGHT_FILES)})")
+        from simcse_hn.checkpoints import safetensors_problem
+
+        for name in sorted(os.listdir(name_or_path)):  # a truncated or corrupt file fails now, not after the data
+            if name.endswith(".safetensors") and (problem := safetensors_problem(os.path.join(name_or_path, name))):
+                raise ConfigError(f"{field}: {name_or_path}: {problem}")
     elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
         raise ConfigError(f"{field}: no such model folder: {name_or_path}")  # not 'name' or 'owner/name' (Hub ids)
     try:
