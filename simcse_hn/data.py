@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,8 @@ from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported fro
 from simcse_hn.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.data.contrastive_targets)
 
 logger = logging.getLogger(__name__)
+
+GUIDE_PREFIX = "guide_"  # the batch keys of a guide model's own tokenisation (simcse_hn.guide)
 
 
 def _read_text(path: str) -> str:
@@ -73,26 +76,44 @@ def _read_jsonl_column(path: str, column: str) -> list[str]:
 def _read_csv_column(path: str, column: str) -> list[str]:
     """`column` of a CSV (TSV for .tsv) file, parsed by the csv module on the whole text: a quoted field may hold
     delimiters and line breaks. A record whose field count differs from the header's is a DataError."""
+    header, records = read_csv_table(path)
+    if header is None or column not in header:
+        raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
+    index = header.index(column)
+    return [row[index] if row else "" for _, row in records]
+
+
+def read_csv_table(path: str) -> tuple[list[str] | None, Iterator[tuple[int, list[str]]]]:
+    """The header (None for an empty file) and an iterator over the records of a CSV (TSV for .tsv) file, each with
+    the line it starts on; a blank line is an empty record. Malformed quoting, or a record whose field count differs
+    from the header's, is a DataError naming the line (raised when that record is reached)."""
     kind = "TSV" if path.lower().endswith(".tsv") else "CSV"
     delimiter = "\t" if kind == "TSV" else ","
     reader = csv.reader(io.StringIO(_read_text(path), newline=""), delimiter=delimiter, strict=True)
-    line = 1  # where the record being read starts
+
+    def malformed(line: int, e: csv.Error) -> DataError:
+        reason = str(e).replace("\t", "\\t")  # csv names the delimiter it expected: a TSV's is a tab
+        return DataError(f"{path}:{line}: malformed {kind} ({reason})")
+
     try:
         header = next(reader, None)
-        if header is None or column not in header:
-            raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
-        index = header.index(column)
-        texts = []
-        line = reader.line_num + 1
-        for row in reader:
-            if row and len(row) != len(header):
-                raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(header)} (unquoted {kind}?)")
-            texts.append(row[index] if row else "")
-            line = reader.line_num + 1
     except csv.Error as e:
-        reason = str(e).replace("\t", "\\t")  # csv names the delimiter it expected: a TSV's is a tab
-        raise DataError(f"{path}:{line}: malformed {kind} ({reason})") from None
-    return texts
+        raise malformed(1, e) from None
+
+    def records() -> Iterator[tuple[int, list[str]]]:
+        line = reader.line_num + 1  # where the record being read starts
+        try:
+            for row in reader:
+                if row and len(row) != len(header):
+                    raise DataError(
+                        f"{path}:{line}: {len(row)} fields, the header has {len(header)} (unquoted {kind}?)"
+                    )
+                yield line, row
+                line = reader.line_num + 1
+        except csv.Error as e:
+            raise malformed(line, e) from None
+
+    return header, records()
 
 
 def _read_hub_column(name: str, column: str, data_files: str | None, split: str = "train") -> list[str]:
@@ -182,12 +203,14 @@ class SimCSECollator:
     gives two dropout views of every sentence.
 
     Sentences longer than `max_length` tokens are truncated; `num_truncated` / `num_sentences` count them (a warning
-    is logged the first time)."""
+    is logged the first time). `guide_tokenize` (simcse_hn.guide.Guide.tokenize): the batch also carries the guide
+    model's own features of each sentence, under `guide_*` keys (B rows)."""
 
-    def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text"):
+    def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text", guide_tokenize=None):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.text_column = text_column
+        self.guide_tokenize = guide_tokenize
         self.num_sentences = 0
         self.num_truncated = 0
 
@@ -195,6 +218,13 @@ class SimCSECollator:
         texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
         if len(texts) < 2:
             raise ValueError(f"a batch needs at least 2 sentences to have negatives, got {len(texts)}")
+        batch = self.tokenize(texts)
+        rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+        return {**rows, **self.guide_features(texts)}
+
+    def tokenize(self, texts: list[str]) -> dict[str, Tensor]:
+        """texts -> padded token tensors, each (len(texts), T), every text truncated to its first `max_length`
+        tokens (and counted when it was)."""
         batch = self.tokenizer(
             texts, max_length=self.max_length, truncation=True, padding=True, return_tensors="pt",
             return_overflowing_tokens=True,
@@ -210,7 +240,13 @@ class SimCSECollator:
                                self.max_length, truncated, len(texts))
             self.num_truncated += truncated
         self.num_sentences += len(texts)
-        return {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+        return dict(batch)
+
+    def guide_features(self, texts: list[str]) -> dict[str, Tensor]:
+        """The guide model's features of `texts` under `guide_*` keys (none without a guide)."""
+        if self.guide_tokenize is None:
+            return {}
+        return {f"{GUIDE_PREFIX}{key}": value for key, value in self.guide_tokenize(texts).items()}
 
 
 # --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---
