@@ -190,6 +190,8 @@ def build_paired_targets(
     )
     log_weights = None
     if hard_negative_weight != 0 and group_size > 2:
-        log_weights = torch.where(own_negatives, float(hard_negative_weight), 0.0)  # (M, N) float32
+        # (M, N) float64: exact for float64 logits, cast to the logits' dtype when used
+        log_weights = torch.zeros(own_negatives.shape, dtype=torch.float64, device=device)
+        log_weights.masked_fill_(own_negatives, float(hard_negative_weight))
     return ContrastiveTargets(positive_index, negative_mask, anchor_index=anchor_rows + offset,
                               negative_log_weights=log_weights)  # fmt: skip
