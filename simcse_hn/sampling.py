@@ -22,13 +22,15 @@ EXTRA_PASSES = 2  # reshuffled passes when one pass leaves too few windows (as s
 
 class NoDuplicatesSampler(Sampler[int]):
     """rows: one tuple of texts per example (its column values). Yields len(self) indices in windows of `window`
-    distinct texts: floor(n / window) full windows, plus the n % window remaining indices with drop_last False.
+    distinct texts.
 
     The order depends only on `seed` and the epoch (`set_epoch`): every process draws the same one. Each window is
     filled greedily from a shuffled pass, an example that would repeat a text of the window waiting for the next
-    (sentence-transformers' rule). When a pass leaves too few windows (many duplicates), further reshuffled passes
-    supply the rest (their examples repeat earlier ones of the epoch); a window that cannot be filled without a
-    repeat even then is filled anyway, with a warning. The short last window of drop_last False takes what remains.
+    (sentence-transformers' rule). drop_last True: floor(n / window) full windows; when one pass leaves too few
+    (many duplicates), further reshuffled passes supply the rest (their examples repeat earlier ones of the epoch),
+    and a window that cannot be filled without a repeat even then is filled anyway; both with a warning.
+    drop_last False: every example once, the pass's windows first, then what it could not place (those windows may
+    repeat a text).
     """
 
     def __init__(self, rows: Sequence[tuple[str, ...]], window: int, seed: int = 0, drop_last: bool = True):
@@ -56,6 +58,8 @@ class NoDuplicatesSampler(Sampler[int]):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         n, full = len(self.rows), len(self.rows) // self.window
         windows, leftover = self._one_pass(torch.randperm(n, generator=generator).tolist(), full)
+        if not self.drop_last:  # every example once: what one pass cannot place follows its windows
+            return [index for w in windows for index in w] + leftover
         first = len(windows)
         for _ in range(EXTRA_PASSES):
             if len(windows) >= full:
@@ -70,10 +74,7 @@ class NoDuplicatesSampler(Sampler[int]):
                            "texts for this batch size)", missing, full, self.window)
             filler = torch.randperm(n, generator=generator).tolist()
             windows += [[filler[(i * self.window + j) % n] for j in range(self.window)] for i in range(missing)]
-        order = [index for w in windows for index in w]
-        if not self.drop_last:
-            order += leftover[: n - len(order)]
-        return order
+        return [index for w in windows for index in w]
 
     def _one_pass(self, permutation: list[int], wanted: int) -> tuple[list[list[int]], list[int]]:
         """Up to `wanted` full windows of distinct texts from `permutation`, and the indices left over.
