@@ -71,6 +71,10 @@ def _check(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and not value >= 0:
             raise ConfigError(f"{name}: must be >= 0, got {value}")
+    if args.range_max is not None and args.num_negatives > args.range_max - args.range_min:
+        ranks = f"{args.range_min}..{args.range_max}"
+        raise ConfigError(f"num_negatives: {args.num_negatives} do not fit in ranks {ranks} (raise range_max or "
+                          "lower range_min)")  # fmt: skip
     if args.corpus is not None and not os.path.isfile(args.corpus):
         raise ConfigError(f"corpus: file not found: {args.corpus}")
 
