@@ -18,7 +18,7 @@ import transformers
 from simcse_hn import distributed
 from simcse_hn.checkpoints import check_output_dir, checkpoint_run_id, claim_output_dir, new_run_id, resolve_resume
 from simcse_hn.config import ConfigError, parse_args
-from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
+from simcse_hn.data import DataError, SimCSECollator, load_hub_dataset, load_sentences, load_sts_pairs
 from simcse_hn.files import CARD, source_record
 from simcse_hn.guide import SELF, load_guide
 from simcse_hn.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
@@ -29,8 +29,9 @@ from simcse_hn.modeling import (
     load_encoder_config,
     load_tokenizer,
     model_max_length,
+    resolve_packaged,
 )
-from simcse_hn.pairs import PairCollator, load_pairs, num_negatives, resolve_data_format
+from simcse_hn.pairs import PairCollator, is_hub_source, load_pairs, num_negatives, resolve_data_format
 from simcse_hn.trainer import SimCSETrainer
 
 logger = logging.getLogger("simcse_hn.train")
@@ -42,6 +43,10 @@ def _setup_logging(training_args) -> None:
     transformers.utils.logging.set_verbosity(logging.WARNING if level == logging.INFO else level)
     datasets.utils.logging.set_verbosity(logging.WARNING)
     logging.getLogger("simcse_hn").setLevel(level)
+    # Quiet apart from the training progress bar and the metrics: no bars for loading weights or writing every
+    # checkpoint's shards (transformers) or for preparing datasets.
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
 
 
 def _cpu_fallback(argv: list[str] | None) -> list[str]:
@@ -72,10 +77,12 @@ def _prepare_output_dir(training_args, checkpoint: str | None) -> str:
 def run(argv: list[str] | None = None) -> SimCSETrainer:
     model_args, data_args, training_args = parse_args(_cpu_fallback(argv))
     _setup_logging(training_args)
+    base_model = model_args.model_name_or_path  # as named: a packaged model's record is its Hub id
+    model_args.model_name_or_path = resolve_packaged(base_model)
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
-    if data_args.train_file is None:
-        raise ConfigError("train_file: required (a text/jsonl/csv file or a Hub dataset id)")
+    if data_args.train_source is None:
+        raise ConfigError("train_file: required (a text/jsonl/csv file), or dataset_name (a Hub dataset id)")
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise ConfigError("hub_model_id: required with push_to_hub (e.g. user/unsup-simcse-bert-base)")
     if training_args.push_to_hub and find_token(training_args.hub_token) is None:
@@ -99,8 +106,10 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
             f"{model_args.model_name_or_path}"
         )
     loss_fn = training_args.build_loss()
+    guide_path = None  # a separate guide model: found before any data is read
     if training_args.guide_model not in (None, SELF):
-        load_encoder_config(training_args.guide_model, field="guide_model")
+        guide_path = resolve_packaged(training_args.guide_model, field="guide_model")
+        load_encoder_config(guide_path, field="guide_model")
     if model_args.tokenizer_name_or_path is not None:
         tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, field="tokenizer_name_or_path")
     else:
@@ -115,15 +124,13 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     global_batch = training_args.per_device_train_batch_size * training_args.world_size
     if len(train_dataset) < global_batch:
         raise DataError(
-            f"{data_args.train_file}: {len(train_dataset)} {unit}, fewer than one batch "
+            f"{data_args.train_source}: {len(train_dataset)} {unit}, fewer than one batch "
             f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
         )
     eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
     dev = len(eval_pairs.scores) if eval_pairs else 0
     logger.info("%d training %s, %s STS dev pairs", len(train_dataset), unit, dev)
-    guide = None
-    if training_args.guide_model not in (None, SELF):
-        guide = load_guide(training_args.guide_model)
+    guide = load_guide(guide_path) if guide_path is not None else None
 
     transformers.set_seed(training_args.seed)  # the MLP head and any new weights start the same in every run
     model = SimCSEModel.from_pretrained(
@@ -137,7 +144,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         model_args.model_name_or_path, model.config, tokenizer
     )
     simcse_config = {
-        "base_model": source_record(model_args.model_name_or_path),
+        "base_model": source_record(base_model),
         "base_model_license": base_model_license(model_args.model_name_or_path),
         "loss": training_args.loss,
         "loss_kwargs": training_args.loss_kwargs(),
@@ -146,7 +153,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "eval_max_seq_length": eval_max_length,
         "inference_max_seq_length": inference_length,
         "seed": training_args.seed,
-        "train_file": source_record(data_args.train_file),
+        "train_file": source_record(data_args.train_source),
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
         "world_size": training_args.world_size,
         "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
@@ -182,15 +189,17 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if hub_target is not None and hub_target.strategy == "every_save":
         trainer.add_callback(CheckpointPush(hub_target))
     trainer.train(resume_from_checkpoint=checkpoint)
-    collator = trainer.data_collator
-    if collator.num_truncated:
-        logger.warning("%d of %d sentences were longer than %d tokens and were truncated",
-                       collator.num_truncated, collator.num_sentences, data_args.max_seq_length)
+    if trainer.truncated_sentences:
+        logger.warning("%d of the %d sentences trained on were longer than %d tokens and were truncated",
+                       trainer.truncated_sentences, trainer.trained_sentences, data_args.max_seq_length)
     trainer.simcse_config.update(training_budget(trainer))  # the final folder says how much training it had
     trainer.save_model(training_args.output_dir)
     dev_spearman = final_dev_score(trainer) if eval_pairs is not None else None
     if dev_spearman is not None:
-        logger.info("STS-B dev Spearman x 100 of the saved model: %.2f", dev_spearman)
+        before = next((e["eval_stsb_spearman"] for e in trainer.state.log_history if e.get("step") == 0
+                       and "eval_stsb_spearman" in e), None)  # fmt: skip  (eval_on_start)
+        logger.info("STS-B dev Spearman x 100 of the saved model: %.2f%s", dev_spearman,
+                    "" if before is None else f" (before training: {before:.2f})")  # fmt: skip
     if trainer.is_world_process_zero():
         write_model_card(
             training_args.output_dir,
@@ -206,38 +215,40 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
 def load_training_data(data_args, training_args) -> tuple[datasets.Dataset, str]:
     """The training set and its format: single sentences (a `text` column, load_sentences as SimCSE reads them) or
     paired examples (`anchor`, `positive`, `negative_1..k`: simcse_hn.pairs), as --data_format says or, with auto,
-    as the file's columns say. Settings that need paired data fail here, before the model loads."""
+    as the data's columns say. Settings that need paired data fail here, before the model loads."""
+    source = data_args.train_source
+    hub = {"config_name": data_args.dataset_config_name, "split": data_args.dataset_split}
+    if is_hub_source(source):  # loaded once, for its columns and its rows
+        hub["dataset"] = load_hub_dataset(source, data_args.train_data_files, hub["split"], hub["config_name"])
     data_format = resolve_data_format(
-        data_args.train_file,
-        data_args.data_format,
-        data_args.text_column,
-        data_args.column_flags,
-        data_args.train_data_files,
+        source, data_args.data_format, data_args.text_column, data_args.column_flags, data_args.train_data_files, **hub
     )
     if data_format == "sentences":
         if training_args.hard_negative_weight != 0:
-            raise ConfigError("hard_negative_weight: needs paired data with explicit negatives; "
-                              f"{data_args.train_file} holds single sentences")  # fmt: skip
+            raise ConfigError(f"hard_negative_weight: needs paired data with explicit negatives; {source} holds "
+                              "single sentences")  # fmt: skip
         sentences = load_sentences(
-            data_args.train_file,
+            source,
             data_args.text_column,
             data_args.train_data_files,
             data_args.max_train_samples,
             data_args.drop_duplicates,
+            **hub,
         )
         return datasets.Dataset.from_dict({"text": sentences}), data_format
     dataset = load_pairs(
-        data_args.train_file,
+        source,
         data_args.anchor_column,
         data_args.positive_column,
         data_args.negative_columns,
         data_args.train_data_files,
         data_args.max_train_samples,
         data_args.drop_duplicates,
+        **hub,
     )
     if training_args.hard_negative_weight != 0 and num_negatives(dataset) == 0:
-        raise ConfigError(f"hard_negative_weight: {data_args.train_file} has no negative columns (set "
-                          "--negative_columns, or mine some with scripts/mine_negatives.py)")  # fmt: skip
+        raise ConfigError(f"hard_negative_weight: {source} has no negative columns (set --negative_columns, or "
+                          "mine some with scripts/mine_negatives.py)")  # fmt: skip
     return dataset, data_format
 
 

@@ -21,6 +21,9 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
 from simcse_hn.files import is_hub_id
+from simcse_hn.losses.hcl import DCL_TAU_PLUS
+from simcse_hn.losses.progcl import FIT_PAIRS
+from simcse_hn.losses.unremix import MIXTURE_ENTROPY
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 DATA_FORMATS = ("auto", "pairs", "sentences")
@@ -102,13 +105,21 @@ class DataArguments:
     train_file: str | None = field(
         default=None,
         metadata={
-            "help": "Training sentences: a .txt file (one per line), .jsonl/.csv with `text_column`, or a "
-            "Hub dataset id (read through `datasets`; see train_data_files)."
+            "help": "Training sentences from a local file: .txt (one per line), or .jsonl/.csv/.tsv with "
+            "`text_column`. (A Hub dataset id here still works; --dataset_name is the usual route.)"
         },
     )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Training sentences from a Hub dataset, read through `datasets` (instead of train_file)."},
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "The dataset's configuration (subset) name, when it has several."}
+    )
+    dataset_split: str = field(default="train", metadata={"help": "The dataset's split to train on."})
     train_data_files: str | None = field(
         default=None,
-        metadata={"help": "With a Hub dataset id: the file inside the repo (e.g. wiki1m_for_simcse.txt)."},
+        metadata={"help": "With a Hub dataset: the file(s) inside the repo (e.g. wiki1m_for_simcse.txt)."},
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the sentence in jsonl/csv/Hub data."})
     data_format: str = field(
@@ -175,6 +186,21 @@ class DataArguments:
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
                 _check(os.path.isfile(path), name, f"file not found: {path}")
+        _check(
+            self.train_file is None or self.dataset_name is None,
+            "dataset_name",
+            f"give train_file or dataset_name, not both (got {self.train_file!r} and {self.dataset_name!r})",
+        )
+        _check(
+            self.dataset_name is None or is_hub_id(self.dataset_name),
+            "dataset_name",
+            f"{self.dataset_name!r} is not a Hub dataset id ('owner/name'); a local file goes in train_file",
+        )
+
+    @property
+    def train_source(self) -> str | None:
+        """Where the training sentences come from: the Hub dataset, else the file (or the Hub id in train_file)."""
+        return self.dataset_name or self.train_file
 
     @property
     def column_flags(self) -> bool:
@@ -196,7 +222,14 @@ class SimCSETrainingArguments(TrainingArguments):
     )
     hcl_beta: float = field(default=0.1, metadata={"help": "HCL concentration beta (tilt beta/t per unit cosine)."})
     hcl_tau_plus: float = field(
-        default=0.0, metadata={"help": "HCL/DCL class prior tau+ in [0, 1); 0 avoids the debiasing clamp (losses.md)."}
+        default=0.0, metadata={"help": "HCL class prior tau+ in [0, 1); 0 avoids the debiasing clamp (losses.md)."}
+    )
+    dcl_tau_plus: float = field(
+        default=DCL_TAU_PLUS,
+        metadata={
+            "help": "DCL class prior tau+ in (0, 1): 1e-3 measured for temperature 0.05 (the DCL paper's 0.1 is for "
+            "temperature 0.5; at 0.05 its clamp holds for every anchor: docs/losses.md section 3)."
+        },
     )
     hcl_detach_weights: bool = field(default=False, metadata={"help": "Stop gradients through HCL's weights."})
     progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant: 'weight' or 'mix'."})
@@ -207,13 +240,25 @@ class SimCSETrainingArguments(TrainingArguments):
     progcl_em_iters: int = field(default=10, metadata={"help": "EM iterations per Beta-mixture fit."})
     progcl_mix_k: int | None = field(default=None, metadata={"help": "ProGCL-mix: hardest K negatives (None: all)."})
     progcl_warm_start: bool = field(default=False, metadata={"help": "Start each fit from the previous one."})
+    progcl_fit_pairs: int = field(
+        default=FIT_PAIRS,
+        metadata={"help": "Fit the Beta mixture on this many sampled (anchor, negative) pairs per process; 0: all."},
+    )
     unremix_beta: float = field(default=1.0, metadata={"help": "UnReMix tilt on the standardised hardness score."})
     unremix_tau_plus: float = field(default=0.0, metadata={"help": "UnReMix debiasing prior tau+ in [0, 1)."})
     unremix_gradient: str = field(
         default="head", metadata={"help": "Where UnReMix takes per-sample gradients: 'head' or 'embedding'."}
     )
     unremix_learn_mixture: bool = field(
-        default=False, metadata={"help": "Learn the component mixture theta (else equal weights, fixed)."}
+        default=False,
+        metadata={
+            "help": "Learn the component mixture theta adversarially, with an entropy bonus (else equal weights, "
+            "fixed)."
+        },
+    )
+    unremix_mixture_entropy: float = field(
+        default=MIXTURE_ENTROPY,
+        metadata={"help": "Entropy bonus gamma of the learned mixture (larger: closer to equal weights)."},
     )
     # --- paired data ---
     hard_negative_weight: float = field(
@@ -318,9 +363,24 @@ class SimCSETrainingArguments(TrainingArguments):
             "per_device_train_batch_size",
             f"must be >= 2 (a sentence needs at least one in-batch negative), got {self.per_device_train_batch_size}",
         )
-        for name in ("hcl_tau_plus", "unremix_tau_plus"):
+        for name in ("hcl_tau_plus", "dcl_tau_plus", "unremix_tau_plus"):
             value = getattr(self, name)
             _check(0 <= value < 1, name, f"must be in [0, 1), got {value}")
+        if self.loss == "dcl":
+            _check(
+                self.dcl_tau_plus > 0,
+                "dcl_tau_plus",
+                "0 makes DCL symmetric InfoNCE: use --loss infonce --contrast_form symmetric, or a prior > 0",
+            )
+            _check(self.hcl_tau_plus == 0, "hcl_tau_plus", "not used by --loss dcl; set dcl_tau_plus")
+        _check(
+            self.progcl_fit_pairs >= 0, "progcl_fit_pairs", f"must be >= 0 (0: all pairs), got {self.progcl_fit_pairs}"
+        )
+        _check(
+            0 <= self.unremix_mixture_entropy < float("inf"),
+            "unremix_mixture_entropy",
+            f"must be a finite number >= 0, got {self.unremix_mixture_entropy}",
+        )
         _check(self.hcl_beta >= 0, "hcl_beta", f"must be >= 0, got {self.hcl_beta}")
         _check(
             self.progcl_mode in ("weight", "mix"),
@@ -395,7 +455,7 @@ class SimCSETrainingArguments(TrainingArguments):
 # build_loss() keyword (the paper's symbol) -> config field, for each loss; `temperature` is common to all
 LOSS_FIELDS = {
     "infonce": {},
-    "dcl": {"tau_plus": "hcl_tau_plus"},
+    "dcl": {"tau_plus": "dcl_tau_plus"},
     "hcl": {"beta": "hcl_beta", "tau_plus": "hcl_tau_plus", "detach_weights": "hcl_detach_weights"},
     "progcl": {
         "mode": "progcl_mode",
@@ -404,12 +464,14 @@ LOSS_FIELDS = {
         "em_iters": "progcl_em_iters",
         "mix_k": "progcl_mix_k",
         "warm_start": "progcl_warm_start",
+        "fit_pairs": "progcl_fit_pairs",
     },
     "unremix": {
         "beta": "unremix_beta",
         "tau_plus": "unremix_tau_plus",
         "gradient": "unremix_gradient",
         "learn_mixture": "unremix_learn_mixture",
+        "mixture_entropy": "unremix_mixture_entropy",
     },
 }
 

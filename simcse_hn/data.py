@@ -116,13 +116,21 @@ def read_csv_table(path: str) -> tuple[list[str] | None, Iterator[tuple[int, lis
     return header, records()
 
 
-def _read_hub_column(name: str, column: str, data_files: str | None, split: str = "train") -> list[str]:
+def load_hub_dataset(name: str, data_files: str | None = None, split: str = "train", config_name: str | None = None):
+    """A Hub dataset's `split` (with its `config_name` and `data_files`) through `datasets`; a failure is one line."""
     import datasets
 
     try:
-        dataset = datasets.load_dataset(name, data_files=data_files, split=split)
+        config = {"name": config_name} if config_name else {}  # the dataset's configuration (subset)
+        return datasets.load_dataset(name, data_files=data_files, split=split, **config)
     except Exception as e:  # network, missing repo, missing file: all user-facing
         raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def _read_hub_column(
+    name: str, column: str, data_files: str | None, split: str = "train", config_name: str | None = None, dataset=None
+) -> list[str]:
+    dataset = load_hub_dataset(name, data_files, split, config_name) if dataset is None else dataset
     if column not in dataset.column_names:
         raise DataError(f"{name}: no column {column!r} in {dataset.column_names} (set --text_column)")
     return [t or "" for t in dataset[column]]
@@ -134,8 +142,12 @@ def load_sentences(
     data_files: str | None = None,
     max_samples: int | None = None,
     drop_duplicates: bool = False,
+    config_name: str | None = None,
+    split: str = "train",
+    dataset=None,
 ) -> list[str]:
-    """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id.
+    """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id (with its
+    `config_name`, `split` and `data_files`; `dataset`: that split when already loaded).
 
     Strips white space, drops empty lines and reports how many; counts duplicates and drops them on request.
     """
@@ -148,7 +160,7 @@ def load_sentences(
         else:
             raw = _read_lines(path)
     else:
-        raw = _read_hub_column(path, text_column, data_files)
+        raw = _read_hub_column(path, text_column, data_files, split, config_name, dataset)
 
     sentences = [s.strip() for s in raw]
     sentences = [s for s in sentences if s]
@@ -202,45 +214,46 @@ class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
     gives two dropout views of every sentence.
 
-    Sentences longer than `max_length` tokens are truncated; `num_truncated` / `num_sentences` count them (a warning
-    is logged the first time). `guide_tokenize` (simcse_hn.guide.Guide.tokenize): the batch also carries the guide
-    model's own features of each sentence, under `guide_*` keys (B rows)."""
+    Sentences longer than `max_length` tokens are truncated: the batch says how many (`num_truncated`, an int, not a
+    model input: the trainer pops it and counts the batches it trains on; the data loader collates one batch ahead,
+    so a count kept here would include a batch never trained on), and a warning is logged the first time.
+    `guide_tokenize` (simcse_hn.guide.Guide.tokenize): the batch also carries the guide model's own features of each
+    sentence, under `guide_*` keys (B rows)."""
 
     def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text", guide_tokenize=None):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.text_column = text_column
         self.guide_tokenize = guide_tokenize
-        self.num_sentences = 0
-        self.num_truncated = 0
+        self.warned = False
 
     def __call__(self, features: list) -> dict[str, Tensor]:
         texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
         if len(texts) < 2:
             raise ValueError(f"a batch needs at least 2 sentences to have negatives, got {len(texts)}")
-        batch = self.tokenize(texts)
+        batch, truncated = self.tokenize(texts)
         rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
-        return {**rows, **self.guide_features(texts)}
+        return {**rows, **self.guide_features(texts), "num_truncated": truncated}
 
-    def tokenize(self, texts: list[str]) -> dict[str, Tensor]:
-        """texts -> padded token tensors, each (len(texts), T), every text truncated to its first `max_length`
-        tokens (and counted when it was)."""
+    def tokenize(self, texts: list[str]) -> tuple[dict[str, Tensor], int]:
+        """texts -> padded token tensors, each (len(texts), T), every text cut to its first `max_length` tokens, and
+        how many were cut."""
         batch = self.tokenizer(
             texts, max_length=self.max_length, truncation=True, padding=True, return_tensors="pt",
             return_overflowing_tokens=True,
         )  # each (B + overflow rows, T)
         sample = batch.pop("overflow_to_sample_mapping", None)
+        truncated = 0
         if sample is not None and len(sample) > len(texts):  # keep each sentence's first window
             first = torch.ones_like(sample, dtype=torch.bool)
             first[1:] = sample[1:] != sample[:-1]
             batch = {key: value[first] for key, value in batch.items()}
             truncated = int(sample[~first].unique().numel())
-            if self.num_truncated == 0:
+            if not self.warned:
                 logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d)",
                                self.max_length, truncated, len(texts))
-            self.num_truncated += truncated
-        self.num_sentences += len(texts)
-        return dict(batch)
+                self.warned = True
+        return dict(batch), truncated
 
     def guide_features(self, texts: list[str]) -> dict[str, Tensor]:
         """The guide model's features of `texts` under `guide_*` keys (none without a guide)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from simcse_hn.config import DATA_FORMATS
-from simcse_hn.data import DataError, SimCSECollator, _read_lines, _short, read_csv_table
+from simcse_hn.data import DataError, SimCSECollator, _read_lines, _short, load_hub_dataset, read_csv_table
 
 logger = logging.getLogger(__name__)
 
@@ -43,22 +43,13 @@ class PairColumns:
         return (self.anchor, self.positive, *self.negatives)
 
 
-def _is_hub(path: str) -> bool:
+def is_hub_source(path: str) -> bool:
     """As load_sentences: neither a file here nor a name with a file suffix is a Hub dataset id."""
     return not os.path.exists(path) and not os.path.splitext(path)[1]
 
 
 def _is_table(path: str) -> bool:
-    return _is_hub(path) or os.path.splitext(path)[1].lower() in TABLE_SUFFIXES
-
-
-def _load_hub(name: str, data_files: str | None):
-    import datasets
-
-    try:
-        return datasets.load_dataset(name, data_files=data_files, split="train")
-    except Exception as e:  # network, missing repo, missing file: all user-facing
-        raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    return is_hub_source(path) or os.path.splitext(path)[1].lower() in TABLE_SUFFIXES
 
 
 def _jsonl_records(path: str) -> Iterator[tuple[int, dict | None]]:
@@ -76,11 +67,14 @@ def _jsonl_records(path: str) -> Iterator[tuple[int, dict | None]]:
         yield number, record
 
 
-def table_columns(path: str, data_files: str | None = None) -> list[str]:
+def table_columns(
+    path: str, data_files: str | None = None, config_name: str | None = None, split: str = "train", dataset=None
+) -> list[str]:
     """The column names of a table: a CSV/TSV header, the first JSON Lines record's fields (in their order), a Hub
-    dataset's columns."""
-    if _is_hub(path):
-        return list(_load_hub(path, data_files).column_names)
+    dataset's columns (with its `config_name`, `split` and `data_files`; `dataset`: that split, already loaded)."""
+    if is_hub_source(path):
+        dataset = dataset if dataset is not None else load_hub_dataset(path, data_files, split, config_name)
+        return list(dataset.column_names)
     if path.lower().endswith((".csv", ".tsv")):
         return list(read_csv_table(path)[0] or [])
     for _, record in _jsonl_records(path):
@@ -142,6 +136,9 @@ def resolve_data_format(
     text_column: str = "text",
     column_flags: bool = False,
     data_files: str | None = None,
+    config_name: str | None = None,
+    split: str = "train",
+    dataset=None,
 ) -> str:
     """"sentences" or "pairs" for the training data at `path`. `auto`: a text file holds sentences; column flags
     (`column_flags`) mean pairs; a table with `text_column` holds sentences, one with sentence-transformers' or
@@ -158,7 +155,7 @@ def resolve_data_format(
         return data_format
     if column_flags:
         return "pairs"
-    columns = table_columns(path, data_files)
+    columns = table_columns(path, data_files, config_name, split, dataset)
     named = [pair for pair in NAMED_PAIRS if set(pair) <= set(columns)]
     if text_column in columns:
         if named:
@@ -183,16 +180,17 @@ def _field(record: dict, column: str, where: str, flag: str) -> str:
     return value or ""
 
 
-def _read_rows(path: str, columns: PairColumns, data_files: str | None) -> list[tuple[str, ...]]:
+def _read_rows(path: str, columns: PairColumns, data_files: str | None, config_name: str | None = None,
+               split: str = "train", dataset=None) -> list[tuple[str, ...]]:  # fmt: skip
     """Each example's texts in the order of `columns.all`; a blank line is an example of empty texts."""
     flags = ["anchor_column", "positive_column"] + ["negative_columns"] * len(columns.negatives)
-    if _is_hub(path):
-        dataset = _load_hub(path, data_files)
+    if is_hub_source(path):
+        dataset = dataset if dataset is not None else load_hub_dataset(path, data_files, split, config_name)
         values = [dataset[c] for c in columns.all]
         for c, column in zip(columns.all, values):
             bad = next((i for i, v in enumerate(column) if v is not None and not isinstance(v, str)), None)
             if bad is not None:
-                raise DataError(f"{path}[train]:row {bad}: field {c!r} is not a string: {_short(column[bad])}")
+                raise DataError(f"{path}[{split}]:row {bad}: field {c!r} is not a string: {_short(column[bad])}")
         return [tuple(v or "" for v in row) for row in zip(*values)]
     if path.lower().endswith((".csv", ".tsv")):
         header, records = read_csv_table(path)
@@ -215,8 +213,12 @@ def load_pairs(
     data_files: str | None = None,
     max_samples: int | None = None,
     drop_duplicates: bool = False,
+    config_name: str | None = None,
+    split: str = "train",
+    dataset=None,
 ):
-    """Paired examples from a .jsonl/.csv/.tsv file or a Hub dataset id -> a `datasets.Dataset` with columns
+    """Paired examples from a .jsonl/.csv/.tsv file or a Hub dataset id (with its `config_name`, `split` and
+    `data_files`; `dataset`: that split, already loaded) -> a `datasets.Dataset` with columns
     `anchor`, `positive`, `negative_1..k` (k fixed by the columns).
 
     Texts are stripped; an example with an empty text (a blank line, a null) is dropped and counted; repeated
@@ -226,8 +228,9 @@ def load_pairs(
     if not _is_table(path):
         raise DataError(f"{path}: one sentence per line; paired data needs columns (.jsonl, .csv, .tsv or a Hub "
                         "dataset)")  # fmt: skip
-    columns = pair_columns(table_columns(path, data_files), path, anchor_column, positive_column, negative_columns)
-    raw = _read_rows(path, columns, data_files)
+    columns = table_columns(path, data_files, config_name, split, dataset)
+    columns = pair_columns(columns, path, anchor_column, positive_column, negative_columns)
+    raw = _read_rows(path, columns, data_files, config_name, split, dataset)
     rows = [tuple(t.strip() for t in row) for row in raw]
     rows = [row for row in rows if all(row)]
     if len(rows) < len(raw):
@@ -258,7 +261,7 @@ class PairCollator(SimCSECollator):
     """Tokenises each text of B examples once and emits B * group_size rows, [a, p, n_1..n_k] per example
     (group_size = 2 + k): one forward pass in train mode, dropout on every row as in SimCSE's supervised training.
     `guide_tokenize`: also the guide model's features of every row, under `guide_*` keys (B * group_size rows).
-    Truncation is counted as in SimCSECollator (`num_sentences` counts texts)."""
+    Truncated texts are counted as in SimCSECollator (the batch's `num_truncated`)."""
 
     def __init__(self, tokenizer, max_length: int = 32, negatives: int = 0, guide_tokenize=None):
         super().__init__(tokenizer, max_length, guide_tokenize=guide_tokenize)
@@ -272,4 +275,5 @@ class PairCollator(SimCSECollator):
         if len(features) < 2:
             raise ValueError(f"a batch needs at least 2 examples to have in-batch negatives, got {len(features)}")
         texts = [f[column] for f in features for column in self.columns]  # [a, p, n_1..n_k] per example
-        return {**self.tokenize(texts), **self.guide_features(texts)}  # each (B * group_size, T)
+        batch, truncated = self.tokenize(texts)  # each (B * group_size, T)
+        return {**batch, **self.guide_features(texts), "num_truncated": truncated}

@@ -20,6 +20,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from simcse_hn import distributed, grad_cache
+from simcse_hn.callbacks import ClampWarningCallback
 from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
 from simcse_hn.data import GUIDE_PREFIX, STSPairs
 from simcse_hn.evaluation import sts_dev_metrics
@@ -177,9 +178,12 @@ class SimCSETrainer(Trainer):
         super().__init__(model=model, args=args, **kwargs)
         self.simcse_config = simcse_config or {}
         self.skipped_steps = 0
+        self.trained_sentences = 0  # sentences of the batches this process trained on (resumed runs: since resuming)
+        self.truncated_sentences = 0  # of those, how many were longer than max_seq_length
         self._metric_sums: dict[str, torch.Tensor] = {}
         self._metric_count = 0
         self.add_callback(_NonFiniteGradientGuard(self))
+        self.add_callback(ClampWarningCallback())
         self.add_callback(_SamplerEpoch(self))
         self._no_duplicates_sampler: NoDuplicatesSampler | None = None
         self.guide = None
@@ -237,9 +241,13 @@ class SimCSETrainer(Trainer):
         return output.embeddings, output.head_inputs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        truncated = inputs.pop("num_truncated", 0)  # the collator's count for this batch (an int: no host sync)
         guide_inputs = {key: inputs[key] for key in inputs if key.startswith(GUIDE_PREFIX)}
         inputs = {key: value for key, value in inputs.items() if key not in guide_inputs}
         rows, group = inputs["input_ids"].shape[0], self.group_size or 2
+        if model.training:  # texts: a sentence is two rows [a, a'], a paired example's rows are its texts
+            self.trained_sentences += rows // 2 if self.group_size is None else rows
+            self.truncated_sentences += truncated
         guide_embeddings = self._guide_embeddings(guide_inputs, rows) if model.training else None
         sentences = self.args.cache_minibatch_size  # examples (sentences, or groups of paired rows) per mini-batch
         if model.training and sentences is not None and group * sentences < rows:

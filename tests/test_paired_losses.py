@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_loss_progcl import scipy_em, scipy_true_posterior
+from scipy import stats
+from test_loss_progcl import scipy_em
 
 from simcse_hn.losses import LossContext, build_loss
 from simcse_hn.targets import ContrastiveTargets, build_paired_targets, build_targets
@@ -120,12 +121,19 @@ def debiased(pos, negative_sum, n, tau_plus, temperature):
 
 
 def progcl_hardness(z, layout):
-    """B_ij = p(true | x_ij) x_ij of a SciPy Beta mixture fitted to every (anchor, negative) pair of the layout."""
+    """B_ij = p(true | x_ij) x_ij of a SciPy Beta mixture fitted to every (anchor, negative) pair of the layout; the
+    true negatives are the majority component, and the fit must separate the false ones (a heavier upper tail)."""
     zn = F.normalize(z.detach(), dim=1)
     x = {(r["anchor"], j): float((zn[r["anchor"]] @ zn[j] + 1) / 2) for r in layout for j in r["negatives"]}
     alpha, beta, pi = scipy_em(np.array(list(x.values())))
-    return {key: float(scipy_true_posterior(np.clip(v, 1e-12, 1 - 1e-12), alpha, beta, pi)) * v
-            for key, v in x.items()}, (alpha, beta, pi)  # fmt: skip
+    true, false = int(np.argmax(pi)), int(np.argmin(pi))
+    assert beta[false] < beta[true], "the fit does not separate: ProGCL would fall back, the test would be moot"
+
+    def posterior(v):
+        lik = [pi[c] * stats.beta.pdf(np.clip(v, 1e-12, 1 - 1e-12), alpha[c], beta[c]) for c in range(2)]
+        return lik[true] / (lik[0] + lik[1] + 1e-12)
+
+    return {key: float(posterior(v)) * v for key, v in x.items()}, (alpha, beta, pi)
 
 
 def uncertainty_gradient(z, row, others):
@@ -187,13 +195,11 @@ def loop_reference(name, z, layout, weight, kwargs, permutation=None):
             b = {j: hardness[(i, j)] for j in negs}
             mean_b = sum(b.values()) / n
             total = total - torch.log(pos / (pos + sum(c[j] * b[j] / mean_b * e[j] for j in negs)))
-        elif name == "progcl":  # mix: the hardest negatives by B mixed in pairs, the synthetic ones unweighted
+        elif name == "progcl":  # mix over every negative: each paired, in candidate order, with the permutation's
+            # entries that are negatives; the synthetic negatives mix unweighted similarities
             b = {j: hardness[(i, j)] for j in negs}
-            order = sorted(negs, key=lambda j: -b[j])
-            sigma = [p for p in permutation if p < len(order)]
             denominator = pos + sum(c[j] * e[j] for j in negs)
-            for k, j in enumerate(order):
-                partner = order[sigma[k]]
+            for j, partner in zip(negs, [p for p in permutation if p in negs]):
                 mixed = (b[j] * s[j] + b[partner] * s[partner]) / (b[j] + b[partner] + 1e-12)
                 denominator = denominator + torch.exp(mixed / temperature)
             total = total - torch.log(pos / denominator)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,29 @@ def positive_logits(logits: Tensor, positive_index: Tensor) -> Tensor:
     return logits.gather(1, positive_index[:, None]).squeeze(1)
 
 
+class PlainReductions(NamedTuple):
+    """Plain InfoNCE's pieces of one loss call, which the hard-negative objectives share.
+
+    pos (M,) = l_ip; masked (M, N) = l_ij on N(i), -inf elsewhere; lse (M,) = log sum_{j in N(i)} e^{l_ij};
+    count (M,) = n_i = |N(i)| in the logits' dtype."""
+
+    pos: Tensor
+    masked: Tensor
+    lse: Tensor
+    count: Tensor
+
+    def loss(self) -> Tensor:
+        """Plain InfoNCE per anchor: log(e^{l_ip} + sum_{j in N(i)} e^{l_ij}) - l_ip. (M,)"""
+        return torch.logaddexp(self.pos, self.lse) - self.pos
+
+
+def plain_reductions(logits: Tensor, positive_index: Tensor, negative_mask: Tensor) -> PlainReductions:
+    """(M, N) logits, (M,) positive_index, (M, N) negative_mask -> PlainReductions"""
+    masked = torch.where(negative_mask, logits, NEG_INF)  # (M, N)
+    count = negative_mask.sum(dim=1).to(logits.dtype)  # (M,)
+    return PlainReductions(positive_logits(logits, positive_index), masked, torch.logsumexp(masked, dim=1), count)
+
+
 def weighted_loss(
     logits: Tensor, positive_index: Tensor, negative_mask: Tensor, log_weights: Tensor | None = None
 ) -> Tensor:
@@ -57,39 +81,23 @@ def weighted_loss(
     pos = positive_logits(logits, positive_index)  # (M,)
     neg = logits if log_weights is None else logits + log_weights
     neg = torch.where(negative_mask, neg, NEG_INF)  # (M, N)
-    return torch.logsumexp(torch.cat([pos[:, None], neg], dim=1), dim=1) - pos
-
-
-def debiased_loss(
-    logits: Tensor,
-    positive_index: Tensor,
-    negative_mask: Tensor,
-    log_weights: Tensor | None,
-    tau_plus: float,
-    temperature: float,
-) -> tuple[Tensor, Tensor]:
-    """Form (D) per anchor, in log space. -> loss (M,), clamped (M,) bool.
-
-    R_i = sum_j w_ij e^{l_ij};  Ng_i = max((R_i - tau_plus n e^{l_ip}) / (1 - tau_plus), n e^{-1/t});
-    L_i = log(e^{l_ip} + Ng_i) - l_ip.
-    """
-    pos = positive_logits(logits, positive_index)  # (M,)
-    neg = logits if log_weights is None else logits + log_weights
-    log_r = torch.logsumexp(torch.where(negative_mask, neg, NEG_INF), dim=1)  # (M,)
-    n = negative_mask.sum(dim=1).to(logits.dtype)  # (M,)
-    return debiased_from_log_r(pos, log_r, n, tau_plus, temperature)
+    return torch.logaddexp(pos, torch.logsumexp(neg, dim=1)) - pos
 
 
 def debiased_from_log_r(
     pos: Tensor, log_r: Tensor, n: Tensor, tau_plus: float, temperature: float
 ) -> tuple[Tensor, Tensor]:
-    """Form (D) from its row sums: pos = l_ip (M,), log_r = log R_i (M,), n = |N(i)| (M,). -> loss (M,), clamped."""
+    """Form (D) per anchor, in log space, from its row sums: pos = l_ip (M,), log_r = log R_i (M,) with
+    R_i = sum_{j in N(i)} w_ij e^{l_ij}, n = |N(i)| (M,). -> loss (M,), clamped (M,) bool.
+
+    Ng_i = max((R_i - tau_plus n e^{l_ip}) / (1 - tau_plus), n e^{-1/t});  L_i = log(e^{l_ip} + Ng_i) - l_ip.
+    """
     log_n = torch.log(n)
     if tau_plus > 0:
         # log(R - tau_plus n e^{l_p}) = log R + log(1 - e^a),  a = log(tau_plus n) + l_p - log R  (defined for a < 0)
         a = math.log(tau_plus) + log_n + pos - log_r
         valid = a < 0
-        a_safe = torch.where(valid, a, torch.full_like(a, -1.0))  # keeps the unused branch's gradient finite
+        a_safe = torch.where(valid, a, -1.0)  # keeps the unused branch's gradient finite
         log_diff = torch.where(valid, log_r + torch.log(-torch.expm1(a_safe)), NEG_INF)
         log_ng_raw = log_diff - math.log1p(-tau_plus)
     else:
@@ -150,7 +158,10 @@ class ContrastiveLoss(nn.Module):
     Fallback: a non-finite objective is replaced by plain InfoNCE for the step (selected with `torch.where`,
     no host synchronisation) and counted in `metrics["nonfinite_fallback"]`. The objective sees `sim` through
     `drop_nonfinite_grad`, so a non-finite gradient from its branch is dropped and the step keeps InfoNCE's.
-    InfoNCE is its own fallback (`has_fallback = False`): it is computed once.
+    InfoNCE is its own fallback (`has_fallback = False`): it is computed once. The other losses share plain
+    InfoNCE's reductions with the fallback: the base computes them once from the unguarded logits, and an objective
+    gets them, each behind its own `drop_nonfinite_grad`, from `self.plain_reductions(logits, targets)`; so the
+    fallback costs no second pass over the (M, N) logits in the forward, and one log-sum-exp backward serves both.
     """
 
     has_fallback = True
@@ -204,7 +215,7 @@ class ContrastiveLoss(nn.Module):
         """l_ij = s_ij / t, plus the targets' `negative_log_weights` log c_ij when they have them. (M, N)
 
         The objective sees these logits, so the weight c_ij multiplies e^{l_ij} in every objective's negative sum on
-        top of its own weight w_ij: for InfoNCE this is SimCSE's logit offset
+        top of its own weight w_ij (docs/losses.md section 7): for InfoNCE this is SimCSE's logit offset
         (`hard_negative_weight`); scores computed from `sim` (ProGCL's mixture, UnReMix's components) do not see it,
         and HCL takes its tilt from the unweighted logits."""
         logits = sim / self.temperature
@@ -212,21 +223,48 @@ class ContrastiveLoss(nn.Module):
             logits = logits + targets.negative_log_weights.to(logits.dtype)
         return logits
 
+    def plain_reductions(self, logits: Tensor, targets: ContrastiveTargets) -> PlainReductions:
+        """Plain InfoNCE's reductions of `logits` (M, N). Inside a loss call, for the logits the objective was given,
+        these are the base's own (computed once, shared with the fallback), each guarded by `drop_nonfinite_grad`;
+        otherwise they are computed here."""
+        shared = self._shared
+        if shared is not None and shared[0] is logits:
+            return shared[1]
+        return plain_reductions(logits, targets.positive_index, targets.negative_mask)
+
+    _shared: tuple[Tensor, PlainReductions] | None = None
+
     def _loss(
         self, anchors: Tensor, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None
     ) -> LossOutput:
         context = LossContext() if context is None else context
         positive_index, negative_mask = targets.positive_index, targets.negative_mask
         sim = cosine_similarities(anchors, candidates)  # (M, N)
-        guarded = drop_nonfinite_grad(sim) if self.has_fallback else sim
-        per_anchor, log_weights, extra = self.objective(
-            guarded, self.logits(guarded, targets), targets, context, anchors, candidates
-        )
-        loss = per_anchor.mean()
-        finite = torch.isfinite(loss)
-        if self.has_fallback:
-            plain = weighted_loss(self.logits(sim, targets), positive_index, negative_mask).mean()
-            loss = torch.where(finite, loss, plain)
+        if not self.has_fallback:
+            per_anchor, log_weights, extra = self.objective(
+                sim, self.logits(sim, targets), targets, context, anchors, candidates
+            )
+            loss = per_anchor.mean()
+            finite = torch.isfinite(loss)
+        else:
+            plain = plain_reductions(self.logits(sim, targets), positive_index, negative_mask)
+            guarded = drop_nonfinite_grad(sim)
+            logits = self.logits(guarded, targets)
+            pos, masked, lse = (drop_nonfinite_grad(t) for t in plain[:3])
+            # An anchor without negatives (a guide model removed them all) has a row of -inf, and a log-sum-exp over
+            # it sends NaN back to entries outside N(i): they have no gradient, so zero them before the guard looks.
+            masked = torch.where(negative_mask, masked, masked.detach())
+            shared = PlainReductions(pos, masked, lse, plain.count)
+            self._shared = (logits, shared)
+            try:
+                per_anchor, log_weights, extra = self.objective(
+                    guarded, logits, targets, context, anchors, candidates
+                )
+            finally:
+                self._shared = None
+            loss = per_anchor.mean()
+            finite = torch.isfinite(loss)
+            loss = torch.where(finite, loss, plain.loss().mean())
 
         weights = None
         with torch.no_grad():
