@@ -215,7 +215,7 @@ class ContrastiveLoss(nn.Module):
         """l_ij = s_ij / t, plus the targets' `negative_log_weights` log c_ij when they have them. (M, N)
 
         The objective sees these logits, so the weight c_ij multiplies e^{l_ij} in every objective's negative sum on
-        top of its own weight w_ij (docs/losses.md section 7): for InfoNCE this is SimCSE's logit offset
+        top of its own weight w_ij (docs/losses.md section 10): for InfoNCE this is SimCSE's logit offset
         (`hard_negative_weight`); scores computed from `sim` (ProGCL's mixture, UnReMix's components) do not see it,
         and HCL takes its tilt from the unweighted logits."""
         logits = sim / self.temperature
