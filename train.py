@@ -165,7 +165,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         simcse_config.update(data_format="pairs", negatives_per_example=num_negatives(train_dataset),
                              hard_negative_weight=training_args.hard_negative_weight)  # fmt: skip
     if training_args.guide_model is not None:
-        simcse_config.update(guide_model=source_record(training_args.guide_model),
+        # by name only: a local guide by its folder's name, no path of this machine (files.source_record)
+        simcse_config.update(guide_model=source_record(training_args.guide_model)["name"],
                              guide_margin=training_args.guide_margin)  # fmt: skip
     if training_args.no_duplicates is not None or data_format == "pairs":
         simcse_config["no_duplicates"] = training_args.no_duplicates is not False

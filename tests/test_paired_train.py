@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
 
 import pytest
@@ -105,7 +106,9 @@ def test_train_on_mined_pairs_with_a_guide_model(encoder, pairs, tmp_path, tiny_
     saved = json.loads((tmp_path / "out" / "simcse_config.json").read_text())
     assert saved["data_format"] == "pairs" and saved["negatives_per_example"] == 1
     assert saved["hard_negative_weight"] == 0.5 and saved["no_duplicates"] is True
-    assert saved["guide_model"]["local"] and "contrast_form" not in saved
+    assert saved["guide_model"] == os.path.basename(encoder) and "contrast_form" not in saved
+    card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    assert "| data_format | `pairs` |" in card and "| guide_model |" in card and encoder not in card
 
 
 def test_the_guide_embeds_as_sentence_transformers_does(encoder):
