@@ -170,3 +170,24 @@ def test_train_rejects_settings_that_need_pairs_on_one_line(tmp_path, tiny_args,
     unknown = write(tmp_path, "qa.jsonl", '{"query": "q", "answer": "a"}\n')
     assert train.main(tiny_args + ["--train_file", unknown]) == 2
     assert "cannot tell sentences from pairs by the columns ['query', 'answer']" in capsys.readouterr().err
+
+
+def test_single_sentence_batches_carry_each_sentence_once_for_the_guide(tmp_path):
+    """Single sentences: the guide embeds each sentence once and its embedding serves both views [a, a']."""
+    from dist_worker_common import TinyGuide, make_loss, make_model, make_trainer
+
+    from simcse_hn.data import SimCSECollator
+
+    _, tokenizer = build_tiny_bert()
+    guide = TinyGuide()
+    collator = SimCSECollator(tokenizer, 16, guide_tokenize=lambda texts: dict(tokenizer(texts, padding=True,
+                              return_tensors="pt")))  # fmt: skip
+    batch = collator(["one sentence", "another one", "a third"])
+    assert batch["input_ids"].shape[0] == 6 and batch["guide_input_ids"].shape[0] == 3
+    trainer = make_trainer(make_model(), make_loss("infonce", "infonce"), tmp_path, guide=guide,
+                           guide_model="tiny-guide")  # fmt: skip
+    rows = trainer._guide_embeddings({k: v for k, v in batch.items() if k.startswith("guide_")}, 6)
+    features = {k.removeprefix("guide_"): v for k, v in batch.items() if k.startswith("guide_")}
+    torch.testing.assert_close(rows, guide(features).repeat_interleave(2, dim=0), rtol=0, atol=0)
+    trainer.training_step(trainer.model, batch)  # the step runs with the guide (and pops its features)
+    assert "guide_removed" in trainer._metric_sums
