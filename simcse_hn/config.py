@@ -8,10 +8,12 @@ with a one-line `ConfigError` naming the field, before any model or data is load
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field, fields
 
@@ -48,6 +50,7 @@ def _check_finite(arguments) -> None:
 
 @dataclass
 class ModelArguments:
+    _argument_group_name = "model"  # HfArgumentParser's --help group (a class attribute, not a field)
     model_name_or_path: str = field(
         default="bert-base-uncased",
         metadata={
@@ -102,6 +105,7 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
+    _argument_group_name = "data"
     train_file: str | None = field(
         default=None,
         metadata={
@@ -211,13 +215,14 @@ class DataArguments:
 @dataclass
 class SimCSETrainingArguments(TrainingArguments):
     # --- the objective ---
-    loss: str = field(default="infonce", metadata={"help": f"Contrastive objective, one of {LOSS_NAMES}."})
+    loss: str = field(default="infonce", metadata={"help": "Contrastive objective.", "choices": LOSS_NAMES})
     temperature: float = field(default=0.05, metadata={"help": "Softmax temperature t of cos/t (SimCSE: 0.05)."})
     contrast_form: str = field(
         default="symmetric",
         metadata={
             "help": "'simcse': first views against second views (the paper's loss); 'symmetric': every row "
-            "is an anchor against all 2N-2 other rows (NT-Xent; the form hard-negative losses use)."
+            "is an anchor against all 2N-2 other rows (NT-Xent; the form hard-negative losses use).",
+            "choices": CONTRAST_FORMS,
         },
     )
     hcl_beta: float = field(default=0.1, metadata={"help": "HCL concentration beta (tilt beta/t per unit cosine)."})
@@ -232,7 +237,7 @@ class SimCSETrainingArguments(TrainingArguments):
         },
     )
     hcl_detach_weights: bool = field(default=False, metadata={"help": "Stop gradients through HCL's weights."})
-    progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant: 'weight' or 'mix'."})
+    progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant.", "choices": ("weight", "mix")})
     progcl_warmup_ratio: float = field(
         default=0.2, metadata={"help": "Fraction of steps trained with plain InfoNCE before the mixture is used."}
     )
@@ -247,7 +252,8 @@ class SimCSETrainingArguments(TrainingArguments):
     unremix_beta: float = field(default=1.0, metadata={"help": "UnReMix tilt on the standardised hardness score."})
     unremix_tau_plus: float = field(default=0.0, metadata={"help": "UnReMix debiasing prior tau+ in [0, 1)."})
     unremix_gradient: str = field(
-        default="head", metadata={"help": "Where UnReMix takes per-sample gradients: 'head' or 'embedding'."}
+        default="head",
+        metadata={"help": "Where UnReMix takes per-sample gradients.", "choices": ("head", "embedding")},
     )
     unremix_learn_mixture: bool = field(
         default=False,
@@ -487,12 +493,56 @@ def _check_repo_id(repo_id: str) -> None:
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
+# Fields that say the same thing in two ways: one given on the command line replaces the other given in the YAML.
+ALTERNATIVE_FIELDS = (("train_file", "dataset_name"),)
+
+
+# --help: simcse-hn's own flags first, in these groups (in this order), then the Trainer's. A field goes to the
+# first group whose prefix or name matches.
+HELP_GROUPS = {
+    "objective": ("loss", "temperature", "contrast_form"),
+    "HCL and DCL (--loss hcl, dcl)": ("hcl_", "dcl_"),
+    "ProGCL (--loss progcl)": ("progcl_",),
+    "UnReMix (--loss unremix)": ("unremix_",),
+    "scale": ("gather_across_devices", "cache_minibatch_size"),
+}
+HELP_OVERRIDES = {  # the Trainer's own help where simcse-hn gives the flag more meaning
+    "resume_from_checkpoint": "A checkpoint folder, or 'true' for the newest complete checkpoint of this run in "
+    "output_dir (incomplete or foreign ones are skipped with a warning).",
+}
 
 
 class _Parser(HfArgumentParser):
+    def __init__(self, dataclass_types):
+        super().__init__(
+            dataclass_types,
+            usage="train.py [--config FILE.yaml] [--FLAG VALUE ...]  (or: accelerate launch train.py ...)",
+            description="Train a SimCSE sentence encoder (simcse-hn). simcse-hn's own flags come first, by group; "
+            "the Trainer's follow.",
+        )
+        # listed for --help only; parse_args reads it before this parser sees the flags
+        self.add_argument("--config", default=argparse.SUPPRESS, help="A YAML file of flags; flags given on the "
+                          "command line override it (configs/*.yaml).")  # fmt: skip
+
     def error(self, message):  # argparse would print usage and exit(2); we want one line naming the field
         match = re.match(r"argument --([\w]+)(?:/--[\w-]+)*: (.*)", message)
         raise ConfigError(f"{match.group(1)}: {match.group(2)}" if match else message)
+
+    def _add_dataclass_arguments(self, dtype):
+        if dtype is not SimCSETrainingArguments:
+            return super()._add_dataclass_arguments(dtype)
+        hints = typing.get_type_hints(dtype)
+        groups = {title: self.add_argument_group(title) for title in HELP_GROUPS}
+        trainer = self.add_argument_group("training (transformers.TrainingArguments, with SimCSE's defaults)")
+        for item in fields(dtype):
+            if not item.init:
+                continue
+            item.type = hints[item.name]
+            title = next((t for t, keys in HELP_GROUPS.items() if item.name.startswith(keys)), None)
+            if item.name in HELP_OVERRIDES:  # a copy: the field object is the dataclass's own
+                item = copy.copy(item)
+                item.metadata = types.MappingProxyType({**item.metadata, "help": HELP_OVERRIDES[item.name]})
+            self._parse_dataclass_field(groups[title] if title else trainer, item)
 
 
 def _yaml_to_argv(config: dict, path: str, known: set[str], takes_lists: set[str]) -> list[str]:
@@ -540,6 +590,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     takes_lists = {name for types in hints for name, annotation in types.items() if "list" in str(annotation)}
     parser = _Parser(ARGUMENT_CLASSES)
     config = load_yaml(known_args.config) if known_args.config else {}
+    for alternatives in ALTERNATIVE_FIELDS:  # a source given on the command line replaces the YAML's other one
+        if any(f"--{name}" in rest for name in alternatives):
+            config = {k: v for k, v in config.items() if k not in alternatives or f"--{k}" in rest}
     yaml_argv = _yaml_to_argv(config, known_args.config, known, takes_lists)
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -210,13 +211,19 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
     return pairs
 
 
+def text_id(text: str) -> int:
+    """A 63-bit id of a sentence's text, the same in every process (Python's own hash is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
 class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
     gives two dropout views of every sentence.
 
     Sentences longer than `max_length` tokens are truncated: the batch says how many (`num_truncated`, an int, not a
     model input: the trainer pops it and counts the batches it trains on; the data loader collates one batch ahead,
-    so a count kept here would include a batch never trained on), and a warning is logged the first time.
+    so a count kept here would include a batch never trained on), and a warning is logged the first time. The batch
+    also holds `text_ids` (2B,), each row's `text_id` (not a model input either: the duplicate diagnostics use it).
     `guide_tokenize` (simcse_hn.guide.Guide.tokenize): the batch also carries the guide model's own features of each
     sentence, under `guide_*` keys (B rows)."""
 
@@ -233,7 +240,8 @@ class SimCSECollator:
             raise ValueError(f"a batch needs at least 2 sentences to have negatives, got {len(texts)}")
         batch, truncated = self.tokenize(texts)
         rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
-        return {**rows, **self.guide_features(texts), "num_truncated": truncated}
+        ids = torch.tensor([text_id(t) for t in texts]).repeat_interleave(2)  # (2B,) the same text, the same id
+        return {**rows, **self.guide_features(texts), "num_truncated": truncated, "text_ids": ids}
 
     def tokenize(self, texts: list[str]) -> tuple[dict[str, Tensor], int]:
         """texts -> padded token tensors, each (len(texts), T), every text cut to its first `max_length` tokens, and

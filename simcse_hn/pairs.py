@@ -16,10 +16,11 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from simcse_hn.config import DATA_FORMATS
-from simcse_hn.data import DataError, SimCSECollator, _read_lines, _short, load_hub_dataset, read_csv_table
+from simcse_hn.data import DataError, SimCSECollator, _read_lines, _short, load_hub_dataset, read_csv_table, text_id
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +262,7 @@ class PairCollator(SimCSECollator):
     """Tokenises each text of B examples once and emits B * group_size rows, [a, p, n_1..n_k] per example
     (group_size = 2 + k): one forward pass in train mode, dropout on every row as in SimCSE's supervised training.
     `guide_tokenize`: also the guide model's features of every row, under `guide_*` keys (B * group_size rows).
-    Truncated texts are counted as in SimCSECollator (the batch's `num_truncated`)."""
+    Truncated texts are counted, and each row's text id given, as in SimCSECollator (`num_truncated`, `text_ids`)."""
 
     def __init__(self, tokenizer, max_length: int = 32, negatives: int = 0, guide_tokenize=None):
         super().__init__(tokenizer, max_length, guide_tokenize=guide_tokenize)
@@ -276,4 +277,5 @@ class PairCollator(SimCSECollator):
             raise ValueError(f"a batch needs at least 2 examples to have in-batch negatives, got {len(features)}")
         texts = [f[column] for f in features for column in self.columns]  # [a, p, n_1..n_k] per example
         batch, truncated = self.tokenize(texts)  # each (B * group_size, T)
-        return {**batch, **self.guide_features(texts), "num_truncated": truncated}
+        ids = torch.tensor([text_id(t) for t in texts])  # (B * group_size,): the duplicate diagnostics' text ids
+        return {**batch, **self.guide_features(texts), "num_truncated": truncated, "text_ids": ids}

@@ -45,6 +45,7 @@ def contrastive_loss(
     gather: bool = True,
     step: int | None = None,
     max_steps: int | None = None,
+    text_ids: Tensor | None = None,
 ) -> LossOutput:
     """One step's loss: local rows (R, D) -> candidates gathered from every process with gradient (when `gather` and
     there is more than one process), targets offset by rank, the loss context.
@@ -56,9 +57,11 @@ def contrastive_loss(
     positive minus `guide_margin` leave N(i) for the step (simcse_hn.guide; metrics `guide_removed*`).
 
     Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
-    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (UnReMix).
+    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (UnReMix);
+    text_ids (R,): each row's text id (the duplicate diagnostics).
     """
     candidates, candidate_features, guide_candidates, offset = embeddings, head_inputs, guide_embeddings, 0
+    candidate_ids = text_ids
     several = distributed.world_size() > 1
     if gather and several:
         candidates = distributed.all_gather_with_grad(embeddings)  # (RW, D)
@@ -66,6 +69,8 @@ def contrastive_loss(
             candidate_features = distributed.all_gather_with_grad(head_inputs)  # (RW, H)
         if guide_embeddings is not None:
             guide_candidates = distributed.all_gather_with_grad(guide_embeddings.detach())  # (RW, E), no graph
+        if text_ids is not None:
+            candidate_ids = distributed.all_gather_no_grad(text_ids)  # (RW,)
         offset = distributed.rank() * embeddings.shape[0]
     rows, device = embeddings.shape[0], embeddings.device
     if group_size is None:
@@ -83,6 +88,7 @@ def contrastive_loss(
         # every process fits the same ProGCL mixture, from all processes' pairs
         all_reduce=distributed.all_reduce_sum if several else None,
         candidate_features=candidate_features,
+        candidate_text_ids=None if candidate_ids is None else candidate_ids.to(embeddings.device),
     )
     output = loss_fn.compute(candidates, targets, context)
     if guide_metrics:
@@ -204,7 +210,9 @@ class SimCSETrainer(Trainer):
         flag = self.args.no_duplicates
         return self.group_size is not None if flag is None else flag
 
-    def contrastive_loss(self, model, embeddings, head_inputs=None, guide_embeddings=None) -> LossOutput:
+    def contrastive_loss(
+        self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None
+    ) -> LossOutput:
         """Loss of local embeddings (R, D) against the (gathered) candidates (`contrastive_loss` above). With
         `guide_model: self` the guide's embeddings are these, detached; an external guide's (R, E) are passed in."""
         if self.args.guide_model == SELF:
@@ -221,6 +229,7 @@ class SimCSETrainer(Trainer):
             gather=self.gather_across_devices,
             step=self.state.global_step,
             max_steps=self.state.max_steps,
+            text_ids=text_ids,
         )
 
     def _guide_embeddings(self, guide_inputs: dict[str, Tensor], rows: int) -> Tensor | None:
@@ -242,6 +251,7 @@ class SimCSETrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         truncated = inputs.pop("num_truncated", 0)  # the collator's count for this batch (an int: no host sync)
+        text_ids = inputs.pop("text_ids", None)  # (R,) for the duplicate diagnostics
         guide_inputs = {key: inputs[key] for key in inputs if key.startswith(GUIDE_PREFIX)}
         inputs = {key: value for key, value in inputs.items() if key not in guide_inputs}
         rows, group = inputs["input_ids"].shape[0], self.group_size or 2
@@ -255,13 +265,15 @@ class SimCSETrainer(Trainer):
                 model,
                 grad_cache.split_groups(inputs, sentences, group),
                 embed=self._embed,
-                loss_fn=functools.partial(self.contrastive_loss, model, guide_embeddings=guide_embeddings),
+                loss_fn=functools.partial(self.contrastive_loss, model, text_ids=text_ids,
+                                          guide_embeddings=guide_embeddings),  # fmt: skip
                 no_sync=functools.partial(self.accelerator.no_sync, model),
                 autocast=self.compute_loss_context_manager,
                 loss_parameters=list(self.accelerator.unwrap_model(model).loss_fn.parameters()),
             )
         else:
-            result = self.contrastive_loss(model, *self._embed(model, inputs), guide_embeddings=guide_embeddings)
+            result = self.contrastive_loss(model, *self._embed(model, inputs), text_ids=text_ids,
+                                           guide_embeddings=guide_embeddings)  # fmt: skip
         if model.training:
             self._record_metrics(result.metrics)
         return (result.loss, result) if return_outputs else result.loss
@@ -278,7 +290,11 @@ class SimCSETrainer(Trainer):
             # every process logs at the same steps: one all-reduce averages the window over processes too
             totals = distributed.all_reduce_sum(torch.stack([self._metric_sums[k] for k in keys]))
             counts = distributed.all_reduce_sum(torch.tensor(float(self._metric_count), device=totals.device))
-            for key, value in zip(keys, (totals / counts).tolist()):
+            means = dict(zip(keys, (totals / counts).tolist()))
+            pairs, total = means.pop("duplicate_pairs", 0.0), means.pop("duplicate_weight_total", 0.0)
+            if pairs > 0:  # the mean weight of an anchor's exact duplicates, in the windows that had any
+                means["duplicate_weight"] = total / pairs
+            for key, value in means.items():
                 logs[key] = round(value, 6)
             logs["skipped_steps"] = self.skipped_steps
             self._metric_sums.clear()

@@ -83,7 +83,7 @@ def _same_masks_step(case, loss, form, out_dir, inputs, seed, trainer=None) -> d
     outputs = [trainer._embed(model, chunk) for chunk in chunks]
     embeddings = torch.cat([z for z, _ in outputs])
     head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])
-    result = trainer.contrastive_loss(model, embeddings, head_inputs, guide_embeddings)
+    result = trainer.contrastive_loss(model, embeddings, head_inputs, guide_embeddings=guide_embeddings)
     result.loss.backward()
     for p in model.parameters():
         if p.grad is not None:

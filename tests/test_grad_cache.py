@@ -151,7 +151,7 @@ def _paired_same_masks_step(trainer, inputs):
     chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, trainer.group_size or 2)
     outputs = [trainer._embed(model, chunk) for chunk in chunks]
     head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])
-    result = trainer.contrastive_loss(model, torch.cat([z for z, _ in outputs]), head_inputs, guide)
+    result = trainer.contrastive_loss(model, torch.cat([z for z, _ in outputs]), head_inputs, guide_embeddings=guide)
     result.loss.backward()
     return result.loss.detach()
 

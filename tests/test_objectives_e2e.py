@@ -207,7 +207,8 @@ def test_a_run_whose_debiasing_clamp_holds_warns_once_naming_the_setting(tiny_ar
     clamps nearly every anchor (mean pooling: the tiny model's CLS vectors are all alike)."""
     import train
 
-    extra = ["--loss", "dcl", "--dcl_tau_plus", "0.5", "--dropout", "0", "--pooler", "avg", "--max_steps", "4", "--logging_steps", "2",
+    extra = ["--loss", "dcl", "--dcl_tau_plus", "0.5", "--dropout", "0", "--pooler", "avg", "--max_steps", "4",
+             "--logging_steps", "2",
              "--eval_strategy", "no", "--load_best_model_at_end", "false", "--save_strategy", "no"]  # fmt: skip
     with caplog.at_level("WARNING"):
         trainer = train.run(tiny_args + extra)

@@ -204,11 +204,14 @@ class ContrastiveLoss(nn.Module):
             raise ValueError("compute() needs targets with anchor_index; use loss_fn(anchors, candidates, ...)")
         same = targets.anchors_are_candidates
         anchors = candidates if same else candidates[targets.anchor_index]
-        if context is not None and context.candidate_features is not None and context.anchor_features is None:
-            features = context.candidate_features
-            context = dataclasses.replace(
-                context, anchor_features=features if same else features[targets.anchor_index]
-            )
+        if context is not None:  # the anchors' rows of the candidates' per-row extras
+            derived = {}
+            for anchor_key, candidate_key in (("anchor_features", "candidate_features"),
+                                              ("anchor_text_ids", "candidate_text_ids")):  # fmt: skip
+                rows = getattr(context, candidate_key)
+                if rows is not None and getattr(context, anchor_key) is None:
+                    derived[anchor_key] = rows if same else rows[targets.anchor_index]
+            context = dataclasses.replace(context, **derived) if derived else context
         return self._loss(anchors, candidates, targets, context)
 
     def logits(self, sim: Tensor, targets: ContrastiveTargets) -> Tensor:
@@ -282,8 +285,45 @@ class ContrastiveLoss(nn.Module):
                 "clamp_frac": torch.zeros((), device=sim.device),
                 "nonfinite_fallback": (~finite).float(),
             }
+            metrics.update(negative_diagnostics(sim, positive_index, negative_mask, weights, context))
             metrics.update({k: v.detach().float() for k, v in extra.items()})
         return LossOutput(loss=loss, metrics=metrics, weights=weights)
+
+
+DIAGNOSTIC_ANCHORS = 128  # the false-negative diagnostics look at this many anchors per step (a sample: cheap)
+TOP_SHARE = 0.01  # "the most similar 1 % of negatives"
+
+
+def negative_diagnostics(
+    sim: Tensor, positive_index: Tensor, negative_mask: Tensor, weights: Tensor | None, context: LossContext
+) -> dict[str, Tensor]:
+    """What the negatives an objective sees look like, without gradient or host synchronisation (tensors until the
+    trainer logs them, averaged over the window):
+    * `harder_than_positive`: the fraction of N(i) more similar to anchor i than its positive;
+    * `top1pct_weight_share`: the share of anchor i's weight mass on its most similar 1 % of N(i) (at least one
+      negative; uniform weights give 1 %);
+    * `duplicate_pairs`, `duplicate_weight_total`: with the rows' text ids in the context, the (anchor, negative)
+      pairs that are the same sentence, and the sum of their weights (mean one over N(i)); the trainer logs
+      `duplicate_weight`, their mean weight, for windows that had any.
+    Computed on the first DIAGNOSTIC_ANCHORS anchors (a random sample: batches are shuffled). sim (M, N)."""
+    rows = slice(0, DIAGNOSTIC_ANCHORS)
+    sim, positive_index, mask = sim[rows], positive_index[rows], negative_mask[rows]
+    w = mask.to(sim.dtype) if weights is None else weights[rows].to(sim.dtype)  # (m, N)
+    n = mask.sum(dim=1).clamp_min(1)  # (m,)
+    positive = positive_logits(sim, positive_index)  # (m,)
+    harder = ((sim > positive[:, None]) & mask).sum(dim=1) / n
+    # each row's own k_i = ceil(1 % of n_i), out of the top k_max that the shape bounds (no host synchronisation)
+    k_max = max(1, math.ceil(TOP_SHARE * mask.shape[1]))
+    top = torch.where(mask, sim, NEG_INF).topk(k_max, dim=1).indices  # (m, k_max), most similar first
+    k = (n * TOP_SHARE).ceil().clamp_min(1)  # (m,)
+    in_top = torch.arange(k_max, device=sim.device)[None, :] < k[:, None]
+    share = torch.where(in_top, w.gather(1, top), 0.0).sum(dim=1) / w.sum(dim=1).clamp_min(1e-30)
+    out = {"harder_than_positive": harder.float().mean(), "top1pct_weight_share": share.float().mean()}
+    if context.anchor_text_ids is not None and context.candidate_text_ids is not None:
+        same = (context.anchor_text_ids[rows, None] == context.candidate_text_ids[None, :]) & mask  # (m, N)
+        out["duplicate_pairs"] = same.sum().float()
+        out["duplicate_weight_total"] = torch.where(same, w, 0.0).sum().float()
+    return out
 
 
 def log_normalised_weights(scores: Tensor, negative_mask: Tensor) -> Tensor:
