@@ -8,7 +8,7 @@ import torch
 from conftest import FIXTURES
 
 import train
-from simcse_hn.data import DataError
+from simcse_hn.data import DataError, text_id
 from simcse_hn.modeling import build_tiny_bert
 from simcse_hn.pairs import PairCollator, load_pairs, num_negatives, resolve_data_format
 
@@ -154,6 +154,7 @@ def test_collator_emits_one_forward_of_anchor_positive_negative_rows():
         assert torch.equal(batch[key], want[key]), key
     assert seen == [texts] and batch["guide_input_ids"].shape == (8, 1)  # the guide sees every row's text once
     assert batch["num_truncated"] == 1  # "a two is longer" has more than 8 tokens
+    assert batch["text_ids"].tolist() == [text_id(t) for t in texts]  # each row's text, for the duplicate diagnostics
     with pytest.raises(ValueError, match="at least 2 examples"):
         collator(features[:1])
 
