@@ -28,6 +28,7 @@ from simcse_hn.losses.progcl import FIT_PAIRS
 from simcse_hn.losses.unremix import MIXTURE_ENTROPY
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+DATA_FORMATS = ("auto", "pairs", "sentences")
 CONTRAST_FORMS = ("simcse", "symmetric")
 LOSS_NAMES = ("infonce", "dcl", "hcl", "progcl", "unremix")
 HUB_STRATEGIES = ("end", "every_save")
@@ -125,6 +126,28 @@ class DataArguments:
         metadata={"help": "With a Hub dataset: the file(s) inside the repo (e.g. wiki1m_for_simcse.txt)."},
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the sentence in jsonl/csv/Hub data."})
+    data_format: str = field(
+        default="auto",
+        metadata={
+            "help": "'sentences' (unsupervised SimCSE), 'pairs' (anchor, positive, optional negatives) or 'auto': a "
+            ".txt file holds sentences, a table with text_column sentences, one with anchor/positive or "
+            "sent0/sent1 columns (or any column flag) pairs; anything else is an error asking for this flag.",
+            "choices": DATA_FORMATS,
+        },
+    )
+    anchor_column: str | None = field(
+        default=None, metadata={"help": "Pairs: the anchor column (default: 'anchor', 'sent0', else the first)."}
+    )
+    positive_column: str | None = field(
+        default=None, metadata={"help": "Pairs: the positive column (default: 'positive', 'sent1', else the next)."}
+    )
+    negative_columns: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Pairs: the explicit negative columns, in order ('none': no negatives). Default: the columns "
+            "named negative, negative_1..k or hard_neg, else (columns by order) every further text column."
+        },
+    )
     max_seq_length: int = field(default=32, metadata={"help": "Token limit per sentence (SimCSE: 32)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N sentences."})
     drop_duplicates: bool = field(default=False, metadata={"help": "Remove repeated sentences (always counted)."})
@@ -155,6 +178,14 @@ class DataArguments:
             f"must be >= 2, got {self.eval_max_seq_length}",
         )
         _check(self.max_train_samples is None or self.max_train_samples > 0, "max_train_samples", "must be > 0")
+        _check(
+            self.data_format in DATA_FORMATS,
+            "data_format",
+            f"must be one of {', '.join(DATA_FORMATS)}, got {self.data_format!r}",
+        )
+        if self.data_format == "sentences" and self.column_flags:
+            _check(False, "data_format", "'sentences' takes text_column; the anchor/positive/negative column flags "
+                   "are for pairs")  # fmt: skip
         for name in ("train_file", "eval_file"):
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
@@ -174,6 +205,11 @@ class DataArguments:
     def train_source(self) -> str | None:
         """Where the training sentences come from: the Hub dataset, else the file (or the Hub id in train_file)."""
         return self.dataset_name or self.train_file
+
+    @property
+    def column_flags(self) -> bool:
+        """Whether any pair column flag is set (they mean paired data)."""
+        return any(v is not None for v in (self.anchor_column, self.positive_column, self.negative_columns))
 
 
 @dataclass
@@ -229,6 +265,30 @@ class SimCSETrainingArguments(TrainingArguments):
     unremix_mixture_entropy: float = field(
         default=MIXTURE_ENTROPY,
         metadata={"help": "Entropy bonus gamma of the learned mixture (larger: closer to equal weights)."},
+    )
+    # --- paired data ---
+    hard_negative_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "Paired data: log weight added to the logit of each anchor's own explicit negatives (SimCSE's "
+            "hard_negative_weight; 0 = none), for every objective a weight e^w on those negatives' terms."
+        },
+    )
+    guide_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "False-negative guard (GISTEmbed): a sentence-transformers model (Hub id or folder), or 'self' "
+            "(the model being trained, its own embeddings of the step); negatives it scores above the anchor's "
+            "positive minus guide_margin are dropped for the step."
+        },
+    )
+    guide_margin: float = field(default=0.0, metadata={"help": "Guide: drop j when g_ij > g_ip - guide_margin."})
+    no_duplicates: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Batches in which no text appears twice, across columns and processes (sentence-transformers' "
+            "no_duplicates sampler). Default: on for paired data, off for sentences."
+        },
     )
     # --- scale ---
     gather_across_devices: bool | None = field(

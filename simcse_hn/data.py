@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported fro
 from simcse_hn.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.data.contrastive_targets)
 
 logger = logging.getLogger(__name__)
+
+GUIDE_PREFIX = "guide_"  # the batch keys of a guide model's own tokenisation (simcse_hn.guide)
 
 
 def _read_text(path: str) -> str:
@@ -74,38 +77,61 @@ def _read_jsonl_column(path: str, column: str) -> list[str]:
 def _read_csv_column(path: str, column: str) -> list[str]:
     """`column` of a CSV (TSV for .tsv) file, parsed by the csv module on the whole text: a quoted field may hold
     delimiters and line breaks. A record whose field count differs from the header's is a DataError."""
+    header, records = read_csv_table(path)
+    if header is None or column not in header:
+        raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
+    index = header.index(column)
+    return [row[index] if row else "" for _, row in records]
+
+
+def read_csv_table(path: str) -> tuple[list[str] | None, Iterator[tuple[int, list[str]]]]:
+    """The header (None for an empty file) and an iterator over the records of a CSV (TSV for .tsv) file, each with
+    the line it starts on; a blank line is an empty record. Malformed quoting, or a record whose field count differs
+    from the header's, is a DataError naming the line (raised when that record is reached)."""
     kind = "TSV" if path.lower().endswith(".tsv") else "CSV"
     delimiter = "\t" if kind == "TSV" else ","
     reader = csv.reader(io.StringIO(_read_text(path), newline=""), delimiter=delimiter, strict=True)
-    line = 1  # where the record being read starts
+
+    def malformed(line: int, e: csv.Error) -> DataError:
+        reason = str(e).replace("\t", "\\t")  # csv names the delimiter it expected: a TSV's is a tab
+        return DataError(f"{path}:{line}: malformed {kind} ({reason})")
+
     try:
         header = next(reader, None)
-        if header is None or column not in header:
-            raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
-        index = header.index(column)
-        texts = []
-        line = reader.line_num + 1
-        for row in reader:
-            if row and len(row) != len(header):
-                raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(header)} (unquoted {kind}?)")
-            texts.append(row[index] if row else "")
-            line = reader.line_num + 1
     except csv.Error as e:
-        reason = str(e).replace("\t", "\\t")  # csv names the delimiter it expected: a TSV's is a tab
-        raise DataError(f"{path}:{line}: malformed {kind} ({reason})") from None
-    return texts
+        raise malformed(1, e) from None
+
+    def records() -> Iterator[tuple[int, list[str]]]:
+        line = reader.line_num + 1  # where the record being read starts
+        try:
+            for row in reader:
+                if row and len(row) != len(header):
+                    raise DataError(
+                        f"{path}:{line}: {len(row)} fields, the header has {len(header)} (unquoted {kind}?)"
+                    )
+                yield line, row
+                line = reader.line_num + 1
+        except csv.Error as e:
+            raise malformed(line, e) from None
+
+    return header, records()
 
 
-def _read_hub_column(
-    name: str, column: str, data_files: str | None, split: str = "train", config_name: str | None = None
-) -> list[str]:
+def load_hub_dataset(name: str, data_files: str | None = None, split: str = "train", config_name: str | None = None):
+    """A Hub dataset's `split` (with its `config_name` and `data_files`) through `datasets`; a failure is one line."""
     import datasets
 
     try:
         config = {"name": config_name} if config_name else {}  # the dataset's configuration (subset)
-        dataset = datasets.load_dataset(name, data_files=data_files, split=split, **config)
+        return datasets.load_dataset(name, data_files=data_files, split=split, **config)
     except Exception as e:  # network, missing repo, missing file: all user-facing
         raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def _read_hub_column(
+    name: str, column: str, data_files: str | None, split: str = "train", config_name: str | None = None, dataset=None
+) -> list[str]:
+    dataset = load_hub_dataset(name, data_files, split, config_name) if dataset is None else dataset
     if column not in dataset.column_names:
         raise DataError(f"{name}: no column {column!r} in {dataset.column_names} (set --text_column)")
     return [t or "" for t in dataset[column]]
@@ -119,9 +145,10 @@ def load_sentences(
     drop_duplicates: bool = False,
     config_name: str | None = None,
     split: str = "train",
+    dataset=None,
 ) -> list[str]:
     """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id (with its
-    `config_name`, `split` and `data_files`).
+    `config_name`, `split` and `data_files`; `dataset`: that split when already loaded).
 
     Strips white space, drops empty lines and reports how many; counts duplicates and drops them on request.
     """
@@ -134,7 +161,7 @@ def load_sentences(
         else:
             raw = _read_lines(path)
     else:
-        raw = _read_hub_column(path, text_column, data_files, split, config_name)
+        raw = _read_hub_column(path, text_column, data_files, split, config_name, dataset)
 
     sentences = [s.strip() for s in raw]
     sentences = [s for s in sentences if s]
@@ -196,18 +223,29 @@ class SimCSECollator:
     Sentences longer than `max_length` tokens are truncated: the batch says how many (`num_truncated`, an int, not a
     model input: the trainer pops it and counts the batches it trains on; the data loader collates one batch ahead,
     so a count kept here would include a batch never trained on), and a warning is logged the first time. The batch
-    also holds `text_ids` (2B,), each row's `text_id` (not a model input either: the duplicate diagnostics use it)."""
+    also holds `text_ids` (2B,), each row's `text_id` (not a model input either: the duplicate diagnostics use it).
+    `guide_tokenize` (simcse_hn.guide.Guide.tokenize): the batch also carries the guide model's own features of each
+    sentence, under `guide_*` keys (B rows)."""
 
-    def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text"):
+    def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text", guide_tokenize=None):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.text_column = text_column
+        self.guide_tokenize = guide_tokenize
         self.warned = False
 
     def __call__(self, features: list) -> dict[str, Tensor]:
         texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
         if len(texts) < 2:
             raise ValueError(f"a batch needs at least 2 sentences to have negatives, got {len(texts)}")
+        batch, truncated = self.tokenize(texts)
+        rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+        ids = torch.tensor([text_id(t) for t in texts]).repeat_interleave(2)  # (2B,) the same text, the same id
+        return {**rows, **self.guide_features(texts), "num_truncated": truncated, "text_ids": ids}
+
+    def tokenize(self, texts: list[str]) -> tuple[dict[str, Tensor], int]:
+        """texts -> padded token tensors, each (len(texts), T), every text cut to its first `max_length` tokens, and
+        how many were cut."""
         batch = self.tokenizer(
             texts, max_length=self.max_length, truncation=True, padding=True, return_tensors="pt",
             return_overflowing_tokens=True,
@@ -223,9 +261,13 @@ class SimCSECollator:
                 logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d)",
                                self.max_length, truncated, len(texts))
                 self.warned = True
-        rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
-        ids = torch.tensor([text_id(t) for t in texts]).repeat_interleave(2)  # (2B,) the same text, the same id
-        return {**rows, "num_truncated": truncated, "text_ids": ids}
+        return dict(batch), truncated
+
+    def guide_features(self, texts: list[str]) -> dict[str, Tensor]:
+        """The guide model's features of `texts` under `guide_*` keys (none without a guide)."""
+        if self.guide_tokenize is None:
+            return {}
+        return {f"{GUIDE_PREFIX}{key}": value for key, value in self.guide_tokenize(texts).items()}
 
 
 # --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---

@@ -109,18 +109,22 @@ def debiased_from_log_r(
 
 
 def weight_stats(weights: Tensor | None, log_weights: Tensor | None, negative_mask: Tensor) -> dict[str, Tensor]:
-    """Max weight and mean entropy (nats) of the normalised weights w_ij / sum_k w_ik over N(i).
+    """Max weight and mean entropy (nats) of the normalised weights w_ij / sum_k w_ik over N(i), the mean over the
+    anchors that have negatives.
 
     weights: (M, N), zero outside N(i), and log_weights their logs (used where w > 0), or both None (uniform). The
     entropy is log S_i - sum_j w_ij log w_ij / S_i with S_i = sum_j w_ij: no (M, N) normalised copy."""
+    n = negative_mask.sum(dim=1).to(torch.float32)  # (M,)
+    rows = (n > 0).sum().clamp_min(1)  # anchors with negatives (a guide model may leave an anchor none)
     if weights is None:
-        n = negative_mask.sum(dim=1).to(torch.float32)
-        return {"neg_weight_max": torch.ones((), device=negative_mask.device), "neg_weight_entropy": n.log().mean()}
+        entropy = torch.where(n > 0, n.log(), 0.0)
+        one = torch.ones((), device=negative_mask.device)
+        return {"neg_weight_max": one, "neg_weight_entropy": entropy.sum() / rows}
     w = weights.detach().float()
     w_log_w = torch.where(w > 0, w * log_weights.detach().float(), 0.0)
     total = w.sum(dim=1)  # (M,)
-    entropy = total.log() - w_log_w.sum(dim=1) / total
-    return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy.mean()}
+    entropy = torch.where(n > 0, total.log() - w_log_w.sum(dim=1) / total, 0.0)
+    return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy.sum() / rows}
 
 
 class _DropNonFiniteGrad(torch.autograd.Function):
@@ -210,6 +214,18 @@ class ContrastiveLoss(nn.Module):
             context = dataclasses.replace(context, **derived) if derived else context
         return self._loss(anchors, candidates, targets, context)
 
+    def logits(self, sim: Tensor, targets: ContrastiveTargets) -> Tensor:
+        """l_ij = s_ij / t, plus the targets' `negative_log_weights` log c_ij when they have them. (M, N)
+
+        The objective sees these logits, so the weight c_ij multiplies e^{l_ij} in every objective's negative sum on
+        top of its own weight w_ij (docs/losses.md section 10): for InfoNCE this is SimCSE's logit offset
+        (`hard_negative_weight`); scores computed from `sim` (ProGCL's mixture, UnReMix's components) do not see it,
+        and HCL takes its tilt from the unweighted logits."""
+        logits = sim / self.temperature
+        if targets.negative_log_weights is not None:
+            logits = logits + targets.negative_log_weights.to(logits.dtype)
+        return logits
+
     def plain_reductions(self, logits: Tensor, targets: ContrastiveTargets) -> PlainReductions:
         """Plain InfoNCE's reductions of `logits` (M, N). Inside a loss call, for the logits the objective was given,
         these are the base's own (computed once, shared with the fallback), each guarded by `drop_nonfinite_grad`;
@@ -229,15 +245,19 @@ class ContrastiveLoss(nn.Module):
         sim = cosine_similarities(anchors, candidates)  # (M, N)
         if not self.has_fallback:
             per_anchor, log_weights, extra = self.objective(
-                sim, sim / self.temperature, targets, context, anchors, candidates
+                sim, self.logits(sim, targets), targets, context, anchors, candidates
             )
             loss = per_anchor.mean()
             finite = torch.isfinite(loss)
         else:
-            plain = plain_reductions(sim / self.temperature, positive_index, negative_mask)
+            plain = plain_reductions(self.logits(sim, targets), positive_index, negative_mask)
             guarded = drop_nonfinite_grad(sim)
-            logits = guarded / self.temperature
-            shared = PlainReductions(*(drop_nonfinite_grad(t) for t in plain[:3]), plain.count)
+            logits = self.logits(guarded, targets)
+            pos, masked, lse = (drop_nonfinite_grad(t) for t in plain[:3])
+            # An anchor without negatives (a guide model removed them all) has a row of -inf, and a log-sum-exp over
+            # it sends NaN back to entries outside N(i): they have no gradient, so zero them before the guard looks.
+            masked = torch.where(negative_mask, masked, masked.detach())
+            shared = PlainReductions(pos, masked, lse, plain.count)
             self._shared = (logits, shared)
             try:
                 per_anchor, log_weights, extra = self.objective(

@@ -47,11 +47,18 @@ class HCLLoss(ContrastiveLoss):
         # With w_ij = e^{beta l_ij} / mean_k e^{beta l_ik}:  log R_i = logsumexp_j((1 + beta) l_ij) - log mean_k
         # e^{beta l_ik}. Two row reductions over the masked logits; the (M, N) log-weights are only materialised,
         # without gradient, for the returned weights and diagnostics.
+        # the tilt is the hardness of the unweighted logit s_ij / t: an explicit negative's weight c_ij (the
+        # targets' negative_log_weights, already in `logits`) multiplies w_ij, it does not tilt it
+        hardness = masked
+        if targets.negative_log_weights is not None:
+            hardness = torch.where(targets.negative_mask, sim / self.temperature, NEG_INF)
         # beta l_ij over N(i), -inf elsewhere (0 * -inf would be NaN)
-        tilt = self.beta * masked if self.beta > 0 else torch.where(targets.negative_mask, 0.0, NEG_INF).to(n.dtype)
+        tilt = self.beta * hardness if self.beta > 0 else torch.where(targets.negative_mask, 0.0, NEG_INF).to(n.dtype)
         if self.detach_weights:
             tilt = tilt.detach()
-        log_mean = torch.logsumexp(tilt, dim=1) - n.log()  # (M,) log mean_k e^{beta l_ik}
+        # (M,) log mean_k e^{beta l_ik}; 0 for an anchor without negatives (a guide removed them all), so that its
+        # R_i = 0 and its loss is InfoNCE's 0 rather than NaN
+        log_mean = torch.where(n > 0, torch.logsumexp(tilt, dim=1) - n.log(), 0.0)
         log_r = torch.logsumexp(masked + tilt, dim=1) - log_mean  # (M,)
         loss, clamped = debiased_from_log_r(plain.pos, log_r, n, self.tau_plus, self.temperature)
         with torch.no_grad():

@@ -283,7 +283,10 @@ class ProGCLLoss(ContrastiveLoss):
             log_w = torch.where(usable & (row_mean > 0), log_w, 0.0)
             loss = torch.logaddexp(plain.pos, torch.logsumexp(plain.masked + log_w, dim=1)) - plain.pos
             return loss, log_w, metrics
-        synthetic = self._synthetic_logits(logits, negative_mask, hardness, usable, context)  # (M, K)
+        # the synthetic negatives mix the unweighted logits s / t: an explicit negative's weight (the targets'
+        # negative_log_weights, in `logits`) multiplies its own term of the negative sum only
+        unweighted = logits if targets.negative_log_weights is None else sim / self.temperature
+        synthetic = self._synthetic_logits(unweighted, negative_mask, hardness, usable, context)  # (M, K)
         # InfoNCE's denominator plus the synthetic negatives: the plain part is the fallback's own reduction
         log_denominator = torch.logaddexp(torch.logaddexp(plain.pos, plain.lse), torch.logsumexp(synthetic, dim=1))
         return log_denominator - plain.pos, None, metrics
