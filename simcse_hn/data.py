@@ -221,8 +221,9 @@ def load_sentence_stream(
     * Split across processes with datasets' `split_dataset_by_node`: whole files per process when their number is
       a multiple of world_size (files of similar size, e.g. a Hub dataset's parquet shards), else every process reads
       the stream and keeps every world_size-th sentence.
-    * Endless: each process's share repeats (the Trainer runs max_steps steps; no process runs out before another),
-      then is shuffled through a buffer of `shuffle_buffer` sentences (0: the corpus's order), seeded by `seed`.
+    * Endless: the stream repeats (the Trainer runs max_steps steps; no process runs out before another) and is
+      shuffled through a buffer of `shuffle_buffer` sentences (0: the corpus's order), seeded by `seed`, the same on
+      every process (datasets splits the shuffled stream when it is read: disjoint shares).
       The order is a function of the seed alone, so a resumed run that skips the batches already trained on (the
       Trainer does) continues with the sentences an uninterrupted run would see next.
     """

@@ -7,6 +7,7 @@ float32 under DeepSpeed, which trains nothing wider), dropout off, 4 sentences p
 `trainer.save_model(folder)`:
 * OUT/<case>/final for every case of `cases(engine)` (2 SGD steps): the parent compares the folder with one process
   trained on the global batch (the same 8 sentences per step);
+* OUT/stream/rank{r}.pt: the batches each process trained on in 3 steps on a streamed corpus;
 * OUT/resume/{straight,stopped}: 4 steps with checkpoints at 2 and 4; the same run stopped after step 3 (an exception
   raised on both processes at the same step) and resumed from its checkpoint-2; under FSDP again with the plugin's
   SHARDED_STATE_DICT (OUT/resume/sharded_*).
@@ -30,8 +31,11 @@ import torch  # noqa: E402
 from dist_worker_common import CACHE_SENTENCES, global_texts, make_loss, make_model, make_trainer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from simcse_hn.data import SimCSECollator  # noqa: E402
+from simcse_hn import distributed  # noqa: E402
+from simcse_hn.data import SimCSECollator, load_sentence_stream  # noqa: E402
 from simcse_hn.modeling import build_tiny_bert  # noqa: E402
+
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "tiny_corpus.txt"
 
 
 def engine() -> str:
@@ -61,8 +65,9 @@ def cases(name: str) -> list[tuple[str, str, str, dict]]:
     return out
 
 
-def build(case: str, loss: str, form: str, out_dir, name: str, **overrides):
-    """The trainer of one case under engine `name`, as the worker and the one-process reference build it."""
+def build(case: str, loss: str, form: str, out_dir, name: str, train_dataset=None, **overrides):
+    """The trainer of one case under engine `name`, as the worker and the one-process reference build it (by default
+    on 32 sentences: 4 steps per epoch)."""
     dtype = torch.float64 if name == "fsdp" else torch.float32
     model = make_model().to(dtype)
     if case.startswith("lora"):
@@ -80,7 +85,7 @@ def build(case: str, loss: str, form: str, out_dir, name: str, **overrides):
         loss_fn,
         out_dir,
         form,
-        train_dataset=datasets.Dataset.from_dict({"text": global_texts() * 2}),  # 32 sentences: 4 steps per epoch
+        train_dataset=train_dataset or datasets.Dataset.from_dict({"text": global_texts() * 2}),
         data_collator=SimCSECollator(tokenizer, max_length=24),
         processing_class=tokenizer,
         **settings,
@@ -125,6 +130,26 @@ def resume_runs(out: Path, prefix: str, name: str) -> None:
     resumed.save_model(str(out / f"{prefix}stopped" / "final"))
 
 
+STREAM = {"shuffle_buffer": 32, "seed": 5, "min_sentences": 8}  # the parent rebuilds each process's stream
+STREAM_STEPS = 3
+
+
+def stream_run(out: Path, name: str) -> None:
+    """Three steps on a streamed corpus; OUT/stream/rank{r}.pt: the token ids of the batches process r trained on."""
+    stream = load_sentence_stream(str(CORPUS), rank=distributed.rank(), world_size=distributed.world_size(), **STREAM)
+    trainer = build("hcl", "hcl", "symmetric", out / "stream", name, train_dataset=stream, use_cpu=use_cpu(),
+                    max_steps=STREAM_STEPS)  # fmt: skip
+    seen, step = [], trainer.training_step
+
+    def recording_step(model, inputs, *args, **kwargs):
+        seen.append(inputs["input_ids"].cpu().clone())
+        return step(model, inputs, *args, **kwargs)
+
+    trainer.training_step = recording_step
+    trainer.train()
+    torch.save(seen, out / "stream" / f"rank{distributed.rank()}.pt")
+
+
 def main(out_dir: str) -> None:
     out, name = Path(out_dir), engine()
     for case, loss, form, overrides in cases(name):
@@ -133,6 +158,7 @@ def main(out_dir: str) -> None:
         trainer.train()
         assert trainer._is_sharded(), type(trainer.model)
         trainer.save_model(str(out / case / "final"))
+    stream_run(out, name)
     resume_runs(out / "resume", "", name)
     if name == "fsdp":
         os.environ["FSDP_STATE_DICT_TYPE"] = "SHARDED_STATE_DICT"  # what each Trainer's FSDP plugin reads

@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import FIXTURES, ROOT
 from safetensors.torch import load_file
-from sharded_worker import build, cases
+from sharded_worker import CORPUS, STREAM, STREAM_STEPS, build, cases
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -127,6 +127,24 @@ def test_stopped_sharded_run_resumes_to_the_uninterrupted_weights(engine, kind, 
     assert_same_weights(saved_weights(resume / f"{kind}straight" / "final"), straight, rtol=1e-12)
     assert_same_weights(saved_weights(resume / f"{kind}stopped" / "final"), straight, rtol=1e-12)
     assert_same_weights(saved_weights(checkpoint), saved_weights(resume / "straight" / "checkpoint-2"), rtol=1e-12)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_each_process_trains_on_its_own_share_of_a_streamed_corpus(engine, tmp_path_factory):
+    """Not re-sharded by accelerate nor dispatched from process 0: process r's batches are its split of the stream."""
+    from simcse_hn.data import SimCSECollator, load_sentence_stream
+    from simcse_hn.modeling import build_tiny_bert
+
+    folder = runs(engine, tmp_path_factory) / "stream"
+    collate = SimCSECollator(build_tiny_bert()[1], max_length=24)
+    texts = []
+    for rank in (0, 1):
+        stream = iter(load_sentence_stream(str(CORPUS), rank=rank, world_size=2, **STREAM))
+        want = [collate([next(stream) for _ in range(4)])["input_ids"] for _ in range(STREAM_STEPS)]
+        got = torch.load(folder / f"rank{rank}.pt", weights_only=True)
+        assert len(got) == STREAM_STEPS and all(torch.equal(g, w) for g, w in zip(got, want)), rank
+        texts.append({tuple(row.tolist()) for batch in got for row in batch})
+    assert not texts[0] & texts[1]  # (the fixture's sentences are distinct within these 24)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
