@@ -110,3 +110,22 @@ def test_a_first_token_pooler_on_a_decoder_only_model_is_refused_before_loading(
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
     assert err.startswith("error: pooler: 'cls' reads the first token, which in the decoder-only llama model")
+
+
+def test_an_encoder_without_dropout_is_warned_about(tiny_args, caplog):
+    """SimCSE's two views differ only by dropout: without any, the positives are the anchors themselves."""
+    with caplog.at_level("WARNING", logger="simcse_hn"):
+        train.run(tiny_args + ["--dropout", "0", "--max_steps", "1", "--eval_strategy", "no", "--save_strategy", "no",
+                               "--load_best_model_at_end", "false"])  # fmt: skip
+    assert "builtin:tiny-bert has no dropout: SimCSE's two views of a sentence are identical" in caplog.text
+
+
+def test_fsdp_requested_where_accelerate_cannot_run_it_is_warned_about(tmp_path, monkeypatch, caplog):
+    """accelerate runs FSDP on accelerators only; on a CPU the run is plain data parallel, which the user is told."""
+    from dist_worker_common import make_loss, make_model, make_trainer
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with caplog.at_level("WARNING", logger="simcse_hn"):
+        trainer = make_trainer(make_model(), make_loss("infonce", "infonce"), tmp_path)
+    assert not trainer.is_fsdp_enabled
+    assert "FSDP was requested, but accelerate runs it on GPUs (or other accelerators) only" in caplog.text
