@@ -30,6 +30,7 @@ from simcse_hn.modeling import (
     load_encoder_config,
     load_tokenizer,
     model_max_length,
+    resolve_packaged,
 )
 from simcse_hn.trainer import SimCSETrainer
 
@@ -42,6 +43,10 @@ def _setup_logging(training_args) -> None:
     transformers.utils.logging.set_verbosity(logging.WARNING if level == logging.INFO else level)
     datasets.utils.logging.set_verbosity(logging.WARNING)
     logging.getLogger("simcse_hn").setLevel(level)
+    # Quiet apart from the training progress bar and the metrics: no bars for loading weights or writing every
+    # checkpoint's shards (transformers) or for preparing datasets.
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
 
 
 def _cpu_fallback(argv: list[str] | None) -> list[str]:
@@ -72,10 +77,12 @@ def _prepare_output_dir(training_args, checkpoint: str | None) -> str:
 def run(argv: list[str] | None = None) -> SimCSETrainer:
     model_args, data_args, training_args = parse_args(_cpu_fallback(argv))
     _setup_logging(training_args)
+    base_model = model_args.model_name_or_path  # as named: a packaged model's record is its Hub id
+    model_args.model_name_or_path = resolve_packaged(base_model)
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
-    if data_args.train_file is None:
-        raise ConfigError("train_file: required (a text/jsonl/csv file or a Hub dataset id)")
+    if data_args.train_source is None:
+        raise ConfigError("train_file: required (a text/jsonl/csv file), or dataset_name (a Hub dataset id)")
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise ConfigError("hub_model_id: required with push_to_hub (e.g. user/unsup-simcse-bert-base)")
     if training_args.push_to_hub and find_token(training_args.hub_token) is None:
@@ -116,10 +123,12 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     global_batch = training_args.per_device_train_batch_size * training_args.world_size
     if data_args.streaming:
         train_dataset = load_sentence_stream(
-            data_args.train_file,
+            data_args.train_source,
             data_args.text_column,
             data_args.train_data_files,
             data_args.max_train_samples,
+            config_name=data_args.dataset_config_name,
+            split=data_args.dataset_split,
             shuffle_buffer=data_args.streaming_shuffle_buffer,
             seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
             rank=training_args.process_index,
@@ -129,15 +138,17 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         count = "streamed"
     else:
         sentences = load_sentences(
-            data_args.train_file,
+            data_args.train_source,
             data_args.text_column,
             data_args.train_data_files,
             data_args.max_train_samples,
             data_args.drop_duplicates,
+            config_name=data_args.dataset_config_name,
+            split=data_args.dataset_split,
         )
         if len(sentences) < global_batch:
             raise DataError(
-                f"{data_args.train_file}: {len(sentences)} sentences, fewer than one batch "
+                f"{data_args.train_source}: {len(sentences)} sentences, fewer than one batch "
                 f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
             )
         train_dataset = datasets.Dataset.from_dict({"text": sentences})
@@ -161,7 +172,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         model_args.model_name_or_path, model.config, tokenizer
     )
     simcse_config = {
-        "base_model": source_record(model_args.model_name_or_path),
+        "base_model": source_record(base_model),
         "base_model_license": base_model_license(model_args.model_name_or_path),
         "loss": training_args.loss,
         "loss_kwargs": training_args.loss_kwargs(),
@@ -170,7 +181,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "eval_max_seq_length": eval_max_length,
         "inference_max_seq_length": inference_length,
         "seed": training_args.seed,
-        "train_file": source_record(data_args.train_file),
+        "train_file": source_record(data_args.train_source),
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
         "world_size": training_args.world_size,
         "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
@@ -197,15 +208,17 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if hub_target is not None and hub_target.strategy == "every_save":
         trainer.add_callback(CheckpointPush(hub_target))
     trainer.train(resume_from_checkpoint=checkpoint)
-    collator = trainer.data_collator
-    if collator.num_truncated:
-        logger.warning("%d of %d sentences were longer than %d tokens and were truncated",
-                       collator.num_truncated, collator.num_sentences, data_args.max_seq_length)
+    if trainer.truncated_sentences:
+        logger.warning("%d of the %d sentences trained on were longer than %d tokens and were truncated",
+                       trainer.truncated_sentences, trainer.trained_sentences, data_args.max_seq_length)
     trainer.simcse_config.update(training_budget(trainer))  # the final folder says how much training it had
     trainer.save_model(training_args.output_dir)
     dev_spearman = final_dev_score(trainer) if eval_pairs is not None else None
     if dev_spearman is not None:
-        logger.info("STS-B dev Spearman x 100 of the saved model: %.2f", dev_spearman)
+        before = next((e["eval_stsb_spearman"] for e in trainer.state.log_history if e.get("step") == 0
+                       and "eval_stsb_spearman" in e), None)  # fmt: skip  (eval_on_start)
+        logger.info("STS-B dev Spearman x 100 of the saved model: %.2f%s", dev_spearman,
+                    "" if before is None else f" (before training: {before:.2f})")  # fmt: skip
     if trainer.is_world_process_zero():
         write_model_card(
             training_args.output_dir,

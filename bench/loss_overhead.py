@@ -38,7 +38,7 @@ from simcse_hn.losses import build_loss  # noqa: E402
 from simcse_hn.targets import LossContext  # noqa: E402
 from simcse_hn.trainer import contrastive_loss  # noqa: E402
 
-# name -> build_loss arguments; the first is the baseline. Class defaults otherwise (DCL tau+ 0.1, HCL beta 0.1,
+# name -> build_loss arguments; the first is the baseline. Class defaults otherwise (DCL tau+ 1e-3, HCL beta 0.1,
 # ProGCL 10 EM iterations, refit every step, mix over all negatives; UnReMix beta 1).
 LOSSES = {
     "infonce": ("infonce", {}),
@@ -265,10 +265,11 @@ def markdown(report: dict) -> str:
         "Random float32 embeddings (a leaf with requires_grad; h random, z = tanh(h W + b); unremix-head gets U from "
         "h), symmetric form (every row an anchor against 2N - 2 negatives), temperature 0.05, called as "
         "SimCSETrainer calls it (simcse_hn.trainer.contrastive_loss: anchors are the candidates). "
-        "DCL tau+ 0.1, HCL beta 0.1, "
-        "UnReMix beta 1; ProGCL after warm-up (step = max_steps), refit every step, 10 EM iterations, mix over all "
-        "negatives, the mixture fitted on the upper triangle of the similarity matrix (anchors are the candidates on "
-        "one process; with several processes ProGCL fits the full gathered matrix). "
+        "DCL tau+ 1e-3, HCL beta 0.1, "
+        "UnReMix beta 1; ProGCL after warm-up (step = max_steps), refit every step, 10 EM iterations on the default "
+        "fit_pairs sampled pairs (every pair where there are fewer), mix over all negatives (paired in candidate "
+        "order, no sort), the posteriors scored on the upper triangle of the similarity matrix (anchors are the "
+        "candidates on one process; with several processes on the full gathered matrix). "
         "Ratio = median time / median InfoNCE time; in brackets the median of the per-round ratios.",
         "",
         "| 2N | d | rounds | InfoNCE ms | " + " | ".join(names[1:]) + " |",

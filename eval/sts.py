@@ -66,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Folder with sts12..16.jsonl, stsb.jsonl, sickr.jsonl. "
         "Default: the public copies on the Hub (needs network).",
     )
-    parser.add_argument("--output", required=True, help="Folder for results.json, results.md and results.png.")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="Folder for results.json, results.md, results.png and predictions.npz. Default: beside the model, "
+        "never inside it: MODEL-sts for a local folder, sts-NAME in the current folder for a Hub id.",
+    )
     parser.add_argument("--tasks", default="all", help="'all' or a comma-separated list, e.g. sts12,stsb,sickr.")
     parser.add_argument(
         "--aggregation",
@@ -81,12 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of SimCSE's 4,927 test pairs; labelled as such in every output.",
     )
     parser.add_argument("--batch_size", type=int, default=128, help="Sentences per encoder batch.")
-    parser.add_argument("--max_seq_length", type=int, default=None, help="Truncate longer inputs (tokens).")
+    parser.add_argument(
+        "--max_seq_length",
+        type=int,
+        default=None,
+        help="Truncate longer inputs (tokens). Default: the model's own inference length (its sentence-transformers "
+        "max_seq_length, else the encoder's limit), recorded in results.json.",
+    )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... Default: cuda when available.")
     parser.add_argument(
         "--save_to_model",
         action="store_true",
-        help="Also write sts_results.json into the local --model folder (the model card and push read it).",
+        help="Also write sts_results.json into the local --model folder and update its model card (STS table and "
+        "model-index) when simcse-hn wrote the card.",
     )
     parser.add_argument("--push_to_hub", action="store_true", help="Upload the results to the model's Hub repo.")
     parser.add_argument(
@@ -117,7 +129,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def default_output(model: str) -> str:
+    """Beside the model, never inside it (a report in the folder would be taken for one of its files)."""
+    if os.path.isdir(model):
+        return os.path.normpath(model) + "-sts"
+    return "sts-" + model.rstrip("/").split("/")[-1].split(":")[-1]
+
+
 def run(args: argparse.Namespace) -> int:
+    args.output = args.output or default_output(args.model)
+    if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
+        from simcse_hn.modeling import resolve_packaged
+
+        args.model = resolve_packaged(args.model, field="--model")
     local_model = os.path.isdir(args.model)
     if args.save_to_model and not local_model:
         raise DataError(f"--save_to_model needs a local model folder; {args.model!r} is not one")
@@ -183,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
         "encoder": info["backend"],
         "modules": info["modules"],
         "batch_size": args.batch_size,
-        "max_seq_length": args.max_seq_length,
+        "max_seq_length": info["max_seq_length"],  # the length inputs were truncated to
+        "max_seq_length_requested": args.max_seq_length,
         "device": info["device"],
         "predictions": PREDICTIONS,
     }
@@ -210,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
 
         written += [f"curves/{name}" for name in write_curves([curves], os.path.join(args.output, "curves"))]
     if args.save_to_model:
-        write_json(os.path.join(args.model, "sts_results.json"), results)
+        save_to_model(args.model, results)
     print(results_table([(label, results)]), end="")
     if geometry is not None:
         print(f"alignment {geometry['alignment']:.4f}, uniformity {geometry['uniformity']:.4f} (STS-B dev)")
@@ -226,6 +251,26 @@ def run(args: argparse.Namespace) -> int:
             return 2
         logger.info("pushed STS results to %s", hub_repo)
     return 0
+
+
+def save_to_model(folder: str, results: dict) -> None:
+    """sts_results.json into the model folder (listed in its manifest, so a push uploads it) and the card updated:
+    its STS table and model-index replaced, the rest kept; a card simcse-hn did not write is left alone."""
+    from simcse_hn.files import CARD, STS_RESULTS, record_files
+    from simcse_hn.model_card import card_is_ours, update_card_sts, write_model_card
+
+    write_json(os.path.join(folder, STS_RESULTS), results)
+    record_files(folder, [STS_RESULTS])
+    card = os.path.join(folder, CARD)
+    if not os.path.isfile(card):
+        write_model_card(folder, sts_results=results)
+    elif card_is_ours(folder):
+        with open(card, encoding="utf-8") as f:
+            text = update_card_sts(f.read(), results, model_name=os.path.basename(os.path.normpath(folder)))
+        with open(card, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        logger.warning("%s was not written by simcse-hn: its STS results are not updated", card)
 
 
 def load_stsb_dev(data_dir: str | None) -> tuple[STSPairs | None, str | None]:

@@ -8,10 +8,12 @@ with a one-line `ConfigError` naming the field, before any model or data is load
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field, fields
 
@@ -21,6 +23,9 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
 from simcse_hn.files import is_hub_id
+from simcse_hn.losses.hcl import DCL_TAU_PLUS
+from simcse_hn.losses.progcl import FIT_PAIRS
+from simcse_hn.losses.unremix import MIXTURE_ENTROPY
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 CONTRAST_FORMS = ("simcse", "symmetric")
@@ -44,6 +49,7 @@ def _check_finite(arguments) -> None:
 
 @dataclass
 class ModelArguments:
+    _argument_group_name = "model"  # HfArgumentParser's --help group (a class attribute, not a field)
     model_name_or_path: str = field(
         default="bert-base-uncased",
         metadata={
@@ -123,16 +129,25 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
+    _argument_group_name = "data"
     train_file: str | None = field(
         default=None,
         metadata={
-            "help": "Training sentences: a .txt file (one per line), .jsonl/.csv with `text_column`, or a "
-            "Hub dataset id (read through `datasets`; see train_data_files)."
+            "help": "Training sentences from a local file: .txt (one per line), or .jsonl/.csv/.tsv with "
+            "`text_column`. (A Hub dataset id here still works; --dataset_name is the usual route.)"
         },
     )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Training sentences from a Hub dataset, read through `datasets` (instead of train_file)."},
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "The dataset's configuration (subset) name, when it has several."}
+    )
+    dataset_split: str = field(default="train", metadata={"help": "The dataset's split to train on."})
     train_data_files: str | None = field(
         default=None,
-        metadata={"help": "With a Hub dataset id: the file inside the repo (e.g. wiki1m_for_simcse.txt)."},
+        metadata={"help": "With a Hub dataset: the file(s) inside the repo (e.g. wiki1m_for_simcse.txt)."},
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the sentence in jsonl/csv/Hub data."})
     max_seq_length: int = field(default=32, metadata={"help": "Token limit per sentence (SimCSE: 32)."})
@@ -186,26 +201,49 @@ class DataArguments:
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
                 _check(os.path.isfile(path), name, f"file not found: {path}")
+        _check(
+            self.train_file is None or self.dataset_name is None,
+            "dataset_name",
+            f"give train_file or dataset_name, not both (got {self.train_file!r} and {self.dataset_name!r})",
+        )
+        _check(
+            self.dataset_name is None or is_hub_id(self.dataset_name),
+            "dataset_name",
+            f"{self.dataset_name!r} is not a Hub dataset id ('owner/name'); a local file goes in train_file",
+        )
+
+    @property
+    def train_source(self) -> str | None:
+        """Where the training sentences come from: the Hub dataset, else the file (or the Hub id in train_file)."""
+        return self.dataset_name or self.train_file
 
 
 @dataclass
 class SimCSETrainingArguments(TrainingArguments):
     # --- the objective ---
-    loss: str = field(default="infonce", metadata={"help": f"Contrastive objective, one of {LOSS_NAMES}."})
+    loss: str = field(default="infonce", metadata={"help": "Contrastive objective.", "choices": LOSS_NAMES})
     temperature: float = field(default=0.05, metadata={"help": "Softmax temperature t of cos/t (SimCSE: 0.05)."})
     contrast_form: str = field(
         default="symmetric",
         metadata={
             "help": "'simcse': first views against second views (the paper's loss); 'symmetric': every row "
-            "is an anchor against all 2N-2 other rows (NT-Xent; the form hard-negative losses use)."
+            "is an anchor against all 2N-2 other rows (NT-Xent; the form hard-negative losses use).",
+            "choices": CONTRAST_FORMS,
         },
     )
     hcl_beta: float = field(default=0.1, metadata={"help": "HCL concentration beta (tilt beta/t per unit cosine)."})
     hcl_tau_plus: float = field(
-        default=0.0, metadata={"help": "HCL/DCL class prior tau+ in [0, 1); 0 avoids the debiasing clamp (losses.md)."}
+        default=0.0, metadata={"help": "HCL class prior tau+ in [0, 1); 0 avoids the debiasing clamp (losses.md)."}
+    )
+    dcl_tau_plus: float = field(
+        default=DCL_TAU_PLUS,
+        metadata={
+            "help": "DCL class prior tau+ in (0, 1): 1e-3 measured for temperature 0.05 (the DCL paper's 0.1 is for "
+            "temperature 0.5; at 0.05 its clamp holds for every anchor: docs/losses.md section 3)."
+        },
     )
     hcl_detach_weights: bool = field(default=False, metadata={"help": "Stop gradients through HCL's weights."})
-    progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant: 'weight' or 'mix'."})
+    progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant.", "choices": ("weight", "mix")})
     progcl_warmup_ratio: float = field(
         default=0.2, metadata={"help": "Fraction of steps trained with plain InfoNCE before the mixture is used."}
     )
@@ -213,13 +251,26 @@ class SimCSETrainingArguments(TrainingArguments):
     progcl_em_iters: int = field(default=10, metadata={"help": "EM iterations per Beta-mixture fit."})
     progcl_mix_k: int | None = field(default=None, metadata={"help": "ProGCL-mix: hardest K negatives (None: all)."})
     progcl_warm_start: bool = field(default=False, metadata={"help": "Start each fit from the previous one."})
+    progcl_fit_pairs: int = field(
+        default=FIT_PAIRS,
+        metadata={"help": "Fit the Beta mixture on this many sampled (anchor, negative) pairs per process; 0: all."},
+    )
     unremix_beta: float = field(default=1.0, metadata={"help": "UnReMix tilt on the standardised hardness score."})
     unremix_tau_plus: float = field(default=0.0, metadata={"help": "UnReMix debiasing prior tau+ in [0, 1)."})
     unremix_gradient: str = field(
-        default="head", metadata={"help": "Where UnReMix takes per-sample gradients: 'head' or 'embedding'."}
+        default="head",
+        metadata={"help": "Where UnReMix takes per-sample gradients.", "choices": ("head", "embedding")},
     )
     unremix_learn_mixture: bool = field(
-        default=False, metadata={"help": "Learn the component mixture theta (else equal weights, fixed)."}
+        default=False,
+        metadata={
+            "help": "Learn the component mixture theta adversarially, with an entropy bonus (else equal weights, "
+            "fixed)."
+        },
+    )
+    unremix_mixture_entropy: float = field(
+        default=MIXTURE_ENTROPY,
+        metadata={"help": "Entropy bonus gamma of the learned mixture (larger: closer to equal weights)."},
     )
     # --- scale ---
     gather_across_devices: bool | None = field(
@@ -300,9 +351,24 @@ class SimCSETrainingArguments(TrainingArguments):
             "per_device_train_batch_size",
             f"must be >= 2 (a sentence needs at least one in-batch negative), got {self.per_device_train_batch_size}",
         )
-        for name in ("hcl_tau_plus", "unremix_tau_plus"):
+        for name in ("hcl_tau_plus", "dcl_tau_plus", "unremix_tau_plus"):
             value = getattr(self, name)
             _check(0 <= value < 1, name, f"must be in [0, 1), got {value}")
+        if self.loss == "dcl":
+            _check(
+                self.dcl_tau_plus > 0,
+                "dcl_tau_plus",
+                "0 makes DCL symmetric InfoNCE: use --loss infonce --contrast_form symmetric, or a prior > 0",
+            )
+            _check(self.hcl_tau_plus == 0, "hcl_tau_plus", "not used by --loss dcl; set dcl_tau_plus")
+        _check(
+            self.progcl_fit_pairs >= 0, "progcl_fit_pairs", f"must be >= 0 (0: all pairs), got {self.progcl_fit_pairs}"
+        )
+        _check(
+            0 <= self.unremix_mixture_entropy < float("inf"),
+            "unremix_mixture_entropy",
+            f"must be a finite number >= 0, got {self.unremix_mixture_entropy}",
+        )
         _check(self.hcl_beta >= 0, "hcl_beta", f"must be >= 0, got {self.hcl_beta}")
         _check(
             self.progcl_mode in ("weight", "mix"),
@@ -418,7 +484,7 @@ class SimCSETrainingArguments(TrainingArguments):
 # build_loss() keyword (the paper's symbol) -> config field, for each loss; `temperature` is common to all
 LOSS_FIELDS = {
     "infonce": {},
-    "dcl": {"tau_plus": "hcl_tau_plus"},
+    "dcl": {"tau_plus": "dcl_tau_plus"},
     "hcl": {"beta": "hcl_beta", "tau_plus": "hcl_tau_plus", "detach_weights": "hcl_detach_weights"},
     "progcl": {
         "mode": "progcl_mode",
@@ -427,12 +493,14 @@ LOSS_FIELDS = {
         "em_iters": "progcl_em_iters",
         "mix_k": "progcl_mix_k",
         "warm_start": "progcl_warm_start",
+        "fit_pairs": "progcl_fit_pairs",
     },
     "unremix": {
         "beta": "unremix_beta",
         "tau_plus": "unremix_tau_plus",
         "gradient": "unremix_gradient",
         "learn_mixture": "unremix_learn_mixture",
+        "mixture_entropy": "unremix_mixture_entropy",
     },
 }
 
@@ -448,12 +516,56 @@ def _check_repo_id(repo_id: str) -> None:
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
+# Fields that say the same thing in two ways: one given on the command line replaces the other given in the YAML.
+ALTERNATIVE_FIELDS = (("train_file", "dataset_name"),)
+
+
+# --help: simcse-hn's own flags first, in these groups (in this order), then the Trainer's. A field goes to the
+# first group whose prefix or name matches.
+HELP_GROUPS = {
+    "objective": ("loss", "temperature", "contrast_form"),
+    "HCL and DCL (--loss hcl, dcl)": ("hcl_", "dcl_"),
+    "ProGCL (--loss progcl)": ("progcl_",),
+    "UnReMix (--loss unremix)": ("unremix_",),
+    "scale": ("gather_across_devices", "cache_minibatch_size"),
+}
+HELP_OVERRIDES = {  # the Trainer's own help where simcse-hn gives the flag more meaning
+    "resume_from_checkpoint": "A checkpoint folder, or 'true' for the newest complete checkpoint of this run in "
+    "output_dir (incomplete or foreign ones are skipped with a warning).",
+}
 
 
 class _Parser(HfArgumentParser):
+    def __init__(self, dataclass_types):
+        super().__init__(
+            dataclass_types,
+            usage="train.py [--config FILE.yaml] [--FLAG VALUE ...]  (or: accelerate launch train.py ...)",
+            description="Train a SimCSE sentence encoder (simcse-hn). simcse-hn's own flags come first, by group; "
+            "the Trainer's follow.",
+        )
+        # listed for --help only; parse_args reads it before this parser sees the flags
+        self.add_argument("--config", default=argparse.SUPPRESS, help="A YAML file of flags; flags given on the "
+                          "command line override it (configs/*.yaml).")  # fmt: skip
+
     def error(self, message):  # argparse would print usage and exit(2); we want one line naming the field
         match = re.match(r"argument --([\w]+)(?:/--[\w-]+)*: (.*)", message)
         raise ConfigError(f"{match.group(1)}: {match.group(2)}" if match else message)
+
+    def _add_dataclass_arguments(self, dtype):
+        if dtype is not SimCSETrainingArguments:
+            return super()._add_dataclass_arguments(dtype)
+        hints = typing.get_type_hints(dtype)
+        groups = {title: self.add_argument_group(title) for title in HELP_GROUPS}
+        trainer = self.add_argument_group("training (transformers.TrainingArguments, with SimCSE's defaults)")
+        for item in fields(dtype):
+            if not item.init:
+                continue
+            item.type = hints[item.name]
+            title = next((t for t, keys in HELP_GROUPS.items() if item.name.startswith(keys)), None)
+            if item.name in HELP_OVERRIDES:  # a copy: the field object is the dataclass's own
+                item = copy.copy(item)
+                item.metadata = types.MappingProxyType({**item.metadata, "help": HELP_OVERRIDES[item.name]})
+            self._parse_dataclass_field(groups[title] if title else trainer, item)
 
 
 def _yaml_to_argv(config: dict, path: str, known: set[str], takes_lists: set[str]) -> list[str]:
@@ -501,6 +613,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     takes_lists = {name for types in hints for name, annotation in types.items() if "list" in str(annotation)}
     parser = _Parser(ARGUMENT_CLASSES)
     config = load_yaml(known_args.config) if known_args.config else {}
+    for alternatives in ALTERNATIVE_FIELDS:  # a source given on the command line replaces the YAML's other one
+        if any(f"--{name}" in rest for name in alternatives):
+            config = {k: v for k, v in config.items() if k not in alternatives or f"--{k}" in rest}
     yaml_argv = _yaml_to_argv(config, known_args.config, known, takes_lists)
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)

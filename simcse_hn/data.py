@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import csv
 import functools
+import hashlib
 import io
 import json
 import logging
@@ -96,11 +97,14 @@ def _read_csv_column(path: str, column: str) -> list[str]:
     return texts
 
 
-def _read_hub_column(name: str, column: str, data_files: str | None, split: str = "train") -> list[str]:
+def _read_hub_column(
+    name: str, column: str, data_files: str | None, split: str = "train", config_name: str | None = None
+) -> list[str]:
     import datasets
 
     try:
-        dataset = datasets.load_dataset(name, data_files=data_files, split=split)
+        config = {"name": config_name} if config_name else {}  # the dataset's configuration (subset)
+        dataset = datasets.load_dataset(name, data_files=data_files, split=split, **config)
     except Exception as e:  # network, missing repo, missing file: all user-facing
         raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     if column not in dataset.column_names:
@@ -114,8 +118,11 @@ def load_sentences(
     data_files: str | None = None,
     max_samples: int | None = None,
     drop_duplicates: bool = False,
+    config_name: str | None = None,
+    split: str = "train",
 ) -> list[str]:
-    """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id.
+    """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id (with its
+    `config_name`, `split` and `data_files`).
 
     Strips white space, drops empty lines and reports how many; counts duplicates and drops them on request.
     """
@@ -128,7 +135,7 @@ def load_sentences(
         else:
             raw = _read_lines(path)
     else:
-        raw = _read_hub_column(path, text_column, data_files)
+        raw = _read_hub_column(path, text_column, data_files, split, config_name)
 
     sentences = [s.strip() for s in raw]
     sentences = [s for s in sentences if s]
@@ -150,7 +157,7 @@ def load_sentences(
 # --- streamed training sentences (datasets' streaming): memory stays flat whatever the corpus size ---
 
 
-def _open_stream(path: str, column: str, data_files: str | None):
+def _open_stream(path: str, column: str, data_files: str | None, config_name: str | None, split: str):
     """-> (the raw records of `path` as a datasets.IterableDataset, "text" | "json" | "csv" | "hub"). Local files go
     through datasets' own text/json/csv readers in streaming mode; a Hub id through load_dataset(streaming=True).
     What the reader rejects up front (a missing file, a JSON schema it cannot infer) is a DataError."""
@@ -169,9 +176,11 @@ def _open_stream(path: str, column: str, data_files: str | None):
             kind, builder, kwargs = "text", "text", {"encoding_errors": "replace"}
         source = {"path": builder, "data_files": path, **kwargs}
     else:
-        kind, source = "hub", {"path": path, "data_files": data_files}
+        kind, source = "hub", {"path": path, "data_files": data_files, "split": split}
+        if config_name:
+            source["name"] = config_name  # the dataset's configuration (subset)
     try:
-        return datasets.load_dataset(**source, split="train", streaming=True), kind
+        return datasets.load_dataset(**{"split": "train", **source}, streaming=True), kind
     except Exception as e:  # network, missing repo or file, unreadable first block: all user-facing
         reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         raise DataError(f"{path}: could not stream the corpus ({reason})") from None
@@ -203,6 +212,8 @@ def load_sentence_stream(
     text_column: str = "text",
     data_files: str | None = None,
     max_samples: int | None = None,
+    config_name: str | None = None,
+    split: str = "train",
     *,
     shuffle_buffer: int = 10_000,
     seed: int = 0,
@@ -210,7 +221,8 @@ def load_sentence_stream(
     world_size: int = 1,
     min_sentences: int = 1,
 ):
-    """Training sentences of a .txt / .jsonl / .csv / .tsv file or a Hub dataset id, streamed: a
+    """Training sentences of a .txt / .jsonl / .csv / .tsv file or a Hub dataset id (with its `config_name`, `split`
+    and `data_files`), streamed: a
     datasets.IterableDataset of {"text"} rows for process `rank` of `world_size`, with the checks of `load_sentences`
     that a stream allows (white space stripped, blank lines and nulls dropped, non-string fields, NUL bytes and bad
     UTF-8 as DataErrors naming the line, raised when the line is read; a JSON record without the field counts as
@@ -231,7 +243,7 @@ def load_sentence_stream(
 
     from datasets.distributed import split_dataset_by_node
 
-    raw, kind = _open_stream(path, text_column, data_files)
+    raw, kind = _open_stream(path, text_column, data_files, config_name, split)
     clean = functools.partial(_clean_record, path=path, column="text" if kind == "text" else text_column, kind=kind)
     stream = raw.map(clean, with_indices=True).select_columns(["text"]).filter(_has_text)
     if max_samples is not None:
@@ -283,19 +295,25 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
     return pairs
 
 
+def text_id(text: str) -> int:
+    """A 63-bit id of a sentence's text, the same in every process (Python's own hash is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
 class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
     gives two dropout views of every sentence.
 
-    Sentences longer than `max_length` tokens are truncated; `num_truncated` / `num_sentences` count them (a warning
-    is logged the first time)."""
+    Sentences longer than `max_length` tokens are truncated: the batch says how many (`num_truncated`, an int, not a
+    model input: the trainer pops it and counts the batches it trains on; the data loader collates one batch ahead,
+    so a count kept here would include a batch never trained on), and a warning is logged the first time. The batch
+    also holds `text_ids` (2B,), each row's `text_id` (not a model input either: the duplicate diagnostics use it)."""
 
     def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text"):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.text_column = text_column
-        self.num_sentences = 0
-        self.num_truncated = 0
+        self.warned = False
 
     def __call__(self, features: list) -> dict[str, Tensor]:
         texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
@@ -306,17 +324,19 @@ class SimCSECollator:
             return_overflowing_tokens=True,
         )  # each (B + overflow rows, T)
         sample = batch.pop("overflow_to_sample_mapping", None)
+        truncated = 0
         if sample is not None and len(sample) > len(texts):  # keep each sentence's first window
             first = torch.ones_like(sample, dtype=torch.bool)
             first[1:] = sample[1:] != sample[:-1]
             batch = {key: value[first] for key, value in batch.items()}
             truncated = int(sample[~first].unique().numel())
-            if self.num_truncated == 0:
+            if not self.warned:
                 logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d)",
                                self.max_length, truncated, len(texts))
-            self.num_truncated += truncated
-        self.num_sentences += len(texts)
-        return {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+                self.warned = True
+        rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+        ids = torch.tensor([text_id(t) for t in texts]).repeat_interleave(2)  # (2B,) the same text, the same id
+        return {**rows, "num_truncated": truncated, "text_ids": ids}
 
 
 # --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---

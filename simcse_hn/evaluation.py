@@ -287,9 +287,9 @@ def _has_file(name_or_path: str, filename: str) -> bool:
 def encoder_backend(name_or_path: str, pooler: str | None = None) -> str:
     """'simcse' when a pooler is given or the model was saved by SimCSEModel (its own pooler, any of the five);
     'sentence-transformers' for other folders or Hub ids with modules.json; otherwise 'simcse' (pooler `cls`)."""
-    from simcse_hn.modeling import SIMCSE_CONFIG, TINY_MODEL
+    from simcse_hn.modeling import BUILTIN_MODELS, SIMCSE_CONFIG
 
-    if pooler is not None or name_or_path == TINY_MODEL or _has_file(name_or_path, SIMCSE_CONFIG):
+    if pooler is not None or name_or_path in BUILTIN_MODELS or _has_file(name_or_path, SIMCSE_CONFIG):
         return "simcse"
     if _has_file(name_or_path, "modules.json"):
         return "sentence-transformers"
@@ -363,7 +363,10 @@ def load_encoder(
     max_seq_length: int | None = None,
     show_progress_bar: bool = False,
 ) -> tuple[EncodeFn, dict]:
-    """-> (encode, info): info holds "backend", "pooler" (None for sentence-transformers) and "modules"."""
+    """-> (encode, info): info holds "backend", "pooler" (None for sentence-transformers), "modules", "device" and
+    "max_seq_length", the length inputs are truncated to. Without `max_seq_length` both backends use the model's own
+    inference length (a sentence-transformers model's max_seq_length, else the encoder's limit), so a base model and
+    a model trained from it are scored alike."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if encoder_backend(name_or_path, pooler) == "sentence-transformers":
         from sentence_transformers import SentenceTransformer
@@ -372,15 +375,17 @@ def load_encoder(
         if max_seq_length is not None:
             model.max_seq_length = max_seq_length
         modules = [type(module).__name__ for module in model]
-        info = {"backend": "sentence-transformers", "pooler": None, "modules": modules, "device": device}
+        info = {"backend": "sentence-transformers", "pooler": None, "modules": modules, "device": device,
+                "max_seq_length": model.max_seq_length}  # fmt: skip
         return sentence_transformers_encode_fn(model, batch_size, show_progress_bar), info
 
-    from simcse_hn.modeling import SimCSEModel, load_tokenizer
+    from simcse_hn.modeling import SimCSEModel, inference_max_length, load_tokenizer
 
     model = SimCSEModel.from_pretrained(name_or_path, pooler=pooler).to(device)
     tokenizer = load_tokenizer(name_or_path)
-    info = {"backend": "simcse", "pooler": model.pooler, "modules": None, "device": device}
-    return simcse_encode_fn(model, tokenizer, batch_size, max_seq_length, show_progress_bar), info
+    length = max_seq_length or inference_max_length(name_or_path, model.config, tokenizer)
+    info = {"backend": "simcse", "pooler": model.pooler, "modules": None, "device": device, "max_seq_length": length}
+    return simcse_encode_fn(model, tokenizer, batch_size, length, show_progress_bar), info
 
 
 # --- reports: the SimCSE paper's table and a chart, for one run or several side by side ---

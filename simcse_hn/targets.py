@@ -63,6 +63,8 @@ class LossContext:
     step, max_steps: the optimizer step and the schedule's length (ProGCL's warm-up and refits).
     all_reduce: an out-of-place sum over processes (ProGCL fits one mixture from every process's pairs).
     anchor_features (M, H), candidate_features (N, H): the MLP head's inputs (UnReMix's head gradients).
+    anchor_text_ids (M,), candidate_text_ids (N,): int64 ids of each row's sentence text (equal ids: the same text),
+    for the diagnostics of the weight given to exact duplicates of the anchor.
     mix_permutation (K,): ProGCL-mix's permutation instead of a random draw (tests).
     """
 
@@ -71,6 +73,8 @@ class LossContext:
     all_reduce: Callable[[Tensor], Tensor] | None = None
     anchor_features: Tensor | None = None
     candidate_features: Tensor | None = None
+    anchor_text_ids: Tensor | None = None
+    candidate_text_ids: Tensor | None = None
     mix_permutation: Tensor | None = None
 
 

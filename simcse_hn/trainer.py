@@ -18,6 +18,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from simcse_hn import distributed, grad_cache
+from simcse_hn.callbacks import ClampWarningCallback
 from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
 from simcse_hn.data import STSPairs
 from simcse_hn.evaluation import sts_dev_metrics
@@ -36,19 +37,23 @@ def contrastive_loss(
     gather: bool = True,
     step: int | None = None,
     max_steps: int | None = None,
+    text_ids: Tensor | None = None,
 ) -> LossOutput:
     """One SimCSE step's loss: local rows [a, a', b, b', ...] (2B, D) -> candidates gathered from every process with
     gradient (when `gather` and there is more than one process), targets offset by rank, the loss context.
 
     Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
-    the gradient of one process on the global batch. head_inputs (2B, H): the MLP head's inputs (UnReMix).
+    the gradient of one process on the global batch. head_inputs (2B, H): the MLP head's inputs (UnReMix);
+    text_ids (2B,): each row's text id (the duplicate diagnostics).
     """
-    candidates, candidate_features, offset = embeddings, head_inputs, 0
+    candidates, candidate_features, candidate_ids, offset = embeddings, head_inputs, text_ids, 0
     several = distributed.world_size() > 1
     if gather and several:
         candidates = distributed.all_gather_with_grad(embeddings)  # (2BW, D)
         if head_inputs is not None:
             candidate_features = distributed.all_gather_with_grad(head_inputs)  # (2BW, H)
+        if text_ids is not None:
+            candidate_ids = distributed.all_gather_no_grad(text_ids)  # (2BW,)
         offset = distributed.rank() * embeddings.shape[0]
     targets = build_targets(embeddings.shape[0], form, offset, candidates.shape[0], embeddings.device)
     context = LossContext(
@@ -57,6 +62,7 @@ def contrastive_loss(
         # every process fits the same ProGCL mixture, from all processes' pairs
         all_reduce=distributed.all_reduce_sum if several else None,
         candidate_features=candidate_features,
+        candidate_text_ids=None if candidate_ids is None else candidate_ids.to(embeddings.device),
     )
     return loss_fn.compute(candidates, targets, context)
 
@@ -131,9 +137,12 @@ class SimCSETrainer(Trainer):
         super().__init__(model=model, args=args, **kwargs)
         self.simcse_config = simcse_config or {}
         self.skipped_steps = 0
+        self.trained_sentences = 0  # sentences of the batches this process trained on (resumed runs: since resuming)
+        self.truncated_sentences = 0  # of those, how many were longer than max_seq_length
         self._metric_sums: dict[str, torch.Tensor] = {}
         self._metric_count = 0
         self.add_callback(_NonFiniteGradientGuard(self))
+        self.add_callback(ClampWarningCallback())
         requested = args.sharding_engine()  # what the configuration asked for; accelerate decides what runs
         if requested and not (self.is_fsdp_enabled or self.is_deepspeed_enabled):
             logger.warning(
@@ -146,7 +155,7 @@ class SimCSETrainer(Trainer):
         flag = self.args.gather_across_devices
         return distributed.world_size() > 1 if flag is None else flag
 
-    def contrastive_loss(self, model, embeddings, head_inputs=None) -> LossOutput:
+    def contrastive_loss(self, model, embeddings, head_inputs=None, text_ids=None) -> LossOutput:
         """Loss of local embeddings (2B, D) against the (gathered) candidates (`contrastive_loss` above)."""
         return contrastive_loss(
             self.accelerator.unwrap_model(model).loss_fn,
@@ -156,6 +165,7 @@ class SimCSETrainer(Trainer):
             gather=self.gather_across_devices,
             step=self.state.global_step,
             max_steps=self.state.max_steps,
+            text_ids=text_ids,
         )
 
     def _embed(self, model, inputs):
@@ -165,19 +175,24 @@ class SimCSETrainer(Trainer):
         return output.embeddings, output.head_inputs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        truncated = inputs.pop("num_truncated", 0)  # the collator's count for this batch (an int: no host sync)
+        text_ids = inputs.pop("text_ids", None)  # (2B,) for the duplicate diagnostics
+        if model.training:
+            self.trained_sentences += inputs["input_ids"].shape[0] // 2
+            self.truncated_sentences += truncated
         sentences = self.args.cache_minibatch_size
         if model.training and sentences is not None and 2 * sentences < inputs["input_ids"].shape[0]:
             result = grad_cache.cached_loss(
                 model,
                 grad_cache.split_pairs(inputs, sentences),
                 embed=self._embed,
-                loss_fn=functools.partial(self.contrastive_loss, model),
+                loss_fn=functools.partial(self.contrastive_loss, model, text_ids=text_ids),
                 no_sync=functools.partial(self.accelerator.no_sync, model),
                 autocast=self.compute_loss_context_manager,
                 loss_parameters=list(self.accelerator.unwrap_model(model).loss_fn.parameters()),
             )
         else:
-            result = self.contrastive_loss(model, *self._embed(model, inputs))
+            result = self.contrastive_loss(model, *self._embed(model, inputs), text_ids=text_ids)
         if model.training:
             self._record_metrics(result.metrics)
         return (result.loss, result) if return_outputs else result.loss
@@ -194,7 +209,11 @@ class SimCSETrainer(Trainer):
             # every process logs at the same steps: one all-reduce averages the window over processes too
             totals = distributed.all_reduce_sum(torch.stack([self._metric_sums[k] for k in keys]))
             counts = distributed.all_reduce_sum(torch.tensor(float(self._metric_count), device=totals.device))
-            for key, value in zip(keys, (totals / counts).tolist()):
+            means = dict(zip(keys, (totals / counts).tolist()))
+            pairs, total = means.pop("duplicate_pairs", 0.0), means.pop("duplicate_weight_total", 0.0)
+            if pairs > 0:  # the mean weight of an anchor's exact duplicates, in the windows that had any
+                means["duplicate_weight"] = total / pairs
+            for key, value in means.items():
                 logs[key] = round(value, 6)
             logs["skipped_steps"] = self.skipped_steps
             self._metric_sums.clear()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import FIXTURES
 
-from simcse_hn.data import DataError, SimCSECollator, contrastive_targets, load_sentences, load_sts_pairs
+from simcse_hn.config import ConfigError
+from simcse_hn.data import DataError, SimCSECollator, contrastive_targets, load_sentences, load_sts_pairs, text_id
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
 
 
@@ -36,6 +38,9 @@ def test_dropout_makes_the_two_views_differ(tokenizer, dropout, identical):
     encoder, _ = build_tiny_bert(dropout=dropout)
     model = SimCSEModel(encoder, pooler="cls").train()
     batch = SimCSECollator(tokenizer)(["first sentence here", "second one"])
+    assert batch.pop("num_truncated") == 0  # not model inputs: the trainer pops and counts them
+    assert torch.equal(batch.pop("text_ids")[0::2], batch["input_ids"].new_tensor([text_id("first sentence here"),
+                                                                                  text_id("second one")]))  # fmt: skip
     z = model(**batch).embeddings  # (4, D)
     assert torch.allclose(z[0], z[1]) is identical
     assert torch.allclose(z[2], z[3]) is identical
@@ -135,3 +140,34 @@ def test_blank_lines_and_duplicates_are_counted(tmp_path, caplog):
     assert "dropped 2 empty lines of 6" in caplog.text
     assert "2 duplicated sentences kept" in caplog.text
     assert "2 duplicated sentences dropped" in caplog.text
+
+
+def test_dataset_name_route_passes_config_split_and_files_to_datasets(monkeypatch, tmp_path):
+    """--dataset_name / --dataset_config_name / --dataset_split / --train_data_files reach datasets.load_dataset
+    (a stand-in here: the Hub is out of reach); train_file and dataset_name together are refused."""
+    import datasets
+
+    import train
+    from simcse_hn.config import parse_args
+
+    calls = []
+
+    def load_dataset(path, name=None, data_files=None, split=None):
+        calls.append((path, name, data_files, split))
+        return datasets.Dataset.from_dict({"text": [f"sentence {i} from the hub" for i in range(40)]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    argv = ["--model_name_or_path", "builtin:tiny-bert", "--dataset_name", "owner/corpus", "--dataset_config_name",
+            "en", "--dataset_split", "train[:40]", "--train_data_files", "part.txt", "--per_device_train_batch_size",
+            "8", "--max_steps", "1", "--eval_strategy", "no", "--load_best_model_at_end", "false", "--save_strategy",
+            "no", "--metric_for_best_model", "loss", "--output_dir", str(tmp_path / "out"),
+            "--disable_tqdm", "true"]  # fmt: skip
+    trainer = train.run(argv)
+    assert calls == [("owner/corpus", "en", "part.txt", "train[:40]")]
+    assert len(trainer.train_dataset) == 40
+    assert trainer.simcse_config["train_file"] == {"name": "owner/corpus", "local": False}
+    fixture = str(FIXTURES / "tiny_corpus.txt")
+    with pytest.raises(ConfigError, match="dataset_name: give train_file or dataset_name, not both"):
+        parse_args(["--train_file", fixture, "--dataset_name", "owner/corpus"])
+    with pytest.raises(ConfigError, match="dataset_name: .* is not a Hub dataset id"):
+        parse_args(["--dataset_name", fixture])

@@ -186,8 +186,9 @@ def test_simcse_model_scores_equal_scipy_on_unbatched_embeddings(tasks, pooler):
 def test_simcse_avg_pooler_on_a_sentence_transformers_folder_matches_its_mean_pooling(st_folder, tasks):
     assert encoder_backend(st_folder, pooler="avg") == "simcse"
     simcse, info = load_encoder(st_folder, pooler="avg", device="cpu")
-    assert info == {"backend": "simcse", "pooler": "avg", "modules": None, "device": "cpu"}
-    st, _ = load_encoder(st_folder, device="cpu")
+    assert info == {"backend": "simcse", "pooler": "avg", "modules": None, "device": "cpu", "max_seq_length": 128}
+    st, st_info = load_encoder(st_folder, device="cpu")
+    assert st_info["max_seq_length"] == 128  # both backends at the folder's own length
     a, b = score_sts_tasks(simcse, tasks, "wmean"), score_sts_tasks(st, tasks, "wmean")
     for name in a["tasks"]:
         assert a["tasks"][name]["spearman"] == pytest.approx(b["tasks"][name]["spearman"], abs=1e-6)

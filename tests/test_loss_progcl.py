@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
@@ -12,7 +13,14 @@ from conftest import square_targets, symmetric_targets
 from scipy import stats
 
 from simcse_hn.losses import ContrastiveTargets, InfoNCELoss, LossContext, ProGCLLoss, build_loss
-from simcse_hn.losses.progcl import beta_mixture_em, fit_beta_mixture
+from simcse_hn.losses.progcl import (
+    BetaMixture,
+    beta_mixture_em,
+    fit_beta_mixture,
+    identify_components,
+    negative_posteriors,
+    shared_sample,
+)
 
 
 def simcse_like(num_rows: int, dim: int, seed: int, dtype=torch.float64) -> torch.Tensor:
@@ -122,7 +130,8 @@ def test_degenerate_fit_falls_back_to_uniform_weights():
 
 
 def reference_progcl(anchors, candidates, hardness, temperature, mode, permutation=None, mix_k=None):
-    """docs/losses.md section 4 with loops over anchors and negatives; `hardness[i][j]` is B_ij (a float)."""
+    """docs/losses.md section 4 with loops over anchors and negatives; `hardness[i][j]` is B_ij (a float). Mix over
+    all candidates pairs the negatives in candidate order, a smaller mix_k the top mix_k in hardness order."""
     total = 0.0
     units = [c / c.norm().clamp_min(1e-12) for c in candidates]
     for i in range(anchors.shape[0]):
@@ -135,11 +144,15 @@ def reference_progcl(anchors, candidates, hardness, temperature, mode, permutati
             mean_b = sum(b[j] for j in negatives) / len(negatives)
             denom = pos + sum(b[j] / mean_b * torch.exp(s[j] / temperature) for j in negatives)
         else:
-            order = sorted(negatives, key=lambda j: -b[j])[: mix_k or len(negatives)]
-            sigma = [p for p in permutation if p < len(order)]
             denom = pos + sum(torch.exp(s[j] / temperature) for j in negatives)
-            for k, j in enumerate(order):
-                partner = order[sigma[k]]
+            if mix_k is None or mix_k >= candidates.shape[0]:
+                # every negative, paired in candidate order with the permutation's entries that are negatives
+                pairs = list(zip(negatives, [p for p in permutation if p in negatives]))
+            else:  # the top mix_k by B, paired in that order
+                order = sorted(negatives, key=lambda j: -b[j])[:mix_k]
+                sigma = [p for p in permutation if p < len(order)]
+                pairs = [(j, order[sigma[k]]) for k, j in enumerate(order)]
+            for j, partner in pairs:
                 mixed = (b[j] * s[j] + b[partner] * s[partner]) / (b[j] + b[partner] + 1e-12)
                 denom = denom + torch.exp(mixed / temperature)
         total = total - torch.log(pos / denom)
@@ -336,3 +349,209 @@ def test_mix_permutation_is_shared_across_processes_through_all_reduce():
     expected = loss_fn(z, z, positive_index, negative_mask, LossContext(mix_permutation=permutation)).loss
     assert len(reduced) == 1
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+# --- which component is "true", the guard, the sampled fit, the sort-free mix ---
+
+
+def realistic_batch(seed: int, kind: str = "exact", rows: int = 64, dim: int = 96, topics: int = 0) -> torch.Tensor:
+    """SimCSE-like rows [a, a', b, b', ...] calibrated to all-MiniLM-L6-v2 with a fresh MLP head (bench/results/
+    dcl_clamp.md: positive cosine ~0.89, negatives 0.58 +- 0.07, row maximum ~0.71): a shared direction (the
+    anisotropy), per-sentence noise, per-view 'dropout' noise; `topics` > 0 adds that many shared topic directions
+    (a heavier upper tail of negatives, as real batches have). The last sentence repeats the first: exactly, or
+    nearly (a small perturbation)."""
+    g = torch.Generator().manual_seed(seed)
+    sentences = torch.randn(rows // 2, dim, generator=g, dtype=torch.float64) / dim**0.5
+    sentences[:, 0] += 1.32
+    if topics:
+        directions = torch.randn(topics, dim, generator=g, dtype=torch.float64) / dim**0.5
+        sentences += 0.5 * directions.repeat_interleave(rows // 2 // topics, dim=0)
+    sentences[-1] = sentences[0]
+    if kind == "near":
+        sentences[-1] += 0.1 * torch.randn(dim, generator=g, dtype=torch.float64) / dim**0.5
+    views = sentences.repeat_interleave(2, dim=0)
+    return (views + 0.55 * torch.randn(rows, dim, generator=g, dtype=torch.float64) / dim**0.5).float()
+
+
+def duplicate_above_median(weights: torch.Tensor, negative_mask: torch.Tensor) -> bool:
+    """Does any pair of the first sentence's views and its repetition's (either direction) weigh more than the
+    median of its row's negatives?"""
+    rows = weights.shape[0]
+    pairs = [(i, j) for i in (0, 1) for j in (rows - 2, rows - 1)]
+    return any(weights[a, b] > weights[a][negative_mask[a]].median() for i, j in pairs for a, b in ((i, j), (j, i)))
+
+
+@pytest.mark.parametrize("kind", ["exact", "near"])
+def test_duplicate_weighs_at_most_its_row_median_in_99_percent_of_seeds(kind):
+    """100 seeds of 2N = 64 rows with a repeated sentence. The lower-mean rule inverts on some of the same fits (the
+    broad component's mean falls below the bulk's; it is then called 'true' and the duplicate gets its row's
+    largest weight): the batches exercise the failure; the majority rule with its tail guard must not."""
+    positive_index, negative_mask = symmetric_targets(64)
+    ours, lower_mean = 0, 0
+    for seed in range(100):
+        z = realistic_batch(seed, kind)
+        loss_fn = ProGCLLoss(0.05)
+        out = loss_fn.compute(z, square_targets(64))
+        assert out.metrics["nonfinite_fallback"].item() == 0
+        ours += duplicate_above_median(out.weights, negative_mask)
+        alpha, beta, pi = (p.numpy() for p in loss_fn.stored_fit()[:3])
+        x = np.clip(negative_x(z, torch.ones_like(negative_mask)).reshape(64, 64), 1e-12, 1 - 1e-12)
+        hardness = torch.from_numpy(scipy_true_posterior(x, alpha, beta, pi) * x) * negative_mask
+        weights = hardness / (hardness.sum(1, keepdim=True) / negative_mask.sum(1, keepdim=True))
+        lower_mean += duplicate_above_median(weights, negative_mask)
+    assert ours <= 1, f"{ours}/100 seeds"
+    assert lower_mean >= 5, f"the lower-mean rule failed in only {lower_mean}/100 seeds"
+
+
+def fit_of(alpha, beta, pi) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(torch.tensor(p, dtype=torch.float64) for p in (alpha, beta, pi))
+
+
+def test_true_component_is_the_majority_whatever_its_label():
+    """The posteriors do not depend on which index the EM left each component at."""
+    x = torch.linspace(0.8, 0.99, 50, dtype=torch.float64)  # from the bulk's mean up
+    fit = BetaMixture(*fit_of((80.0, 40.0), (20.0, 5.0), (0.9, 0.1)), torch.tensor(True))
+    swapped = BetaMixture(*(p.flip(0) for p in fit[:3]), fit.valid)
+    order, separated = identify_components(fit)
+    assert order.tolist() == [0, 1] and bool(separated)
+    assert identify_components(swapped)[0].tolist() == [1, 0]
+    for got, expected in zip(negative_posteriors(x, swapped), negative_posteriors(x, fit)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    p_true, _ = negative_posteriors(x, fit)
+    assert p_true[0] > 0.95 and p_true[-1] < 1e-6  # the most similar pairs are the likeliest false
+
+
+@pytest.mark.parametrize("mode", ["weight", "mix"])
+def test_unseparated_fit_gives_uniform_weights_and_is_counted(mode):
+    """A fit whose minority component has the lighter upper tail (beta_false >= beta_true: p(false | x) falls again
+    towards x = 1, so a near-exact duplicate would count as a true negative) is not used: plain InfoNCE for the step,
+    counted in bmm_unseparated and bmm_fallback. The same data with a separated stored fit is reweighted."""
+    z = realistic_batch(0)
+    positive_index, negative_mask = symmetric_targets(64)
+    plain = InfoNCELoss(0.05)(z, z, positive_index, negative_mask).loss
+    context = LossContext(step=5, max_steps=10, mix_permutation=torch.randperm(64))  # no refit at step 5
+    for beta_false, separated in ((36.0, False), (5.0, True)):
+        loss_fn = ProGCLLoss(0.05, mode=mode, warmup_ratio=0.2, refit_every=2)
+        stored = fit_of((88.0, 154.0), (22.0, beta_false), (0.8, 0.2))
+        loss_fn.load_state_dict(dict(zip(("bmm_alpha", "bmm_beta", "bmm_pi"), stored), bmm_valid=torch.tensor(True)))
+        out = loss_fn.compute(z, square_targets(64), context)
+        assert out.metrics["bmm_unseparated"].item() == (not separated)
+        assert out.metrics["bmm_fallback"].item() == (not separated)
+        if separated:
+            assert not torch.allclose(out.loss, plain)
+        else:
+            torch.testing.assert_close(out.loss, plain, rtol=1e-6, atol=0)
+            assert out.metrics["est_false_neg_frac"].item() == 0
+            if mode == "weight":
+                assert torch.equal(out.weights, negative_mask.float())
+
+
+def test_sampled_fit_fits_the_drawn_pairs_and_all_pairs_when_there_are_few():
+    """fit_pairs = M: EM on M pairs drawn uniformly with replacement from the fitted pairs (here the upper
+    triangle), the draw given by torch's generator; with M >= the pairs, or 0, every pair, exactly."""
+    z = realistic_batch(3, rows=48, dim=32).double()
+    targets = square_targets(48)
+    full = ProGCLLoss(0.05, fit_pairs=0)
+    full.compute(z, targets)
+    for fit_pairs in (48 * 47 // 2, 10**6, None):
+        loss_fn = ProGCLLoss(0.05, fit_pairs=fit_pairs)
+        loss_fn.compute(z, targets)
+        assert torch.equal(loss_fn.bmm_alpha, full.bmm_alpha) and torch.equal(loss_fn.bmm_pi, full.bmm_pi)
+
+    torch.manual_seed(7)
+    sampled = ProGCLLoss(0.05, fit_pairs=300)
+    sampled.compute(z, targets)
+    torch.manual_seed(7)
+    index = (torch.rand(300, dtype=torch.float64) * (48 * 47 // 2)).long()
+    rows, cols = torch.triu_indices(48, 48, offset=1)
+    zn = torch.nn.functional.normalize(z.double(), dim=1)
+    x = ((zn @ zn.T + 1) / 2)[rows[index], cols[index]]
+    mask = targets.negative_mask[rows[index], cols[index]]
+    expected = beta_mixture_em(x, mask=mask)
+    torch.testing.assert_close(sampled.bmm_alpha, expected.alpha, rtol=1e-6, atol=0)
+    torch.testing.assert_close(sampled.bmm_pi, expected.pi, rtol=1e-6, atol=0)
+    assert not torch.allclose(sampled.bmm_alpha, full.bmm_alpha)
+
+
+def test_sampled_fit_is_close_to_the_full_fit_on_a_large_batch():
+    """2N = 512 SimCSE-like rows (130k pairs): a 16384-pair fit gives weights within a few hundredths of the
+    full fit's (bench/results/progcl_fit.md measures this on MiniLM batches)."""
+    z = realistic_batch(4, rows=512, topics=16)
+    targets = square_targets(512)
+    full, sampled = ProGCLLoss(0.05, fit_pairs=0), ProGCLLoss(0.05, fit_pairs=16384)
+    torch.manual_seed(0)
+    out_full, out_sampled = full.compute(z, targets), sampled.compute(z, targets)
+    assert out_full.metrics["bmm_fallback"].item() == 0 and out_sampled.metrics["bmm_fallback"].item() == 0
+    w_full, w_sampled = out_full.weights, out_sampled.weights
+    diff = (w_sampled - w_full)[targets.negative_mask].abs()
+    assert diff.quantile(0.99) < 0.05 and diff.max() < 0.2, (diff.quantile(0.99), diff.max())
+    assert diff.max() > 0  # it was a different fit
+
+
+def test_sampled_fit_draws_the_same_pairs_on_every_process():
+    """Two threads stand in for two processes whose random draws differ: the all-reduced draw is the same on both,
+    and both fit the same mixture (the statistics of both samples)."""
+    z = realistic_batch(5, rows=64, dim=32)
+    halves = (z, realistic_batch(6, rows=64, dim=32))
+    barrier, slots, draws, fits = threading.Barrier(2), [None, None], [None, None], [None, None]
+
+    def run(rank):
+        def all_reduce(t):
+            slots[rank] = t
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()
+            return total
+
+        # the threads take turns on torch's one generator: their own draws differ
+        draws[rank] = shared_sample(1000, 500, torch.device("cpu"), all_reduce)
+        loss_fn = ProGCLLoss(0.05, fit_pairs=1000)
+        loss_fn(halves[rank], halves[rank], *symmetric_targets(64), LossContext(all_reduce=all_reduce))
+        fits[rank] = loss_fn.stored_fit()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert torch.equal(draws[0], draws[1]) and draws[0].min() >= 0 and draws[0].max() < 1000
+    for a, b in zip(fits[0][:3], fits[1][:3]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=0)
+
+
+def test_mix_without_the_sort_has_the_sorted_pairings_expectation():
+    """Mix over every candidate pairs negatives in candidate order. Over all permutations its mean loss equals the
+    mean loss of the sorted pairing (top n = 2N - 2 by hardness, mix_k = n): for a uniform sigma both pair each row's
+    negatives by a uniform random bijection, so dropping the sort keeps the objective's expectation, exactly."""
+    z = simcse_like(6, 5, 12)
+    positive_index, negative_mask = symmetric_targets(6)
+
+    def mean_loss(mix_k, size):
+        loss_fn = ProGCLLoss(0.2, mode="mix", mix_k=mix_k)
+        losses = [
+            loss_fn(z, z, positive_index, negative_mask, LossContext(mix_permutation=torch.tensor(p))).loss
+            for p in itertools.permutations(range(size))
+        ]
+        return torch.stack(losses).mean(), torch.stack(losses).std()
+
+    unsorted, spread = mean_loss(None, 6)  # K = N = 6: candidate order, 720 permutations
+    by_hardness, _ = mean_loss(4, 4)  # K = n = 4 < N: the sort, 24 permutations
+    assert spread > 1e-4  # the pairing matters for each draw
+    torch.testing.assert_close(unsorted, by_hardness, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["weight", "mix"])
+def test_sampled_fit_and_random_pairing_compile_without_graph_breaks(mode):
+    """The draws (the fit's sample, mix's permutation) stay in the graph and follow torch's generator as in eager."""
+    z = simcse_like(12, 8, 13, dtype=torch.float32)
+    eager_fn, compiled_fn = (ProGCLLoss(0.05, mode=mode, em_iters=3, fit_pairs=40) for _ in range(2))
+    context = LossContext(step=5, max_steps=10)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    out = torch.compile(compiled_fn.compute, fullgraph=True, backend="aot_eager")(z, square_targets(12), context)
+    torch.manual_seed(0)
+    ref = eager_fn.compute(z, square_targets(12), context)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out.loss, ref.loss)
+    torch.testing.assert_close(compiled_fn.bmm_alpha, eager_fn.bmm_alpha)
+    assert not torch.equal(eager_fn.bmm_alpha, ProGCLLoss(0.05, em_iters=3, fit_pairs=0).bmm_alpha)  # it was fitted

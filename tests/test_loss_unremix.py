@@ -164,20 +164,31 @@ def test_loss_matches_loop_reference(mode, beta, tau_plus):
 
 
 def test_gradcheck_with_detached_scores_and_learned_mixture(monkeypatch):
+    """The embeddings' gradient is the loss's (finite differences); theta's is by design not: it ascends
+    L + gamma H(lambda). Checked against autograd of the fixed-mixture loss (theta a plain input) and of H."""
     h, weight, bias, z = head_batch(8, seed=2, dim=4, hidden=3)
     positive_index, negative_mask = symmetric_targets(8)
-    loss_fn = UnReMixLoss(0.2, beta=1.5, tau_plus=0.05, gradient="head", learn_mixture=True).double()
+    learned = UnReMixLoss(0.2, beta=1.5, tau_plus=0.05, gradient="head", learn_mixture=True).double()
+    fixed = UnReMixLoss(0.2, beta=1.5, tau_plus=0.05, gradient="head").double()
     unit = F.normalize(z, dim=1)
-    fixed = loss_fn.raw_scores(unit @ unit.T, z, z, ContrastiveTargets(positive_index, negative_mask), h, h)
-    monkeypatch.setattr(loss_fn, "raw_scores", lambda *args, **kwargs: fixed)  # detached: held constant
+    scores = learned.raw_scores(unit @ unit.T, z, z, ContrastiveTargets(positive_index, negative_mask), h, h)
+    for loss_fn in (learned, fixed):
+        monkeypatch.setattr(loss_fn, "raw_scores", lambda *args, **kwargs: scores)  # detached: held constant
     context = LossContext(anchor_features=h, candidate_features=h)
     theta = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64, requires_grad=True)
     a, c = (z.clone().requires_grad_(True) for _ in range(2))
 
-    def func(x, y, t):
+    def func(loss_fn, x, y, t):
         return functional_call(loss_fn, {"theta": t}, (x, y, positive_index, negative_mask, context)).loss
 
-    assert torch.autograd.gradcheck(func, (a, c, theta))
+    assert torch.autograd.gradcheck(lambda x, y: func(learned, x, y, theta.detach()), (a, c))
+    (got,) = torch.autograd.grad(func(learned, z, z, theta), theta)
+    (plain,) = torch.autograd.grad(func(fixed, z, z, theta), theta)
+    lam = torch.softmax(theta, dim=0)
+    (entropy,) = torch.autograd.grad(-(lam * lam.log()).sum(), theta)
+    torch.testing.assert_close(got, -plain - learned.mixture_entropy * entropy, rtol=1e-10, atol=1e-12)
+    assert plain.abs().max() > 1e-3 and entropy.abs().max() > 1e-3
+    torch.testing.assert_close(func(learned, z, z, theta), func(fixed, z, z, theta), rtol=0, atol=0)  # same value
 
 
 @pytest.mark.parametrize("mode", ["embedding", "head"])
@@ -266,3 +277,49 @@ def test_argument_errors():
     ]:
         with pytest.raises(ValueError, match=name):
             build_loss("unremix", **{"temperature": 0.05, **kwargs})
+
+
+def train_mixture(signal: str, gamma: float = 0.5, steps: int = 300, seed: int = 0) -> torch.Tensor:
+    """Synthetic SimCSE-like embeddings trained directly (16 sentences, noisy 'dropout' views so that the loss stays
+    informative) together with the mixture theta, Adam, `steps` steps. `signal`: "ours" (learn_mixture: adversarial
+    with entropy bonus gamma) or "minimise" (theta trained by the loss's own gradient, the measured collapse).
+    -> lambda at the end (3,)"""
+    g = torch.Generator().manual_seed(seed)
+    sentences = torch.randn(16, 32, generator=g) / 32**0.5
+    sentences[:, 0] += 1.32  # SimCSE's anisotropy: negatives at cosine ~0.55
+    sentences = torch.nn.Parameter(sentences)
+    ours = signal == "ours"
+    loss_fn = UnReMixLoss(0.05, beta=1.0, gradient="embedding", learn_mixture=ours, mixture_entropy=gamma)
+    theta = loss_fn.theta if ours else torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.Adam([{"params": [sentences], "lr": 1e-3}, {"params": [theta], "lr": 0.05}])
+    targets = square_targets(32)
+    for _ in range(steps):
+        z = sentences.repeat_interleave(2, dim=0) + 1.5 * torch.randn(32, 32, generator=g) / 32**0.5
+        if ours:
+            out = loss_fn.compute(z, targets)
+        else:
+            out = functional_call(loss_fn, {"theta": theta}, (z, z, targets.positive_index, targets.negative_mask))
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+    return torch.softmax(theta.detach(), dim=0)
+
+
+def test_learned_mixture_keeps_every_component_in_play():
+    """300 steps: minimising the loss over theta drives the mixture onto R (the easiest negatives), maximising it
+    without the entropy bonus onto A; the adversarial mixture with its bonus leans towards A and keeps U and R."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 32 x 32 problems: one thread is several times faster on a busy machine
+    try:
+        _check_learned_mixture()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_learned_mixture():
+    collapsed = train_mixture("minimise")
+    assert collapsed[2] > 0.95, collapsed
+    greedy = train_mixture("ours", gamma=0.0)
+    assert greedy[0] > 0.95, greedy
+    learned = train_mixture("ours")
+    assert learned.min() > 0.15 and learned[0] == learned.max() and learned[0] > 0.4, learned

@@ -270,3 +270,51 @@ def test_registry_and_argument_errors():
         build_loss("hcl", temperature=0.0)
     with pytest.raises(ValueError, match="beta"):
         build_loss("hcl", temperature=0.05, beta=-1.0)
+
+
+class CountCalls(torch.overrides.TorchFunctionMode):
+    def __init__(self, func):
+        super().__init__()
+        self.func, self.count = func, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func is self.func
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "name, reductions",
+    [("infonce", 1), ("dcl", 1), ("progcl_mix", 2), ("hcl_beta4", 3), ("progcl_weight", 2), ("unremix_embedding", 2)],
+)
+def test_plain_infonce_is_computed_once_per_call(name, reductions):
+    """The fallback's log-sum-exp over the negatives is the objective's own where it can be (InfoNCE, DCL's R, mix's
+    InfoNCE part): one (M, N) reduction for InfoNCE and DCL, one more for mix's synthetic negatives; HCL (two
+    tilted sums), ProGCL-weight and UnReMix (weighted sums) add theirs to the one shared with the fallback."""
+    loss_fn = build_loss("infonce", temperature=0.05) if name == "infonce" else EDGE_LOSSES[name]()
+    counter = CountCalls(torch.logsumexp)
+    with counter:
+        loss_fn.compute(edge_batch("duplicate"), square_targets(8))
+    assert counter.count == reductions
+
+
+@pytest.mark.parametrize("name", ["dcl", "progcl_mix", "hcl_debiased"])
+def test_shared_reductions_keep_infonce_gradient_on_fallback(name, monkeypatch):
+    """An objective that uses the shared reductions and turns non-finite: the step falls back to InfoNCE with
+    InfoNCE's gradient (the objective's share of the reductions is guarded, the fallback's is not)."""
+    loss_fn = EDGE_LOSSES[name]()
+    original = loss_fn.objective
+
+    def broken(sim, logits, targets, context, anchors, candidates):
+        loss, log_weights, metrics = original(sim, logits, targets, context, anchors, candidates)
+        plain = loss_fn.plain_reductions(logits, targets)
+        return loss + plain.lse * torch.sqrt(plain.pos - 1e3), log_weights, metrics  # NaN, NaN gradient
+
+    monkeypatch.setattr(loss_fn, "objective", broken)
+    z = edge_batch("random")
+    a = z.clone().requires_grad_(True)
+    out = loss_fn.compute(a, square_targets(8))
+    out.loss.backward()
+    r = z.clone().requires_grad_(True)
+    InfoNCELoss(0.05).compute(r, square_targets(8)).loss.backward()
+    assert out.metrics["nonfinite_fallback"].item() == 1
+    torch.testing.assert_close(a.grad, r.grad)

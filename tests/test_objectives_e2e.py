@@ -3,15 +3,16 @@ the paper configs differ only in the loss keys and names."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 
 import pytest
 import torch
-import yaml
 from conftest import ROOT
 
 import train
-from simcse_hn.losses import LOSSES
+from simcse_hn.config import ARGUMENT_CLASSES, LOSS_NAMES, parse_args
+from simcse_hn.losses import LOSSES, build_loss
 
 LOSS_FLAGS = {
     "infonce": ["--loss", "infonce", "--contrast_form", "simcse"],
@@ -74,28 +75,69 @@ def test_tiny_config_trains_with_each_loss(tiny_args, tmp_path, name, monkeypatc
         assert last_alpha_1 != pytest.approx(2.0)
     if name in ("dcl", "hcl"):
         assert "train/clamp_frac" in tags
+    if name == "dcl":  # debiased, not symmetric InfoNCE under another name
+        assert trainer.model.loss_fn.tau_plus > 0
 
 
-LOSS_KEYS = {"loss", "contrast_form", "temperature"}
-NAME_KEYS = {"output_dir", "hub_model_id"}
+NAME_FIELDS = {"output_dir", "hub_model_id"}
+BASELINE = "unsup_bert_base_infonce.yaml"
 
 
-def test_paper_configs_differ_only_in_loss_keys_and_names():
-    configs = {
-        path: yaml.safe_load(open(path, encoding="utf-8"))
-        for path in sorted(glob.glob(str(ROOT / "configs" / "unsup_bert_base_*.yaml")))
-    }
-    assert len(configs) == 5
-    shared = None
-    for path, config in configs.items():
-        loss = config["loss"]
-        rest = {k: v for k, v in config.items() if k not in LOSS_KEYS | NAME_KEYS and not k.startswith(f"{loss}_")}
-        if loss == "dcl":  # DCL is HCL with beta = 0: its prior is the hcl_tau_plus field
-            rest = {k: v for k, v in rest.items() if k != "hcl_tau_plus"}
-        shared = shared or rest
-        assert rest == shared, path
-        assert config["output_dir"].endswith(path.rsplit("unsup_bert_base_", 1)[1][:-5])
-    assert shared["per_device_train_batch_size"] == 64 and shared["learning_rate"] == 3e-5
+def objective_fields(loss: str) -> set[str]:
+    """The fields a config of `loss` may set differently from the baseline: the loss, the target form (InfoNCE has
+    two; the others are defined on the symmetric one only, which config.py enforces) and the loss's own prefix."""
+    return {"loss", "contrast_form"} | {name for name in CONFIG_FIELDS if name.startswith(f"{loss}_")}
+
+
+CONFIG_FIELDS = {f.name for cls in ARGUMENT_CLASSES for f in dataclasses.fields(cls) if f.init}
+
+
+def parsed(path) -> dict:
+    """Every field of the three argument dataclasses, as train.py would see them."""
+    return {f.name: getattr(args, f.name) for args in parse_args(["--config", str(path)]) for f in
+            dataclasses.fields(args) if f.init}
+
+
+def test_paper_configs_differ_from_the_baseline_only_in_their_objective_and_names():
+    """The sweep is fair by construction: each unsup_bert_base_*.yaml, parsed as train.py parses it, equals the
+    symmetric-InfoNCE baseline in every field (recipe, data, schedule, seed, temperature) except its own loss's keys
+    and the output names; objective keys of other losses keep their defaults; the paper's simcse-form InfoNCE is its
+    own config; every config builds its loss."""
+    paths = sorted((ROOT / "configs").glob("unsup_bert_base_*.yaml"))
+    names = {path.name for path in paths}
+    assert {BASELINE, "unsup_bert_base_infonce_simcse.yaml"} <= names and len(names) >= 6
+    baseline = parsed(ROOT / "configs" / BASELINE)
+    assert (baseline["loss"], baseline["contrast_form"]) == ("infonce", "symmetric")
+    defaults = parsed(ROOT / "configs" / "debug_tiny.yaml")  # for the loss fields no config of its loss sets
+    other_objectives = {name for name in CONFIG_FIELDS if name.split("_")[0] in LOSS_NAMES}
+    losses = set()
+    for path in paths:
+        config = parsed(path)
+        own = objective_fields(config["loss"])
+        differing = {name for name in CONFIG_FIELDS if config[name] != baseline[name]}
+        assert differing <= own | NAME_FIELDS, f"{path.name}: {sorted(differing - own - NAME_FIELDS)}"
+        for name in other_objectives - own:
+            assert config[name] == defaults[name], f"{path.name} sets {name}, a key of another loss"
+        slug = path.stem.removeprefix("unsup_bert_base_").replace("_", "-")
+        assert config["output_dir"] == f"outputs/unsup-bert-base-{slug}", path.name
+        assert config["hub_model_id"] == f"simcse-hn/unsup-bert-base-{slug}", path.name
+        args = parse_args(["--config", str(path)])[2]
+        build_loss(args.loss, **args.loss_kwargs())
+        losses.add((config["loss"], config["contrast_form"]))
+    assert ("infonce", "simcse") in losses and {loss for loss, _ in losses} == set(LOSSES)
+    assert baseline["per_device_train_batch_size"] == 64 and baseline["learning_rate"] == 3e-5
+    assert baseline["temperature"] == 0.05
+
+
+def test_config_check_catches_a_config_that_changes_the_recipe(tmp_path):
+    """The check above must be able to fail: a DCL config with another learning rate, or with HCL's beta, breaks it."""
+    baseline = parsed(ROOT / "configs" / BASELINE)
+    for extra, offender in (("learning_rate: 1.0e-4\n", "learning_rate"), ("hcl_beta: 0.5\n", "hcl_beta")):
+        path = tmp_path / "unsup_bert_base_dcl.yaml"
+        path.write_text((ROOT / "configs" / "unsup_bert_base_dcl.yaml").read_text() + extra, encoding="utf-8")
+        config = parsed(path)
+        differing = {name for name in CONFIG_FIELDS if config[name] != baseline[name]}
+        assert offender in differing - objective_fields("dcl") - NAME_FIELDS
 
 
 @pytest.mark.parametrize("form", ["symmetric", "simcse"])
@@ -125,3 +167,19 @@ def test_trainer_tells_the_loss_what_its_targets_are(form):
     assert torch.equal(targets.anchor_index, anchors) and torch.equal(targets.positive_index, anchors ^ 1)
     standard = (rows[None] != anchors[:, None]) & (rows[None] != (anchors ^ 1)[:, None])
     assert torch.equal(targets.negative_mask, standard if symmetric else standard & (rows % 2 == 1)[None])
+
+
+def test_a_run_whose_debiasing_clamp_holds_warns_once_naming_the_setting(tiny_args, caplog):
+    """SimCSETrainer registers the clamp warning: DCL with a large prior and identical views (dropout 0, so s_ip = 1)
+    clamps nearly every anchor (mean pooling: the tiny model's CLS vectors are all alike)."""
+    import train
+
+    extra = ["--loss", "dcl", "--dcl_tau_plus", "0.5", "--dropout", "0", "--pooler", "avg", "--max_steps", "4",
+             "--logging_steps", "2",
+             "--eval_strategy", "no", "--load_best_model_at_end", "false", "--save_strategy", "no"]  # fmt: skip
+    with caplog.at_level("WARNING"):
+        trainer = train.run(tiny_args + extra)
+    logged = [e["clamp_frac"] for e in trainer.state.log_history if "clamp_frac" in e]
+    assert len(logged) == 2 and logged[0] < 0.5 < logged[1]  # the clamp takes over in the second window
+    warnings = [r.getMessage() for r in caplog.records if "dcl_tau_plus 0.5" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("step 4:"), warnings

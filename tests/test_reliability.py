@@ -43,25 +43,14 @@ def test_fewer_sentences_than_one_batch_is_a_clear_error(tiny_args, tmp_path):
 
 
 def test_overlong_lines_are_truncated_and_counted(tiny_args, tmp_path, caplog):
+    """Counted over the batches trained on: 3 batches of 16 exist, 2 steps train on 2 of them (the data loader
+    collates the third ahead of time, and a count in the collator would include it)."""
     corpus = tmp_path / "long.txt"
-    lines = [f"sentence number {i} is short" for i in range(30)] + ["word " * 5000] * 2
+    lines = [f"sentence number {i} is far longer than thirty-two characters" for i in range(48)]
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    extra = ["--train_file", str(corpus), "--max_steps", "2", "--eval_strategy", "no", "--load_best_model_at_end",
+             "false", "--per_device_train_batch_size", "16"]  # fmt: skip
     with caplog.at_level("WARNING"):
-        trainer = train.run(
-            tiny_args
-            + [
-                "--train_file",
-                str(corpus),
-                "--max_steps",
-                "2",
-                "--eval_strategy",
-                "no",
-                "--load_best_model_at_end",
-                "false",
-                "--per_device_train_batch_size",
-                "16",
-            ]
-        )
-    collator = trainer.data_collator
-    assert (collator.num_truncated, collator.num_sentences) == (sum(len(s) > 30 for s in lines), 32)
-    assert f"{collator.num_truncated} of 32 sentences were longer than 32 tokens and were truncated" in caplog.text
+        trainer = train.run(tiny_args + extra)
+    assert (trainer.truncated_sentences, trainer.trained_sentences) == (32, 32)
+    assert "32 of the 32 sentences trained on were longer than 32 tokens and were truncated" in caplog.text

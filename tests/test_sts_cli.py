@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, numpy_alignment, numpy_uniformity
+from huggingface_hub import ModelCard
 from scipy.stats import spearmanr
 
 from simcse_hn.data import STS_TASKS, load_sts_task
@@ -81,6 +82,30 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def test_save_to_model_updates_a_trained_models_card_and_reports_go_beside_the_folder(tmp_path):
+    """A card written at the end of training keeps everything but its STS part; without --output the report goes
+    next to the model folder, not into it."""
+    from simcse_hn.model_card import write_model_card
+
+    folder = tmp_path / "trained"
+    encoder, tokenizer = build_tiny_bert(seed=5, dropout=0.0)
+    SimCSEModel(encoder, pooler="avg").save_pretrained(str(folder), tokenizer, extra_config={"loss": "hcl"})
+    write_model_card(str(folder), dev_spearman=77.25)
+    assert "Not evaluated on the STS benchmarks yet" in (folder / "README.md").read_text()
+    data = write_data(tmp_path / "sts")
+    result = run_cli("--model", str(folder), "--data_dir", str(data), "--save_to_model", "--no_progress_bar")
+    assert result.returncode == 0, result.stderr
+    report = tmp_path / "trained-sts"
+    assert (report / "results.json").is_file() and not (folder / "results.json").exists()
+    results = json.loads((report / "results.json").read_text())
+    card = ModelCard.load(str(folder / "README.md"))
+    assert "77.25" in card.text and "hcl" in card.data.tags  # the training part of the card is kept
+    assert "Not evaluated on the STS benchmarks yet" not in card.text
+    assert f"| trained | {results['tasks']['STS12']['spearman']:.2f} |" in card.text
+    manifest = json.loads((folder / "simcse_files.json").read_text())["files"]
+    assert {"sts_results.json", "README.md"} <= set(manifest)  # a push uploads them
+
+
 def test_cli_writes_results_json_markdown_plot_and_model_copy(tmp_path, model_dir):
     data = write_data(tmp_path / "sts")
     out = tmp_path / "out"
@@ -103,6 +128,12 @@ def test_cli_writes_results_json_markdown_plot_and_model_copy(tmp_path, model_di
     assert results["settings"]["batch_size"] == 5 and results["settings"]["encoder"] == "simcse"
     with open(os.path.join(model_dir, "sts_results.json"), encoding="utf-8") as f:
         assert json.load(f) == results
+    assert results["settings"]["max_seq_length"] == 128  # the tiny encoder's own length, recorded
+    card = ModelCard.load(os.path.join(model_dir, "README.md"))  # --save_to_model: the card on disk is complete
+    assert {r.dataset_name: r.metric_value for r in card.data.eval_results} == {
+        name: round(task["spearman"], 2) for name, task in results["tasks"].items()
+    }
+    assert "Not evaluated on the STS benchmarks yet" not in card.text
 
     # the same numbers in-process, through the library
     tasks = [load_sts_task(name, str(data)) for name in STS_TASKS]

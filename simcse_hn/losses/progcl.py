@@ -9,14 +9,18 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, positive_logits, weighted_loss
+from simcse_hn.losses.base import NEG_INF, ContrastiveLoss
 from simcse_hn.targets import LossContext
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
 EPS = 1e-12
 MODES = ("weight", "mix")
 LOG_EPS = math.log(EPS)
-BETA1_FLOOR = torch.tensor([-math.inf, 1.0], dtype=torch.float64)  # only component 1's beta is floored
+# Pairs per mixture fit (per process), from bench/results/progcl_fit.md: on all-MiniLM-L6-v2 batches at 2N = 1024 the
+# sampled fit keeps 99 % of the weights within 0.062 of the full fit's (means within 0.0021, the same separation
+# decision), about as much as the full fit itself moves from one batch to the next, for 1/8 of the EM work
+# (docs/losses.md section 4). Batches with fewer pairs are fitted whole.
+FIT_PAIRS = 65536
 
 
 class BetaMixture(NamedTuple):
@@ -29,7 +33,12 @@ class BetaMixture(NamedTuple):
 
 
 def _default_init(device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    return tuple(torch.tensor(p, dtype=torch.float64, device=device) for p in BMM_INIT)
+    """BMM_INIT as three (2,) float64 tensors made on `device` from scalars (no copy from host memory)."""
+    first = torch.arange(2, device=device) == 0  # (2,) [True, False]
+    return tuple(
+        torch.full((2,), second, dtype=torch.float64, device=device).masked_fill_(first, value)
+        for value, second in BMM_INIT
+    )
 
 
 def _log_likelihoods(features: tuple[Tensor, Tensor], alpha: Tensor, beta: Tensor, pi: Tensor, out: Tensor) -> Tensor:
@@ -92,6 +101,7 @@ def _em(x: Tensor, features: Tensor, mask: Tensor | None, iters: int, init, all_
         alpha, beta, pi = (p.detach().to(device=x.device, dtype=torch.float64) for p in init)
     min_var = torch.full((2,), math.inf, dtype=torch.float64, device=x.device)
     log_lik = torch.empty((2, x.shape[0]), dtype=torch.float64, device=x.device)  # reused by every iteration
+    floored = torch.arange(2, device=x.device) == 1  # only component 1's beta is floored
     for _ in range(iters):
         _log_likelihoods(features, alpha, beta, pi, out=log_lik).clamp_min_(LOG_EPS)  # (2, K), floored at 1e-12
         r_1 = log_lik[1].sub_(log_lik[0]).sigmoid_()  # (K,)
@@ -103,7 +113,7 @@ def _em(x: Tensor, features: Tensor, mask: Tensor | None, iters: int, init, all_
         mean = shift + mean_y
         alpha = mean * (mean * (1 - mean) / var - 1)
         beta = alpha * (1 - mean) / mean
-        beta = torch.where(BETA1_FLOOR.to(beta.device) > beta, 1.01, beta)  # the reference's "if beta_1 < 1"
+        beta = torch.where(floored & (beta < 1), 1.01, beta)  # the reference's "if beta_1 < 1"
         pi = r_sum / total
         min_var = torch.minimum(min_var, var)  # NaN propagates, and fails the check below
     params = torch.stack([alpha, beta, pi])
@@ -122,15 +132,30 @@ def fit_beta_mixture(
     return fit.alpha, fit.beta, fit.pi
 
 
+def identify_components(fit: BetaMixture) -> tuple[Tensor, Tensor]:
+    """Which component holds the true negatives, and whether the fit separates the false ones from them.
+
+    The true-negative component is the majority (the larger pi): false negatives are a small minority of an instance
+    batch's negatives. The fit is `separated` when, besides, the false component has the heavier upper tail
+    (beta_false < beta_true), so that p(false | x) -> 1 as x -> 1: the most similar negatives, where duplicates lie,
+    are the likeliest false, which is ProGCL's premise. Neither the reference's "component 0" nor "the lower mean"
+    is safe on SimCSE batches: the fit is typically a narrow bulk and a broad component of about the same mean, and
+    when the broad one's mean falls below the bulk's the lower-mean rule names it "true" and gives a duplicate its
+    row's largest weight (bench/results/progcl_fit.md). -> order (2,) [true, false] indices, separated () bool."""
+    true = (fit.pi[1] > fit.pi[0]).long()  # () 0 on a tie
+    order = torch.arange(2, device=fit.pi.device) ^ true  # (2,)
+    pi, beta = fit.pi.index_select(0, order), fit.beta.index_select(0, order)
+    return order, (pi[0] > pi[1]) & (beta[1] < beta[0])
+
+
 def negative_posteriors(
     x: Tensor, fit: BetaMixture, features: tuple[Tensor, Tensor] | None = None
 ) -> tuple[Tensor, Tensor]:
-    """p(c | x) = pi_c Beta_c(x) / (sum_c' pi_c' Beta_c'(x) + 1e-12) for c = the true-negative component (the lower
-    mean alpha / (alpha + beta)) and the false-negative one. x: any shape, float64 in [1e-12, 1 - 1e-12];
-    features: `_features(x.reshape(-1))` when already computed. -> p_true, p_false, each shaped like x."""
+    """p(c | x) = pi_c Beta_c(x) / (sum_c' pi_c' Beta_c'(x) + 1e-12) for c = the true-negative component and the
+    false-negative one (`identify_components`). x: any shape, float64 in [1e-12, 1 - 1e-12]; features:
+    `_features(x.reshape(-1))` when already computed. -> p_true, p_false, each shaped like x."""
     features = _features(x.reshape(-1)) if features is None else features
-    means = fit.alpha / (fit.alpha + fit.beta)
-    order = torch.where(means[0] <= means[1], 0, 1) ^ torch.tensor([0, 1], device=x.device)  # [true, false]
+    order, _ = identify_components(fit)
     params = (p.index_select(0, order) for p in fit[:3])  # swapping the (2,) parameters, not the (2, K) results
     lik = torch.empty((2, features[0].shape[0]), dtype=torch.float64, device=x.device)
     _log_likelihoods(features, *params, out=lik).exp_()  # (2, K), no floor here
@@ -138,17 +163,37 @@ def negative_posteriors(
     return post[0], post[1]
 
 
+def shared_sample(population: int, count: int, device: torch.device, all_reduce=None) -> Tensor:
+    """`count` indices drawn uniformly, with replacement, from range(population). With `all_reduce` (a sum over
+    processes) the draw is the same on every process: the fractional part of a sum of uniforms is uniform.
+    -> (count,) long"""
+    u = torch.rand(count, dtype=torch.float64, device=device)
+    if all_reduce is not None:
+        u = all_reduce(u)
+        u = u - u.floor()
+    return (u * population).long().clamp_max_(population - 1)
+
+
 class ProGCLLoss(ContrastiveLoss):
     """ProGCL (Xia et al., arXiv:2110.02027), adapted to SimCSE batches (docs/losses.md section 4).
 
-    A Beta mixture fitted to x = (s + 1) / 2 over all (anchor, negative) pairs gives B_ij = p(true | x_ij) x_ij
-    (detached).
+    A Beta mixture fitted to x = (s + 1) / 2 over (anchor, negative) pairs gives B_ij = p(true | x_ij) x_ij
+    (detached), the true component being the majority one (`identify_components`).
     * mode "weight": w_ij = B_ij / mean_{k in N(i)} B_ik, then form (W): L_i = -l_ip + log(e^{l_ip} + sum w e^{l_ij}).
     * mode "mix": InfoNCE plus K synthetic logits m_ik / t, m_ik = (B_k s_k + B_sk s_sk) / (B_k + B_sk + 1e-12) over
       the top-K negatives by B, with one random permutation sigma per step.
     Plain InfoNCE while `step < warmup_ratio * max_steps`; neutral setting: warmup_ratio = 1.0. No gradient flows
-    through B; in "mix" the similarities inside m carry gradient. A degenerate fit gives plain InfoNCE for the step
-    (uniform weights, no synthetic negatives) and `bmm_fallback = 1`.
+    through B; in "mix" the similarities inside m carry gradient. A degenerate fit, or one whose components are not
+    separated, gives plain InfoNCE for the step (uniform weights, no synthetic negatives) and `bmm_fallback = 1`
+    (`bmm_unseparated = 1` for the second reason).
+
+    `fit_pairs`: the mixture is fitted on that many (anchor, negative) pairs per process, drawn uniformly with
+    replacement and identically on every process (one draw, summed through `all_reduce`), as the paper fits a
+    sample of the similarities; None or 0, or a batch with fewer pairs, fits every pair. The posteriors B are
+    evaluated for every pair either way.
+    "mix" over all candidates (`mix_k` None or >= N) pairs the negatives in candidate order, sigma restricted to each
+    row's negatives: for a uniform sigma that has the distribution of the pairing in hardness order, without the sort
+    (the permutation's meaning differs, the loss's expectation over sigma does not); a smaller K sorts by B.
 
     The last valid fit lives in buffers (`bmm_alpha`, `bmm_beta`, `bmm_pi`; `bmm_valid` says whether the latest fit
     was valid): saved with the state dict, reused between refits (`refit_every`), the initial point when
@@ -156,9 +201,9 @@ class ProGCLLoss(ContrastiveLoss):
     device. Shapes: anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N).
     Context (LossContext, all optional): `step`, `max_steps` (without them the loss is past warm-up and refits every
     call), `all_reduce` (a sum over processes, so every process fits the mixture of the gathered batch),
-    `mix_permutation` ((K,) long permutation of 0..K-1, K = min(mix_k, N); replaces the random draw, e.g. in tests;
-    a row with fewer than K negatives uses its entries below that count, in order). With targets whose
-    `anchors_are_candidates` (the `compute` call on one process) the fit uses the symmetric matrix's upper triangle.
+    `mix_permutation` ((K,) long permutation of 0..K-1, K = min(mix_k, N); replaces the random draw, e.g. in tests).
+    With targets whose `anchors_are_candidates` (the `compute` call on one process) the fit and the posteriors use
+    the symmetric matrix's upper triangle.
     """
 
     def __init__(
@@ -170,6 +215,7 @@ class ProGCLLoss(ContrastiveLoss):
         em_iters: int = 10,
         mix_k: int | None = None,
         warm_start: bool = False,
+        fit_pairs: int | None = FIT_PAIRS,
     ):
         super().__init__(temperature)
         if mode not in MODES:
@@ -182,12 +228,15 @@ class ProGCLLoss(ContrastiveLoss):
             raise ValueError(f"em_iters must be an integer >= 1, got {em_iters}")
         if mix_k is not None and (int(mix_k) != mix_k or mix_k < 1):
             raise ValueError(f"mix_k must be None or an integer >= 1, got {mix_k}")
+        if fit_pairs is not None and (int(fit_pairs) != fit_pairs or fit_pairs < 0):
+            raise ValueError(f"fit_pairs must be None or an integer >= 0 (0: every pair), got {fit_pairs}")
         self.mode = mode
         self.warmup_ratio = float(warmup_ratio)
         self.refit_every = int(refit_every)
         self.em_iters = int(em_iters)
         self.mix_k = None if mix_k is None else int(mix_k)
         self.warm_start = bool(warm_start)
+        self.fit_pairs = int(fit_pairs) if fit_pairs else None
         alpha, beta, pi = _default_init(torch.device("cpu"))
         self.register_buffer("bmm_alpha", alpha)
         self.register_buffer("bmm_beta", beta)
@@ -210,27 +259,34 @@ class ProGCLLoss(ContrastiveLoss):
     def stored_fit(self) -> BetaMixture:
         return BetaMixture(self.bmm_alpha.double(), self.bmm_beta.double(), self.bmm_pi.double(), self.bmm_valid)
 
+    def mix_size(self, num_candidates: int) -> int:
+        return num_candidates if self.mix_k is None else min(self.mix_k, num_candidates)
+
     def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
-        positive_index, negative_mask = targets.positive_index, targets.negative_mask
+        negative_mask = targets.negative_mask
+        plain = self.plain_reductions(logits, targets)  # shared with the fallback
         if self.in_warmup(context.step, context.max_steps):
             zero = torch.zeros((), device=sim.device)
-            metrics = self._metrics(self.stored_fit(), zero, zero)
-            return weighted_loss(logits, positive_index, negative_mask), None, metrics
+            return plain.loss(), None, self._metrics(self.stored_fit(), zero, zero, zero)
 
-        # The fit and B are float64; the weights, like the logits, need only the logits' precision. Mix sorts by B:
-        # there B keeps float64, so that rounding cannot reorder near-ties.
-        dtype = logits.dtype if self.mode == "weight" else torch.float64
+        # The fit and the posteriors are float64; B needs only the logits' precision, except where mix sorts by it
+        # (a top-K smaller than N): there B keeps float64, so that rounding cannot reorder near-ties.
+        sorts = self.mode == "mix" and self.mix_size(sim.shape[1]) < sim.shape[1]
+        dtype = torch.float64 if sorts else logits.dtype
         # the triangle shortcut needs sim to be the candidates' own (symmetric) matrix, fitted on this process alone
         square = targets.anchors_are_candidates and context.all_reduce is None
-        hardness, valid, metrics = self.fit_hardness(sim, negative_mask, context, dtype=dtype, square=square)
+        hardness, usable, metrics = self.fit_hardness(sim, negative_mask, context, dtype=dtype, square=square)
         if self.mode == "weight":
-            n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
-            row_mean = hardness.sum(dim=1, keepdim=True) / n.clamp_min(1)  # (M, 1)
+            row_mean = hardness.sum(dim=1, keepdim=True) / plain.count[:, None].clamp_min(1)  # (M, 1)
             log_w = hardness.log() - row_mean.log()  # B = 0 -> w = 0 -> -inf, as form (W) allows
-            # degenerate fit or all-zero row -> w = 1; outside N(i) the log-weights are ignored (masked downstream)
-            log_w = torch.where(valid & (row_mean > 0), log_w, 0.0)
-            return weighted_loss(logits, positive_index, negative_mask, log_w), log_w, metrics
-        return self._mix_loss(sim, logits, positive_index, negative_mask, hardness, valid, context), None, metrics
+            # unusable fit or all-zero row -> w = 1; outside N(i) the log-weights are ignored (masked downstream)
+            log_w = torch.where(usable & (row_mean > 0), log_w, 0.0)
+            loss = torch.logaddexp(plain.pos, torch.logsumexp(plain.masked + log_w, dim=1)) - plain.pos
+            return loss, log_w, metrics
+        synthetic = self._synthetic_logits(logits, negative_mask, hardness, usable, context)  # (M, K)
+        # InfoNCE's denominator plus the synthetic negatives: the plain part is the fallback's own reduction
+        log_denominator = torch.logaddexp(torch.logaddexp(plain.pos, plain.lse), torch.logsumexp(synthetic, dim=1))
+        return log_denominator - plain.pos, None, metrics
 
     def fit_hardness(
         self,
@@ -241,12 +297,13 @@ class ProGCLLoss(ContrastiveLoss):
         square: bool = False,
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """(Re)fit the mixture if the schedule says so and score the negatives (in float64).
-        -> B (M, N) in `dtype`, detached, 0 outside N(i); the fit's validity (); the bmm metrics.
+        -> B (M, N) in `dtype`, detached, 0 outside N(i) and 0 when the fit is not usable; whether it is (valid and
+        separated) (); the bmm metrics.
 
         `square`: sim is the candidates' own similarity matrix (targets.anchors_are_candidates, one process), so every
         unordered pair is fitted and scored once, from the upper triangle, counted once per direction in which it is
         a negative: the same moments, fit and B as over the full matrix, for half the work (s_ji is taken to be s_ij,
-        which the matrix product may compute with another rounding)."""
+        which the matrix product may compute with another rounding). A sampled fit draws from the same pairs."""
         context = LossContext() if context is None else context
         s, data = sim.detach().reshape(-1), negative_mask.reshape(-1)  # (M*N,)
         if square:
@@ -257,7 +314,12 @@ class ProGCLLoss(ContrastiveLoss):
         features = _features(x)  # shared by the fit and the posterior
         if self.refits(context.step, context.max_steps):
             init = self.stored_fit()[:3] if self.warm_start else None
-            fit = _em(x, features, data, self.em_iters, init, context.all_reduce)
+            fit_x, fit_features, fit_data = x, features, data
+            if self.fit_pairs is not None and self.fit_pairs < x.shape[0]:
+                index = shared_sample(x.shape[0], self.fit_pairs, x.device, context.all_reduce)  # (fit_pairs,)
+                fit_x, fit_data = x[index], data[index]
+                fit_features = (features[0][index], features[1][index])
+            fit = _em(fit_x, fit_features, fit_data, self.em_iters, init, context.all_reduce)
             with torch.no_grad():  # the buffers keep the last valid fit, so they never hold NaN
                 for buffer, value in zip((self.bmm_alpha, self.bmm_beta, self.bmm_pi), fit[:3]):
                     buffer.copy_(torch.where(fit.valid, value, buffer))
@@ -265,6 +327,8 @@ class ProGCLLoss(ContrastiveLoss):
         else:
             fit = self.stored_fit()
 
+        _, separated = identify_components(fit)
+        usable = fit.valid & separated
         p_true, p_false = negative_posteriors(x, fit, features)  # like x each
         hardness = (p_true * x).to(dtype)
         if square:  # back to (M, N): the triangle and its mirror image (the diagonal is never a negative)
@@ -272,11 +336,12 @@ class ProGCLLoss(ContrastiveLoss):
             hardness = full.index_put_((upper,), hardness).index_put_((lower,), hardness)
         hardness = hardness.reshape(sim.shape)
         # A degenerate fit may hold NaN: replace B before it touches anything with a gradient.
-        hardness = torch.where(fit.valid & negative_mask, hardness, 0.0)  # B, (M, N)
+        hardness = torch.where(usable & negative_mask, hardness, 0.0)  # B, (M, N)
         data = data.to(torch.float64)
         est_false = (p_false * data).sum() / data.sum().clamp_min(1)
-        est_false = torch.where(fit.valid, est_false, 0.0)
-        return hardness, fit.valid, self._metrics(self.stored_fit(), est_false, (~fit.valid).float())
+        est_false = torch.where(usable, est_false, 0.0)
+        metrics = self._metrics(self.stored_fit(), est_false, (~usable).float(), (fit.valid & ~separated).float())
+        return hardness, usable, metrics
 
     def _triangles(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """Flat indices of the pairs i < j of an (n, n) matrix, i * n + j and j * n + i, cached per size and device.
@@ -287,42 +352,57 @@ class ProGCLLoss(ContrastiveLoss):
             self._triangle_key, self._triangle_index = key, (rows * n + cols, cols * n + rows)
         return self._triangle_index
 
-    def _mix_loss(self, sim, logits, positive_index, negative_mask, hardness, valid, context: LossContext) -> Tensor:
-        num_candidates = sim.shape[1]
-        k = num_candidates if self.mix_k is None else min(self.mix_k, num_candidates)
+    def _permutation(self, k: int, device: torch.device, context: LossContext) -> Tensor:
+        """sigma (K,): the context's, or one uniform draw, the same on every process (the sum of their noise)."""
+        if context.mix_permutation is not None:
+            return context.mix_permutation.to(device)
+        noise = torch.rand(k, device=device)  # (K,)
+        if context.all_reduce is not None:
+            noise = context.all_reduce(noise)
+        return torch.argsort(noise, stable=True)
+
+    def _synthetic_logits(self, logits, negative_mask, hardness, usable, context: LossContext) -> Tensor:
+        """Mix mode's synthetic logits m / t = (B_k l_k + B_sk l_sk) / (B_k + B_sk + 1e-12), -inf where there is none.
+        -> (M, K)"""
+        rows, num_candidates = logits.shape
+        k = self.mix_size(num_candidates)
+        permutation = self._permutation(k, logits.device, context)  # (K,)
+        if k == num_candidates:
+            # Every negative takes part: pair them in candidate order. Row i's sigma is the permutation's entries that
+            # are its negatives, in order (rho_i); its t-th negative is paired with rho_i[t]. One gather of the mask,
+            # two cumulative sums, a scatter and a gather: no (M, N) sort.
+            keep = negative_mask.index_select(1, permutation)  # (M, N): is sigma_t a negative of row i
+            slot = torch.where(keep, keep.cumsum(dim=1) - 1, num_candidates)  # (M, N), others to a spare column
+            rho = torch.zeros((rows, num_candidates + 1), dtype=torch.long, device=logits.device)
+            rho = rho.scatter_(1, slot, permutation.expand_as(slot))  # (M, N + 1): rho_i, then junk
+            rank = (negative_mask.cumsum(dim=1) - 1).clamp_min_(0)  # (M, N): t of candidate j among N(i)
+            partner = rho.gather(1, rank)  # (M, N), meaningful on N(i)
+            b = hardness.to(logits.dtype)
+            b_partner, l_partner = b.gather(1, partner), logits.gather(1, partner)
+            mixed = (b * logits + b_partner * l_partner) / (b + b_partner + EPS)  # (M, N)
+            return torch.where(negative_mask & usable, mixed, NEG_INF)
+
         key = torch.where(negative_mask, hardness, NEG_INF)
         sorted_b, order = torch.sort(key, dim=1, descending=True, stable=True)
         sorted_b, order = sorted_b[:, :k], order[:, :k]  # (M, K), negatives first
-        sorted_s = sim.gather(1, order)  # (M, K), carries gradient
+        sorted_l = logits.gather(1, order)  # (M, K), carries gradient
         n = negative_mask.sum(dim=1, keepdim=True)  # (M, 1)
-        in_top = torch.arange(k, device=sim.device)[None, :] < n.clamp_max(k)  # (M, K)
-
-        permutation = context.mix_permutation
-        if permutation is None:
-            noise = torch.rand(k, device=sim.device)  # (K,)
-            if context.all_reduce is not None:  # one sigma on every process: the sum of their draws
-                noise = context.all_reduce(noise)
-            permutation = torch.argsort(noise, stable=True)  # (K,)
-        permutation = permutation.to(sim.device)
+        in_top = torch.arange(k, device=logits.device)[None, :] < n.clamp_max(k)  # (M, K)
         # Row i's sigma: the permutation's entries below the row's count of negatives, in order, then the identity on
         # the positions beyond, so every row pairs negatives with negatives and rows with at least K negatives all
         # use the same sigma. Built by one scatter: a stable per-row argsort of the (M, K) keys took ~0.4x an
         # InfoNCE forward+backward at 2N = 1024 on a CPU.
         keep = permutation[None, :] < n.clamp_max(k)  # (M, K)
         slot = torch.where(keep, keep.cumsum(dim=1) - 1, k)  # (M, K), entries not kept land in a spare column
-        sigma = torch.arange(k + 1, device=sim.device).repeat(sim.shape[0], 1)  # (M, K + 1)
+        sigma = torch.arange(k + 1, device=logits.device).repeat(rows, 1)  # (M, K + 1)
         sigma = sigma.scatter(1, slot, permutation.expand_as(slot))[:, :k]  # (M, K)
-        b = torch.where(in_top, sorted_b, 0.0).to(sim.dtype)
-        b_partner, s_partner = b.gather(1, sigma), sorted_s.gather(1, sigma)
-        mixed = (b * sorted_s + b_partner * s_partner) / (b + b_partner + EPS)  # (M, K)
-        synthetic = torch.where(in_top & valid, mixed / self.temperature, NEG_INF)
+        b = torch.where(in_top, sorted_b, 0.0).to(logits.dtype)
+        b_partner, l_partner = b.gather(1, sigma), sorted_l.gather(1, sigma)
+        mixed = (b * sorted_l + b_partner * l_partner) / (b + b_partner + EPS)  # (M, K)
+        return torch.where(in_top & usable, mixed, NEG_INF)
 
-        pos = positive_logits(logits, positive_index)  # (M,)
-        neg = torch.where(negative_mask, logits, NEG_INF)
-        return torch.logsumexp(torch.cat([pos[:, None], neg, synthetic], dim=1), dim=1) - pos
-
-    def _metrics(self, fit: BetaMixture, est_false: Tensor, fallback: Tensor) -> dict[str, Tensor]:
-        metrics = {"est_false_neg_frac": est_false, "bmm_fallback": fallback}
+    def _metrics(self, fit: BetaMixture, est_false: Tensor, fallback: Tensor, unseparated: Tensor) -> dict:
+        metrics = {"est_false_neg_frac": est_false, "bmm_fallback": fallback, "bmm_unseparated": unseparated}
         for name, values in zip(("alpha", "beta", "pi"), fit[:3]):
             metrics[f"bmm_{name}_0"], metrics[f"bmm_{name}_1"] = values[0], values[1]
         return metrics

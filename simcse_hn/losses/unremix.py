@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -9,7 +11,7 @@ from torch import Tensor, nn
 from simcse_hn.losses.base import (
     NEG_INF,
     ContrastiveLoss,
-    debiased_loss,
+    debiased_from_log_r,
     drop_nonfinite_grad,
     log_normalised_weights,
 )
@@ -19,6 +21,22 @@ from simcse_hn.targets import ContrastiveTargets
 GRADIENTS = ("head", "embedding")
 STD_EPS = 1e-6
 U_MAX = 1e15
+# gamma of the learned mixture's entropy bonus: the mixture settles near lambda = softmax(g / gamma), g = dL/dlambda.
+# On all-MiniLM-L6-v2 batches (beta 1) g is about (+0.3, 0.0, -0.3) for (A, U, R): gamma 0.5 keeps every component
+# above ~15 % (docs/losses.md section 5).
+MIXTURE_ENTROPY = 0.5
+
+
+class _ReverseGrad(torch.autograd.Function):
+    """Identity whose backward negates the gradient: what it guards ascends the loss that the rest descends."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return -grad
 
 
 def _unit(z: Tensor) -> tuple[Tensor, Tensor]:
@@ -116,8 +134,15 @@ class UnReMixLoss(ContrastiveLoss):
     U_ij = g_i . g_j (last-layer gradients of the pseudo-label loss, closed form), R_ij = mean_{k in N(i), k != j}
     (1 - s_jk); w_ij = n softmax_{j in N(i)}(beta C_ij), then form (D) with tau_plus.
 
-    Neutral setting: beta = 0 -> plain InfoNCE. The scores are detached; with `learn_mixture` theta is a parameter
-    trained through the weights (gradient reaches theta only), otherwise a fixed buffer of equal weights.
+    Neutral setting: beta = 0 -> plain InfoNCE. The scores are detached; the weights carry gradient only to theta.
+    theta is a fixed buffer of equal weights unless `learn_mixture`. The learned mixture is adversarial and
+    entropy-regularised: theta ascends L + gamma H(lambda) (gamma = `mixture_entropy`) while the encoder descends L.
+    Minimising L over theta instead chooses the scoring that makes the negatives easiest: it drives lambda onto R
+    (measured (0, 0.001, 0.999) in 200 steps), against the method's aim. Maximising L alone would choose the hardest
+    scoring and collapse onto A, the most similar negatives; the entropy bonus gives the interior solution
+    lambda ~ softmax(dL/dlambda / gamma): the hardest mixture of the three near the equal-weight one (gamma -> inf is
+    the fixed mixture). The same min-max view underlies HCL's tilt (the worst-case negative distribution in a KL ball).
+    The bonus changes the gradient of theta only: the loss value is unchanged.
     gradient = "head": g is the gradient w.r.t. the MLP head's Linear (W, b) of z = tanh(W h + b); it needs the
     context's `anchor_features` (M, H) and `candidate_features` (N, H) = h, and falls back to "embedding" (g = gradient
     at z) when they are missing (metric `u_from_head` = 0). With targets whose `anchors_are_candidates` (the `compute`
@@ -133,16 +158,20 @@ class UnReMixLoss(ContrastiveLoss):
         tau_plus: float = 0.0,
         gradient: str = "head",
         learn_mixture: bool = False,
+        mixture_entropy: float = MIXTURE_ENTROPY,
     ):
         super().__init__(temperature)
         if not beta >= 0:
             raise ValueError(f"beta must be >= 0, got {beta}")
         if gradient not in GRADIENTS:
             raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
+        if not 0 <= mixture_entropy < math.inf:
+            raise ValueError(f"mixture_entropy must be a finite number >= 0, got {mixture_entropy}")
         self.beta = float(beta)
         self.tau_plus = check_tau_plus(tau_plus)
         self.gradient = gradient
         self.learn_mixture = bool(learn_mixture)
+        self.mixture_entropy = float(mixture_entropy)
         theta = torch.zeros(3)
         if self.learn_mixture:
             self.theta = nn.Parameter(theta)
@@ -154,14 +183,16 @@ class UnReMixLoss(ContrastiveLoss):
         return self.gradient == "head"
 
     def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
-        positive_index, negative_mask = targets.positive_index, targets.negative_mask
-        lam = torch.softmax(drop_nonfinite_grad(self.theta).to(sim.dtype), dim=0)  # (3,)
+        negative_mask = targets.negative_mask
+        plain = self.plain_reductions(logits, targets)  # shared with the fallback
+        theta = drop_nonfinite_grad(self.theta).to(sim.dtype)
+        lam = torch.softmax(_ReverseGrad.apply(theta) if self.learn_mixture else theta, dim=0)  # (3,)
         anchor_features, candidate_features = context.anchor_features, context.candidate_features
         use_head = self.needs_head_inputs and anchor_features is not None and candidate_features is not None
         metrics = {"lambda_A": lam[0], "lambda_U": lam[1], "lambda_R": lam[2]}
-        metrics["u_from_head"] = torch.tensor(float(use_head), device=sim.device)
+        metrics["u_from_head"] = torch.full((), float(use_head), device=sim.device)
 
-        log_weights = None
+        log_weights, log_r = None, plain.lse
         if self.beta > 0:
             with torch.no_grad(), torch.autocast(device_type=sim.device.type, enabled=False):
                 features = (anchor_features, candidate_features) if use_head else (None, None)
@@ -171,10 +202,14 @@ class UnReMixLoss(ContrastiveLoss):
             kappa = lam[:, None, None] / (std + STD_EPS)  # (3, M, 1)
             combined = (dev[0] * kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # (M, N)
             log_weights = log_normalised_weights(self.beta * combined, negative_mask)
-        loss, clamped = debiased_loss(
-            logits, positive_index, negative_mask, log_weights, self.tau_plus, self.temperature
-        )
+            log_r = torch.logsumexp(plain.masked + log_weights, dim=1)  # (M,), -inf + -inf outside N(i)
+        loss, clamped = debiased_from_log_r(plain.pos, log_r, plain.count, self.tau_plus, self.temperature)
         metrics["clamp_frac"] = clamped.float().mean()
+        if self.learn_mixture and self.mixture_entropy > 0:
+            # + gamma (H - H) in value, -gamma H in gradient: descending it, theta ascends the entropy
+            p = torch.softmax(theta, dim=0)
+            entropy = -(p * p.log()).sum()
+            loss = loss + self.mixture_entropy * (entropy.detach() - entropy)
         return loss, log_weights, metrics
 
     def component_scores(

@@ -1,0 +1,48 @@
+"""The loss fields of the configuration: one-line errors for settings that are not what their name says, and config
+defaults that are the loss classes' own."""
+
+from __future__ import annotations
+
+import pytest
+
+from simcse_hn.config import ConfigError, parse_args
+from simcse_hn.losses import build_loss
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--loss", "dcl", "--dcl_tau_plus", "0"], "dcl_tau_plus: 0 makes DCL symmetric InfoNCE"),
+        (["--loss", "dcl", "--hcl_tau_plus", "0.1"], "hcl_tau_plus: not used by --loss dcl; set dcl_tau_plus"),
+        (["--dcl_tau_plus", "1.0"], "dcl_tau_plus: must be in [0, 1)"),
+        (["--loss", "progcl", "--progcl_fit_pairs", "-1"], "progcl_fit_pairs: must be >= 0"),
+        (["--unremix_mixture_entropy", "-0.5"], "unremix_mixture_entropy: must be a finite number >= 0"),
+    ],
+)
+def test_loss_settings_that_are_not_what_they_say_fail_on_one_line(argv, message, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        parse_args(argv + ["--output_dir", str(tmp_path)])
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_tau_plus_zero_is_fine_for_the_losses_where_it_is_the_default(tmp_path):
+    for loss in ("hcl", "unremix", "infonce"):
+        args = parse_args(["--loss", loss, "--dcl_tau_plus", "0", "--output_dir", str(tmp_path)])[2]
+        assert args.loss == loss
+
+
+@pytest.mark.parametrize("loss", ["infonce", "dcl", "hcl", "progcl", "unremix"])
+def test_config_defaults_are_the_loss_classes_defaults(loss, tmp_path):
+    """A run configured with defaults trains the loss the class documents (DCL's measured prior, ProGCL's sampled
+    fit, UnReMix's entropy bonus): build_loss with loss_kwargs() equals build_loss with nothing but the name."""
+    args = parse_args(["--loss", loss, "--output_dir", str(tmp_path)])[2]
+    configured, default = build_loss(loss, **args.loss_kwargs()), build_loss(loss)
+    names = {k for k in vars(default) if not k.startswith("_") and not k.startswith("training")}
+    assert names and {k: vars(configured)[k] for k in names} == {k: vars(default)[k] for k in names}
+    if loss == "dcl":
+        assert configured.tau_plus == 1e-3
+    if loss == "progcl":
+        assert configured.fit_pairs == 65536
+        zero = parse_args(["--loss", loss, "--progcl_fit_pairs", "0", "--output_dir", str(tmp_path)])[2]
+        assert build_loss(loss, **zero.loss_kwargs()).fit_pairs is None  # every pair
