@@ -108,8 +108,8 @@ def test_sharded_run_saves_the_weights_of_one_process_on_the_global_batch(
         initial = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in initial.items()}
     assert any(not torch.equal(got[k], initial[k]) for k in got if k in initial), "nothing trained"
     # relative to the SGD update (a gradient off by the 1/W of a wrong average would be 0.5 off): float64 under FSDP
-    # (measured ~3e-15), float32 under DeepSpeed (~1e-6)
-    assert_same_weights(got, want, rtol=1e-12 if engine == "fsdp" else 1e-5, initial=initial)
+    # (measured ~3e-15), float32 under DeepSpeed (~1e-6; ProGCL's float32 mixture fit ~1e-5)
+    assert_same_weights(got, want, rtol=1e-12 if engine == "fsdp" else 1e-4, initial=initial)
 
 
 @pytest.mark.parametrize(
