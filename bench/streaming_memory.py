@@ -6,11 +6,13 @@ evaluation or checkpoints. The peak resident set size of that process is the ker
 child alone). In memory, the corpus is read whole (a Python list, then an Arrow table); streamed, datasets reads it as
 the steps need it, through the shuffle buffer (10,000 sentences, the default).
 
-    python bench/streaming_memory.py     # results: bench/results/streaming_memory.{json,md}
+    python bench/streaming_memory.py            # results: bench/results/streaming_memory.{json,md}
+    python bench/streaming_memory.py --report   # the Markdown again from the JSON
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -70,18 +72,29 @@ def main() -> None:
                            "sizes": list(SIZES)}, "load_average_1_5_15": load, "results": results,
               **environment()}  # fmt: skip
     write_json(RESULTS / "streaming_memory.json", record)
+    write_report(record)
+
+
+def write_report(record: dict) -> None:
+    """bench/results/streaming_memory.md from the measurements (`--report`: from the saved JSON, without rerunning)."""
+    results, load = record["results"], record["load_average_1_5_15"]
     header = ("| lines | file (MiB) | peak RSS in memory (MiB) | peak RSS streamed (MiB) | in memory (s) "
               "| streamed (s) |")
     rows = [header, "|---:|---:|---:|---:|---:|---:|"]
-    for lines in SIZES:
-        memory, stream = (next(r for r in results if r["lines"] == lines and r["streaming"] is s) for s in (0, 1))
+    for lines in record["settings"]["sizes"]:
+        found = {r["streaming"]: r for r in results if r["lines"] == lines}
+        memory, stream = found[False], found[True]
         rows.append(f"| {lines:,} | {memory['file_mib']} | {memory['peak_rss_mib']} | {stream['peak_rss_mib']} | "
                     f"{memory['seconds']} | {stream['seconds']} |")  # fmt: skip
+    before, after = (", ".join(f"{x:.2f}" for x in load[k]) for k in ("before", "after"))
     text = (f"# Peak memory with and without --streaming\n\n{__doc__.split(chr(10) + chr(10))[1]}\n\n"
-            + "\n".join(rows) + f"\n\nLoad average (1, 5, 15 min) before {load['before']}, after {load['after']}; "
-            f"{record['machine']}; commit {record['commit']}; {record['date']}.\n")  # fmt: skip
+            + "\n".join(rows) + f"\n\nLoad average (1, 5, 15 min) before: {before}; after: {after} (a shared "
+            f"machine). {record['machine']}; commit {record['commit']}; {record['date']}.\n")  # fmt: skip
     (RESULTS / "streaming_memory.md").write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--report"]:
+        write_report(json.loads((RESULTS / "streaming_memory.json").read_text(encoding="utf-8")))
+    else:
+        main()
