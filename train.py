@@ -18,13 +18,22 @@ import transformers
 from simcse_hn import distributed
 from simcse_hn.checkpoints import check_output_dir, checkpoint_run_id, claim_output_dir, new_run_id, resolve_resume
 from simcse_hn.config import ConfigError, parse_args
-from simcse_hn.data import DataError, SimCSECollator, load_hub_dataset, load_sentences, load_sts_pairs
+from simcse_hn.data import (
+    DataError,
+    SimCSECollator,
+    load_hub_dataset,
+    load_sentence_stream,
+    load_sentences,
+    load_sts_pairs,
+)
 from simcse_hn.files import CARD, source_record
 from simcse_hn.guide import SELF, load_guide
 from simcse_hn.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
 from simcse_hn.model_card import base_model_license, card_is_ours, write_model_card
 from simcse_hn.modeling import (
     SimCSEModel,
+    check_pooler,
+    has_dropout,
     inference_max_length,
     load_encoder_config,
     load_tokenizer,
@@ -105,6 +114,11 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
             f"max_seq_length: {data_args.max_seq_length} is above the {positions} positions of "
             f"{model_args.model_name_or_path}"
         )
+    check_pooler(encoder_config, model_args.pooler, model_args.model_name_or_path)
+    noise = model_args.dropout if model_args.dropout is not None else has_dropout(encoder_config)
+    if not noise and not (model_args.lora_r and model_args.lora_dropout):
+        logger.warning("%s has no dropout: SimCSE's two views of a sentence are identical; pass --dropout 0.1",
+                       model_args.model_name_or_path)
     loss_fn = training_args.build_loss()
     training_args.check_optimizer()
     guide_path = None  # a separate guide model: found before any data is read
@@ -120,17 +134,37 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         logger.info("resuming from %s", checkpoint)
     run_id = _prepare_output_dir(training_args, checkpoint)
 
-    train_dataset, data_format = load_training_data(data_args, training_args)
-    unit = "sentences" if data_format == "sentences" else "examples"
     global_batch = training_args.per_device_train_batch_size * training_args.world_size
-    if len(train_dataset) < global_batch:
-        raise DataError(
-            f"{data_args.train_source}: {len(train_dataset)} {unit}, fewer than one batch "
-            f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
+    if data_args.streaming:
+        if data_args.data_format == "pairs" or training_args.hard_negative_weight != 0:
+            raise ConfigError("streaming: streams single-sentence corpora only; paired data (data_format pairs, "
+                              "hard_negative_weight) is read into memory")  # fmt: skip
+        train_dataset = load_sentence_stream(
+            data_args.train_source,
+            data_args.text_column,
+            data_args.train_data_files,
+            data_args.max_train_samples,
+            config_name=data_args.dataset_config_name,
+            split=data_args.dataset_split,
+            shuffle_buffer=data_args.streaming_shuffle_buffer,
+            seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
+            rank=training_args.process_index,
+            world_size=training_args.world_size,
+            min_sentences=global_batch,
         )
+        data_format, count, unit = "sentences", "streamed", "sentences"
+    else:
+        train_dataset, data_format = load_training_data(data_args, training_args)
+        unit = "sentences" if data_format == "sentences" else "examples"
+        count = len(train_dataset)
+        if count < global_batch:
+            raise DataError(
+                f"{data_args.train_source}: {count} {unit}, fewer than one batch "
+                f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
+            )
     eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
     dev = len(eval_pairs.scores) if eval_pairs else 0
-    logger.info("%d training %s, %s STS dev pairs", len(train_dataset), unit, dev)
+    logger.info("%s training %s, %s STS dev pairs", count, unit, dev)
     guide = load_guide(guide_path) if guide_path is not None else None
 
     transformers.set_seed(training_args.seed)  # the MLP head and any new weights start the same in every run
@@ -139,7 +173,11 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         pooler=model_args.pooler,
         mlp_only_train=model_args.mlp_only_train,
         dropout=model_args.dropout,
+        dtype=torch.float32,  # master weights (a decoder's checkpoint is often bf16): --bf16 / --fp16 for autocast
     )
+    if model_args.lora_r is not None:
+        model.add_lora(model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout,
+                       model_args.lora_target_modules)  # fmt: skip
     eval_max_length = data_args.eval_max_seq_length or model_max_length(model.config, tokenizer)
     inference_length = model_args.inference_max_seq_length or inference_max_length(
         model_args.model_name_or_path, model.config, tokenizer
@@ -161,6 +199,12 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "learning_rate": training_args.learning_rate,
         "run_id": run_id,  # marks every checkpoint as this run family's (simcse_hn.checkpoints)
     }
+    if data_args.streaming:
+        simcse_config["streaming"] = {"shuffle_buffer": data_args.streaming_shuffle_buffer}
+    if model_args.lora_r is not None:  # the folder's weights are merged; the adapter is in adapter/
+        target = model_args.lora_target_modules
+        simcse_config["lora"] = {"r": model_args.lora_r, "alpha": model_args.lora_alpha,
+                                 "dropout": model_args.lora_dropout, "target_modules": target}  # fmt: skip
     if data_format == "pairs":  # SimCSE's supervised targets: the unsupervised contrast form does not apply
         del simcse_config["contrast_form"]
         simcse_config.update(data_format="pairs", negatives_per_example=num_negatives(train_dataset),
@@ -259,7 +303,9 @@ def training_budget(trainer: SimCSETrainer) -> dict:
     args, state = trainer.args, trainer.state
     per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
     steps = state.global_step
-    return {"steps": steps, "epochs": round(state.epoch or 0.0, 4), "sentences_seen": steps * per_step}
+    # a stream has no length: the Trainer's epoch count would be steps / max_steps, not passes over the corpus
+    epochs = None if isinstance(trainer.train_dataset, datasets.IterableDataset) else round(state.epoch or 0.0, 4)
+    return {"steps": steps, "epochs": epochs, "sentences_seen": steps * per_step}
 
 
 def final_dev_score(trainer: SimCSETrainer) -> float:

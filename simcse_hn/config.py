@@ -27,7 +27,7 @@ from simcse_hn.losses.hcl import DCL_TAU_PLUS
 from simcse_hn.losses.progcl import FIT_PAIRS
 from simcse_hn.losses.unremix import MIXTURE_ENTROPY
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 DATA_FORMATS = ("auto", "pairs", "sentences")
 CONTRAST_FORMS = ("simcse", "symmetric")
 LOSS_NAMES = ("infonce", "dcl", "hcl", "progcl", "unremix")
@@ -91,6 +91,22 @@ class ModelArguments:
         default=None,
         metadata={"help": "Hub id or local folder of the tokenizer, when model_name_or_path has none (default: it)."},
     )
+    lora_r: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train LoRA adapters of this rank (peft; pip install 'simcse-hn[lora]') instead of the encoder's "
+            "weights; the saved folder holds the merged weights, and the adapter in adapter/."
+        },
+    )
+    lora_alpha: float = field(default=8, metadata={"help": "LoRA scaling numerator: updates are alpha / r x B A."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA branch's input."})
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Module names to adapt (e.g. query value, or q_proj k_proj v_proj o_proj). Default: peft's "
+            "choice for the architecture (BERT: query, value; Llama, Qwen2: q_proj, v_proj)."
+        },
+    )
 
     def __post_init__(self):
         _check_finite(self)
@@ -101,6 +117,15 @@ class ModelArguments:
             "inference_max_seq_length",
             f"must be >= 2, got {self.inference_max_seq_length}",
         )
+        if self.lora_r is None:
+            _check(self.lora_target_modules is None, "lora_target_modules", "needs lora_r (LoRA is off without it)")
+        else:
+            _check(self.lora_r >= 1, "lora_r", f"must be >= 1, got {self.lora_r}")
+            _check(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
+            _check(0 <= self.lora_dropout < 1, "lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+            from simcse_hn.lora import require_peft
+
+            require_peft()
 
 
 @dataclass
@@ -151,6 +176,17 @@ class DataArguments:
     max_seq_length: int = field(default=32, metadata={"help": "Token limit per sentence (SimCSE: 32)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N sentences."})
     drop_duplicates: bool = field(default=False, metadata={"help": "Remove repeated sentences (always counted)."})
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Read train_file as a stream (datasets' streaming, local files too) instead of into memory: "
+            "memory stays flat whatever the corpus size; needs max_steps; each process reads its share."
+        },
+    )
+    streaming_shuffle_buffer: int = field(
+        default=10_000,
+        metadata={"help": "With streaming: sentences held in the shuffle buffer (0: the corpus's own order)."},
+    )
     eval_file: str | None = field(
         default=None,
         metadata={
@@ -186,6 +222,12 @@ class DataArguments:
         if self.data_format == "sentences" and self.column_flags:
             _check(False, "data_format", "'sentences' takes text_column; the anchor/positive/negative column flags "
                    "are for pairs")  # fmt: skip
+        _check(self.streaming_shuffle_buffer >= 0, "streaming_shuffle_buffer", "must be >= 0")
+        _check(
+            not (self.streaming and self.drop_duplicates),
+            "drop_duplicates",
+            "not available with streaming (finding repeats needs the whole corpus in memory)",
+        )
         for name in ("train_file", "eval_file"):
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
@@ -418,6 +460,7 @@ class SimCSETrainingArguments(TrainingArguments):
             f"got {self.hub_strategy!r}",
         )
         super().__post_init__()
+        self._check_engine()
         if self.loss == "progcl" and self.progcl_mode == "mix" and self.progcl_mix_k is not None:
             negatives = self.negatives_per_anchor()
             _check(
@@ -425,6 +468,46 @@ class SimCSETrainingArguments(TrainingArguments):
                 "progcl_mix_k",
                 f"must be <= the {negatives} negatives per anchor (2 x {self.per_device_train_batch_size} sentences "
                 f"x {self.world_size if self.gathers else 1} processes - 2), got {self.progcl_mix_k}",
+            )
+
+    def sharding_engine(self) -> str | None:
+        """The sharded engine the launch asks for ('FSDP', 'DeepSpeed ZeRO-2', ...: accelerate launch's config, or
+        --fsdp / --deepspeed), None for plain data parallelism. (accelerate runs it on accelerators only.)"""
+        if self.deepspeed_plugin is not None:
+            stage = self.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", "?")
+            return f"DeepSpeed ZeRO-{stage}"
+        if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+            return "FSDP"
+        return None
+
+    def _check_engine(self) -> None:
+        """Combinations that cannot work, refused before anything loads."""
+        engine = self.sharding_engine() or ""
+        if self.cache_minibatch_size is not None:
+            _check(
+                not engine.startswith("DeepSpeed"),
+                "cache_minibatch_size",
+                f"GradCache does not work with {engine} (its mini-batches back-propagate under no_sync, which ZeRO "
+                "partitioning does not allow); use FSDP or DDP, or drop cache_minibatch_size",
+            )
+            _check(self.n_gpu <= 1, "cache_minibatch_size", "not supported with DataParallel; launch one process per "
+                   "GPU (accelerate launch / torchrun)")  # fmt: skip
+        if engine == "DeepSpeed ZeRO-3":
+            zero = self.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+            _check(
+                zero.get("stage3_gather_16bit_weights_on_model_save") is True,
+                "deepspeed",
+                "ZeRO-3 saves no model weights without stage3_gather_16bit_weights_on_model_save: set "
+                "zero3_save_16bit_model: true in the accelerate config (or it in the DeepSpeed JSON)",
+            )
+        if self.loss == "unremix" and self.unremix_learn_mixture:
+            # the loss uses its parameter outside any module's forward, where ZeRO-3 has partitioned it away (FSDP2
+            # keeps its root module's parameters, theta among them, unsharded from forward to backward)
+            _check(
+                engine != "DeepSpeed ZeRO-3",
+                "unremix_learn_mixture",
+                "not with DeepSpeed ZeRO-3, which partitions the learned mixture outside the encoder's forward; use "
+                "ZeRO-2, FSDP or DDP",
             )
 
     @property
@@ -621,4 +704,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         raise
     except ValueError as e:  # TrainingArguments' own checks
         raise ConfigError(str(e).strip().splitlines()[0]) from None
+    except ImportError as e:  # a launch config for DeepSpeed without deepspeed installed
+        raise ConfigError(f"deepspeed: {str(e).strip().splitlines()[0]} (pip install deepspeed)") from None
+    _check_together(data_args, training_args)
     return model_args, data_args, training_args
+
+
+def _check_together(data_args: DataArguments, training_args: SimCSETrainingArguments) -> None:
+    """Settings of different groups that exclude each other."""
+    _check(
+        not data_args.streaming or training_args.max_steps > 0,
+        "max_steps",
+        "required with streaming (a stream has no length to count epochs in), e.g. --max_steps 10000",
+    )

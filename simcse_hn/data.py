@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -178,6 +179,116 @@ def load_sentences(
     if max_samples is not None:
         sentences = sentences[:max_samples]
     return sentences
+
+
+# --- streamed training sentences (datasets' streaming): memory stays flat whatever the corpus size ---
+
+
+def _open_stream(path: str, column: str, data_files: str | None, config_name: str | None, split: str):
+    """-> (the raw records of `path` as a datasets.IterableDataset, "text" | "json" | "csv" | "hub"). Local files go
+    through datasets' own text/json/csv readers in streaming mode; a Hub id through load_dataset(streaming=True).
+    What the reader rejects up front (a missing file, a JSON schema it cannot infer) is a DataError."""
+    import datasets
+
+    suffix = os.path.splitext(path)[1].lower()
+    if os.path.exists(path) or suffix:
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: file not found")
+        if suffix in (".jsonl", ".json"):
+            kind, builder, kwargs = "json", "json", {}
+        elif suffix in (".csv", ".tsv"):  # the text field as a string even when it looks like a number
+            kind, builder = "csv", "csv"
+            kwargs = {"delimiter": "\t" if suffix == ".tsv" else ",", "converters": {column: str}}
+        else:  # undecodable bytes become U+FFFD, which the cleaning step reports with the line
+            kind, builder, kwargs = "text", "text", {"encoding_errors": "replace"}
+        source = {"path": builder, "data_files": path, **kwargs}
+    else:
+        kind, source = "hub", {"path": path, "data_files": data_files, "split": split}
+        if config_name:
+            source["name"] = config_name  # the dataset's configuration (subset)
+    try:
+        return datasets.load_dataset(**{"split": "train", **source}, streaming=True), kind
+    except Exception as e:  # network, missing repo or file, unreadable first block: all user-facing
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        raise DataError(f"{path}: could not stream the corpus ({reason})") from None
+
+
+def _clean_record(record: dict, index: int, *, path: str, column: str, kind: str) -> dict:
+    """One streamed record -> {"text": the stripped sentence, "" for a blank one}; the checks of the in-memory readers
+    that a single record allows, as DataErrors naming the line (text) or record (json, csv, hub)."""
+    where = f"{path}:{index + 1}" if kind == "text" else f"{path}: record {index + 1}"
+    if column not in record:
+        raise DataError(f"{where}: no field {column!r} (set --text_column)")
+    value = record[column]
+    if value is not None and not isinstance(value, str):
+        raise DataError(f"{where}: field {column!r} is not a string: {_short(value)}")
+    text = value or ""  # null: an empty sentence, dropped
+    if "\0" in text:
+        raise DataError(f"{where}: NUL byte (a binary file, or UTF-16 text?)")
+    if kind == "text" and "\ufffd" in text:
+        raise DataError(f"{where}: not valid UTF-8 (or a U+FFFD replacement character)")
+    return {"text": text.lstrip("\ufeff").strip()}
+
+
+def _has_text(row: dict) -> bool:
+    return bool(row["text"])
+
+
+def load_sentence_stream(
+    path: str,
+    text_column: str = "text",
+    data_files: str | None = None,
+    max_samples: int | None = None,
+    config_name: str | None = None,
+    split: str = "train",
+    *,
+    shuffle_buffer: int = 10_000,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    min_sentences: int = 1,
+):
+    """Training sentences of a .txt / .jsonl / .csv / .tsv file or a Hub dataset id (with its `config_name`, `split`
+    and `data_files`), streamed: a
+    datasets.IterableDataset of {"text"} rows for process `rank` of `world_size`, with the checks of `load_sentences`
+    that a stream allows (white space stripped, blank lines and nulls dropped, non-string fields, NUL bytes and bad
+    UTF-8 as DataErrors naming the line, raised when the line is read; a JSON record without the field counts as
+    null, datasets' reader cannot tell them apart).
+
+    * `max_samples`: the first N sentences only. The corpus must hold at least `min_sentences` (one global batch):
+      its first sentences are read now to check that.
+    * Split across processes with datasets' `split_dataset_by_node`: whole files per process when their number is
+      a multiple of world_size (files of similar size, e.g. a Hub dataset's parquet shards), else every process reads
+      the stream and keeps every world_size-th sentence.
+    * Endless: the stream repeats (the Trainer runs max_steps steps; no process runs out before another) and is
+      shuffled through a buffer of `shuffle_buffer` sentences (0: the corpus's order), seeded by `seed`, the same on
+      every process (datasets splits the shuffled stream when it is read: disjoint shares).
+      The order is a function of the seed alone, so a resumed run that skips the batches already trained on (the
+      Trainer does) continues with the sentences an uninterrupted run would see next.
+    """
+    import itertools
+
+    from datasets.distributed import split_dataset_by_node
+
+    raw, kind = _open_stream(path, text_column, data_files, config_name, split)
+    clean = functools.partial(_clean_record, path=path, column="text" if kind == "text" else text_column, kind=kind)
+    stream = raw.map(clean, with_indices=True).select_columns(["text"]).filter(_has_text)
+    if max_samples is not None:
+        stream = stream.take(max_samples)
+    found = sum(1 for _ in itertools.islice(stream, min_sentences))
+    if found == 0:
+        raise DataError(f"{path}: no sentences (the file is empty or only blank lines)")
+    if found < min_sentences:
+        raise DataError(f"{path}: {found} sentences, fewer than one batch ({min_sentences} across processes)")
+    if world_size > 1:
+        by_file = stream.n_shards % world_size == 0
+        logger.info("%s: %d file(s) streamed by %d processes, split by %s", path, stream.n_shards, world_size,
+                    "file" if by_file else "sentence (every process reads the whole stream)")
+        stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
+    stream = stream.repeat(None)
+    if shuffle_buffer:
+        stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer)
+    return stream
 
 
 @dataclass

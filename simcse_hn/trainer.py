@@ -13,7 +13,6 @@ import os
 
 import datasets
 import torch
-from accelerate.utils import DistributedType
 from torch import Tensor
 from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINING_ARGS_NAME
@@ -99,7 +98,8 @@ def contrastive_loss(
 class _NonFiniteGradientGuard(TrainerCallback):
     """Skips the optimizer step when any gradient is NaN/inf (e.g. an fp16 overflow in the encoder): gradients are
     dropped (`grad = None`, so the optimizer leaves those weights and their moments alone) and the skip is counted.
-    Under DDP gradients are already all-reduced, so every process takes the same decision."""
+    Under DDP gradients are already all-reduced, so every process takes the same decision; under FSDP the processes
+    agree through one all-reduce of the verdict."""
 
     def __init__(self, trainer: SimCSETrainer):
         self.trainer = trainer
@@ -107,11 +107,17 @@ class _NonFiniteGradientGuard(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if getattr(self.trainer.accelerator, "scaler", None) is not None:
             return  # fp16 with a GradScaler: the scaler already skips non-finite steps (and needs the gradients)
+        # under FSDP each process holds a shard of every gradient (a DTensor's local part, or a flat shard): the
+        # processes decide together. Under DeepSpeed the gradients live in its optimizer (p.grad is None): its own.
+        sharded = self.trainer.is_fsdp_enabled
         grads = [p.grad for p in self.trainer.model.parameters() if p.grad is not None]
-        if not grads:
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        if not grads and not sharded:
             return
-        finite = torch.stack([torch.isfinite(g).all() for g in grads]).all()
-        if not bool(finite):  # one host synchronisation per optimizer step, outside the loss
+        bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any() if grads else torch.tensor(False)
+        if sharded:
+            bad = distributed.all_reduce_sum(bad.float().to(args.device)) > 0
+        if bool(bad):  # one host synchronisation per optimizer step, outside the loss
             for p in self.trainer.model.parameters():
                 p.grad = None
             self.trainer.skipped_steps += 1
@@ -195,10 +201,12 @@ class SimCSETrainer(Trainer):
         self.guide = None
         if args.guide_model not in (None, SELF):
             self.guide = (guide if guide is not None else load_guide(args.guide_model)).to(args.device)
-        if args.cache_minibatch_size is not None and (
-            self.accelerator.distributed_type == DistributedType.DEEPSPEED or args.n_gpu > 1
-        ):
-            raise ValueError("cache_minibatch_size: not supported with DeepSpeed or DataParallel; use DDP")
+        requested = args.sharding_engine()  # what the configuration asked for; accelerate decides what runs
+        if requested and not (self.is_fsdp_enabled or self.is_deepspeed_enabled):
+            logger.warning(
+                "%s was requested, but accelerate runs it on GPUs (or other accelerators) only: this run on %s is "
+                "plain data parallel (same results, unsharded memory)", requested, args.device.type
+            )
 
     @property
     def gather_across_devices(self) -> bool:
@@ -319,6 +327,26 @@ class SimCSETrainer(Trainer):
         )
         return self._no_duplicates_sampler
 
+    def get_train_dataloader(self):
+        """A streamed corpus (a datasets.IterableDataset, data.load_sentence_stream) is already this process's share
+        (split_dataset_by_node): its batches on this process's device, without accelerate's re-sharding or its
+        dispatching from process 0. Resuming, the Trainer skips the batches already trained on (read again, not
+        trained on), so the run goes on with the sentences an uninterrupted run would see next."""
+        if not isinstance(self.train_dataset, datasets.IterableDataset):
+            return super().get_train_dataloader()
+        from accelerate.data_loader import prepare_data_loader
+
+        loader = torch.utils.data.DataLoader(
+            self.train_dataset,
+            batch_size=self._train_batch_size,
+            collate_fn=self.data_collator,
+            drop_last=self.args.dataloader_drop_last,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        return prepare_data_loader(loader, self.args.device, num_processes=1, process_index=0, put_on_device=True,
+                                   dispatch_batches=False)  # fmt: skip
+
     # --- evaluation: STS-B dev Spearman x 100, through the Trainer's loop ---
 
     def get_eval_dataloader(self, eval_dataset=None):
@@ -347,12 +375,40 @@ class SimCSETrainer(Trainer):
 
     # --- saving and loading: transformers + sentence-transformers folder, plus head and loss state ---
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's: under FSDP (FULL_STATE_DICT) and DeepSpeed it gathers the weights on the saving process and
+        hands them to `_save`. With FSDP's SHARDED_STATE_DICT the Trainer writes no model (its checkpoints resume
+        from pytorch_model_fsdp_0/): the weights are gathered here too, so every saved folder is a complete model.
+        A model never prepared (a run that only finishes its save) is saved from its own, whole, parameters."""
+        if not self._is_sharded():
+            self._save(output_dir)
+        elif self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))  # every process joins
+        else:
+            super().save_model(output_dir, _internal_call)
+
+    def _is_sharded(self) -> bool:
+        """Whether FSDP or DeepSpeed holds the model's parameters now (the training loop wrapped the model)."""
+        if self.is_deepspeed_enabled:
+            return self.deepspeed is not None
+        if self.is_fsdp_enabled:
+            from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+            return isinstance(self.model, (FSDPModule, FullyShardedDataParallel))
+        return False
+
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """`state_dict`: the whole model's weights as the Trainer gathered them (FSDP, DeepSpeed; on the saving
+        process), or None: the model's own parameters."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
+        if state_dict is not None and not state_dict:  # the Trainer's ZeRO-3 fallback without gathered weights
+            raise RuntimeError("no weights to save: DeepSpeed ZeRO-3 needs stage3_gather_16bit_weights_on_model_save")
         model = self.accelerator.unwrap_model(self.model)
-        model.save_pretrained(output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config)
+        model.save_pretrained(
+            output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config, state_dict=state_dict
+        )
         torch.save(self._args_for_disk(), os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _args_for_disk(self):
@@ -366,9 +422,18 @@ class SimCSETrainer(Trainer):
         return args
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        (model or self.model).load_weights(resume_from_checkpoint)
+        """Resume: the Trainer's FSDP loader for a sharded model (the checkpoint's pytorch_model_fsdp* files, which
+        the Trainer wrote with the optimizer state); otherwise the saved folder's own files. (DeepSpeed resumes
+        through its own checkpoint, global_step*/, without this method.)"""
+        if self._is_sharded():
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        else:
+            self.accelerator.unwrap_model(model or self.model).load_weights(resume_from_checkpoint)
 
     def _load_best_model(self) -> None:
+        """The Trainer's DeepSpeed and FSDP loaders when the model is sharded; otherwise the saved folder's files."""
+        if self._is_sharded():
+            return super()._load_best_model()
         logger.info("loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
         self.accelerator.unwrap_model(self.model).load_weights(self.state.best_model_checkpoint)
 

@@ -117,18 +117,15 @@ def make_trainer(
 ) -> SimCSETrainer:
     args = SimCSETrainingArguments(
         output_dir=str(output_dir),
-        use_cpu=True,
         loss="infonce" if contrast_form == "simcse" else "hcl",  # only validated; the loss object is passed in
         contrast_form=contrast_form,
         temperature=TEMPERATURE,
-        per_device_train_batch_size=SENTENCES_PER_RANK,
         eval_strategy="no",
-        save_strategy="no",
         load_best_model_at_end=False,
         metric_for_best_model=None,
         report_to=[],
         disable_tqdm=True,
-        **overrides,
+        **{"per_device_train_batch_size": SENTENCES_PER_RANK, "save_strategy": "no", "use_cpu": True, **overrides},
     )
     trainer = SimCSETrainer(
         model=model, args=args, loss_fn=loss_fn, train_dataset=train_dataset, data_collator=data_collator,
