@@ -6,8 +6,9 @@ DDP (simcse-hn warns); DeepSpeed is skipped when `cpu=True`, and without it a ma
 all (one process). torch's FSDP runs on CPU with gloo, and DeepSpeed has a CPU accelerator with gloo.
 `allow_sharding_on_cpu()` makes accelerate's state report the multi-GPU type when FSDP is requested, and the gloo
 backend when DeepSpeed is: accelerate and the Trainer then take their real FSDP / DeepSpeed code paths
-(fully_shard, get_state_dict, save_fsdp_model / load_fsdp_model, the DeepSpeed engine and its checkpoints). Tests
-only; DeepSpeed must be installed (`pip install deepspeed`; it builds without CUDA with DS_BUILD_OPS=0).
+(fully_shard, get_state_dict, save_fsdp_model / load_fsdp_model, the DeepSpeed engine and its checkpoints), with
+every parameter partitioned under ZeRO-3 (`partition_every_parameter`). Tests only; DeepSpeed must be installed
+(`pip install deepspeed`; it builds without CUDA with DS_BUILD_OPS=0; CI installs it).
 
 `python tests/sharded_cpu.py TRAIN_ARGS...`, started by `accelerate launch --config_file configs/accelerate/...`:
 train.py under that engine.
@@ -45,6 +46,23 @@ def allow_sharding_on_cpu() -> None:
 
     PartialState.__init__, PartialState._prepare_backend = init_as_multi_gpu, gloo_for_deepspeed
     PartialState.sharding_on_cpu = True
+    partition_every_parameter()
+
+
+def partition_every_parameter() -> None:
+    """ZeRO-3 keeps a parameter of fewer than stage3_param_persistence_threshold elements (default 10^5) whole on
+    every process: every weight of the tiny test models. Partition them all, as a real model's large ones are."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    post_init = DeepSpeedPlugin.__post_init__
+
+    def partitioning_post_init(self):
+        post_init(self)
+        zero = self.deepspeed_config.get("zero_optimization", {})
+        if zero.get("stage") == 3:
+            zero["stage3_param_persistence_threshold"] = 0
+
+    DeepSpeedPlugin.__post_init__ = partitioning_post_init
 
 
 def use_cpu() -> bool:
