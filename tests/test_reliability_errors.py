@@ -70,6 +70,10 @@ def _case(tmp_path, name):
             ["--adam_beta1", "1.5"],
             "adam_beta1: Invalid beta parameter at index 0: 1.5",
         ),
+        "paired data streamed": (
+            ["--streaming", "true", "--max_steps", "2", "--data_format", "pairs"],
+            "streaming: streams single-sentence corpora only; paired data (data_format pairs, hard_negative_weight) ",
+        ),
         "loss rejects a value": (
             ["--loss", "unremix", "--unremix_beta", "-1"],
             "unremix_beta: must be >= 0, got -1.0",
@@ -108,6 +112,7 @@ CASES = [
     "truncated base-model weights",
     "optimizer rejects the learning rate",
     "optimizer rejects a beta",
+    "paired data streamed",
     "loss rejects a value",
     "beyond the positions",
     "beyond roberta's positions",
