@@ -138,6 +138,17 @@ def _read_hub_column(
     return [t or "" for t in dataset[column]]
 
 
+def handle_repeats(items: list, path: str, drop_duplicates: bool, what: str) -> list:
+    """`items` with its repeats dropped (the first of each kept) when `drop_duplicates`, else as they are; either
+    way a warning counts them (`what`: how the log names them)."""
+    unique = list(dict.fromkeys(items))
+    if len(unique) == len(items):
+        return items
+    action = "dropped" if drop_duplicates else "kept (set drop_duplicates to remove them)"
+    logger.warning("%s: %d %s %s", path, len(items) - len(unique), what, action)
+    return unique if drop_duplicates else items
+
+
 def load_sentences(
     path: str,
     text_column: str = "text",
@@ -170,12 +181,7 @@ def load_sentences(
         logger.warning("%s: dropped %d empty lines of %d", path, len(raw) - len(sentences), len(raw))
     if not sentences:
         raise DataError(f"{path}: no sentences (the file is empty or only blank lines)")
-    unique = list(dict.fromkeys(sentences))
-    if len(unique) < len(sentences):
-        action = "dropped" if drop_duplicates else "kept (set drop_duplicates to remove them)"
-        logger.warning("%s: %d duplicated sentences %s", path, len(sentences) - len(unique), action)
-        if drop_duplicates:
-            sentences = unique
+    sentences = handle_repeats(sentences, path, drop_duplicates, "duplicated sentences")
     if max_samples is not None:
         sentences = sentences[:max_samples]
     return sentences

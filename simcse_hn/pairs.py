@@ -20,7 +20,16 @@ import torch
 from torch import Tensor
 
 from simcse_hn.config import DATA_FORMATS
-from simcse_hn.data import DataError, SimCSECollator, _read_lines, _short, load_hub_dataset, read_csv_table, text_id
+from simcse_hn.data import (
+    DataError,
+    SimCSECollator,
+    _read_lines,
+    _short,
+    handle_repeats,
+    load_hub_dataset,
+    read_csv_table,
+    text_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -239,12 +248,7 @@ def load_pairs(
                        len(raw))  # fmt: skip
     if not rows:
         raise DataError(f"{path}: no examples (the file is empty or every example has an empty text)")
-    unique = list(dict.fromkeys(rows))
-    if len(unique) < len(rows):
-        action = "dropped" if drop_duplicates else "kept (set drop_duplicates to remove them)"
-        logger.warning("%s: %d repeated examples %s", path, len(rows) - len(unique), action)
-        if drop_duplicates:
-            rows = unique
+    rows = handle_repeats(rows, path, drop_duplicates, "repeated examples")
     if max_samples is not None:
         rows = rows[:max_samples]
     logger.info("%s: %d examples; anchor %r, positive %r, negatives %s", path, len(rows), columns.anchor,
