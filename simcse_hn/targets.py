@@ -28,6 +28,10 @@ class ContrastiveTargets:
     * `anchors_are_candidates`: anchor i is candidate i for every i (M == N): the similarity matrix is then also the
       candidates' own, and symmetric.
     * `standard_negatives`: N(i) is every candidate but anchor i itself and its positive.
+
+    Made once here too, because every loss call needs them and each costs an (M, N) pass: `negative_count` (M,)
+    long, n_i = |N(i)|, and `negative_bias` (M, N) float32, 0 on N(i) and -inf elsewhere (logits + bias are the
+    masked logits, an addition whose backward is free, where `torch.where` makes another (M, N) pass).
     """
 
     positive_index: Tensor
@@ -35,6 +39,8 @@ class ContrastiveTargets:
     anchor_index: Tensor | None = None
     anchors_are_candidates: bool = field(init=False)
     standard_negatives: bool = field(init=False)
+    negative_count: Tensor = field(init=False, repr=False)
+    negative_bias: Tensor = field(init=False, repr=False)
 
     def __post_init__(self):
         m, n = self.negative_mask.shape
@@ -50,6 +56,9 @@ class ContrastiveTargets:
             standard = torch.equal(self.negative_mask, expected)
         object.__setattr__(self, "anchors_are_candidates", bool(same))
         object.__setattr__(self, "standard_negatives", bool(standard))
+        object.__setattr__(self, "negative_count", self.negative_mask.sum(dim=1))
+        bias = torch.zeros(self.negative_mask.shape, device=self.negative_mask.device)
+        object.__setattr__(self, "negative_bias", bias.masked_fill_(~self.negative_mask, float("-inf")))
 
     @property
     def num_anchors(self) -> int:
