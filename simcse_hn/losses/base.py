@@ -75,16 +75,27 @@ class PlainReductions(NamedTuple):
     """Plain InfoNCE's pieces of one loss call, which the hard-negative objectives share.
 
     pos (M,) = l_ip; masked (M, N) = l_ij on N(i), -inf elsewhere; lse (M,) = log sum_{j in N(i)} e^{l_ij};
-    count (M,) = n_i = |N(i)| in the logits' dtype."""
+    count (M,) = n_i = |N(i)| in the logits' dtype; exp (M, N) = e^{masked - shift} and shift (M, 1) the row maxima
+    (without gradient; None when not kept), which `weighted_lse` reuses."""
 
     pos: Tensor
     masked: Tensor
     lse: Tensor
     count: Tensor
+    exp: Tensor | None = None
+    shift: Tensor | None = None
 
     def loss(self) -> Tensor:
         """Plain InfoNCE per anchor: log(e^{l_ip} + sum_{j in N(i)} e^{l_ij}) - l_ip. (M,)"""
         return torch.logaddexp(self.pos, self.lse) - self.pos
+
+    def weighted_lse(self, weights: Tensor) -> Tensor:
+        """log sum_{j in N(i)} w_ij e^{l_ij} (M,) for weights (M, N) >= 0, finite everywhere (their values outside
+        N(i) do not count). From the kept exponentials: one (M, N) pass in the forward, two in the backward (to the
+        masked logits and, when they need it, to the weights)."""
+        if self.exp is None:
+            return torch.logsumexp(self.masked + weights.log(), dim=1)
+        return _WeightedLogSumExp.apply(self.masked, weights, self.exp, self.shift)
 
 
 def plain_reductions(
@@ -104,33 +115,56 @@ def plain_reductions(
         masked = logits + bias.to(logits.dtype)  # (M, N), -inf outside N(i); the addition's backward is free
     count = (negative_mask.sum(dim=1) if count is None else count).to(logits.dtype)  # (M,)
     pos = positive_logits(logits, positive_index) if pos is None else pos
-    return PlainReductions(pos, masked, masked_logsumexp(masked), count)
+    lse, e, shift = masked_logsumexp(masked, keep_exp=True)
+    return PlainReductions(pos, masked, lse, count, e, shift)
 
 
 class _MaskedLogSumExp(torch.autograd.Function):
-    """logsumexp over dim 1 of (M, N) masked logits (-inf outside N(i)) -> (M,). It keeps e^{x - max} (M, N) from
-    the forward for the backward, softmax = e^{x - max} / sum: one (M, N) pass there, where torch.logsumexp's
-    backward makes three (x - result, exp, times grad) and allocates each."""
+    """logsumexp over dim 1 of (M, N) masked logits (-inf outside N(i)) -> (M,), and without gradient e^{x - max}
+    (M, N) and the max (M, 1). It keeps e for the backward, softmax = e / sum: one (M, N) pass there, where
+    torch.logsumexp's backward makes three (x - result, exp, times grad) and allocates each."""
 
     @staticmethod
-    def forward(ctx, masked: Tensor) -> Tensor:
+    def forward(ctx, masked: Tensor):
         shift = masked.amax(dim=1, keepdim=True)  # (M, 1)
         shift = torch.where(torch.isfinite(shift), shift, 0.0)  # a row without negatives: -inf, as logsumexp
         e = (masked - shift).exp_()  # (M, N)
         total = e.sum(dim=1)  # (M,)
         ctx.save_for_backward(e, total)
+        ctx.mark_non_differentiable(e, shift)
+        return total.log() + shift.squeeze(1), e, shift
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, *_):
+        e, total = ctx.saved_tensors
+        # a row without any finite entry (e = 0) gets 0, not 0 * inf = NaN
+        return e * torch.where(total > 0, grad / total, 0.0)[:, None]
+
+
+def masked_logsumexp(masked: Tensor, keep_exp: bool = False):
+    """log sum_j e^{masked_ij} (M,) of (M, N) logits that are -inf outside each row's set: torch.logsumexp's value,
+    with a cheaper backward (`_MaskedLogSumExp`). `keep_exp`: -> (lse, e^{masked - shift} (M, N), shift (M, 1))."""
+    lse, e, shift = _MaskedLogSumExp.apply(masked)
+    return (lse, e, shift) if keep_exp else lse
+
+
+class _WeightedLogSumExp(torch.autograd.Function):
+    """log sum_j w_ij e^{m_ij} = log(sum_j w_ij e_ij) + shift_i from e = e^{m - shift} (`_MaskedLogSumExp`'s).
+    Gradient: to m, w e / S; to w, e / S."""
+
+    @staticmethod
+    def forward(ctx, masked: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> Tensor:
+        total = torch.linalg.vecdot(e, weights.to(e.dtype))  # (M,)
+        ctx.save_for_backward(e, weights, total)
         return total.log() + shift.squeeze(1)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        e, total = ctx.saved_tensors
-        return e * (grad / total)[:, None]
-
-
-def masked_logsumexp(masked: Tensor) -> Tensor:
-    """log sum_j e^{masked_ij} (M,) of (M, N) logits that are -inf outside each row's set: torch.logsumexp's value,
-    with a cheaper backward (`_MaskedLogSumExp`)."""
-    return _MaskedLogSumExp.apply(masked)
+    def backward(ctx, grad: Tensor):
+        e, weights, total = ctx.saved_tensors
+        scale = (grad / total)[:, None]  # (M, 1)
+        grad_masked = torch.mul(e, weights).mul_(scale) if ctx.needs_input_grad[0] else None
+        grad_weights = (e * scale).to(weights.dtype) if ctx.needs_input_grad[1] else None
+        return grad_masked, grad_weights, None, None
 
 
 def weighted_loss(
@@ -308,20 +342,26 @@ class ContrastiveLoss(nn.Module):
     def _loss(
         self, anchors: Tensor, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None
     ) -> LossOutput:
+        # similarities and everything after them in float32 or wider: autocast would lower every matrix product
+        with torch.autocast(device_type=anchors.device.type, enabled=False):
+            return self._loss_without_autocast(anchors, candidates, targets, context)
+
+    def _loss_without_autocast(
+        self, anchors: Tensor, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None
+    ) -> LossOutput:
         context = LossContext() if context is None else context
         positive_index, negative_mask, count = targets.positive_index, targets.negative_mask, targets.negative_count
         dtype = torch.float64 if anchors.dtype == torch.float64 else torch.float32
-        with torch.autocast(device_type=anchors.device.type, enabled=False):
-            c_hat = unit_rows(candidates, dtype)  # (N, D)
-            a_hat = c_hat if anchors is candidates else unit_rows(anchors, dtype)  # (M, D)
-            scaled = a_hat / self.temperature  # (M, D): logits = scaled c^T, no (M, N) division
-            logits = scaled @ c_hat.T  # (M, N)
-            pos = (scaled * c_hat.index_select(0, positive_index)).sum(dim=1)  # (M,) the positives' logits
-            sim = logits * self.temperature if self.needs_sim else None  # (M, N); its backward runs only if used
+        c_hat = unit_rows(candidates, dtype)  # (N, D)
+        a_hat = c_hat if anchors is candidates else unit_rows(anchors, dtype)  # (M, D)
+        scaled = a_hat / self.temperature  # (M, D): logits = scaled c^T, no (M, N) division
+        logits = scaled @ c_hat.T  # (M, N)
+        pos = (scaled * c_hat.index_select(0, positive_index)).sum(dim=1)  # (M,) the positives' logits
+        sim = logits * self.temperature if self.needs_sim else None  # (M, N); its backward runs only if used
         plain = plain_reductions(logits, positive_index, negative_mask, count, targets.negative_bias, pos)
         if self.has_fallback:
             guarded = drop_nonfinite_grad(logits)
-            shared = PlainReductions(*(drop_nonfinite_grad(t) for t in plain[:3]), plain.count)
+            shared = plain._replace(**{k: drop_nonfinite_grad(getattr(plain, k)) for k in ("pos", "masked", "lse")})
             sim_arg = None if sim is None else drop_nonfinite_grad(sim)
         else:
             guarded, shared, sim_arg = logits, plain, sim
