@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from simcse_hn.targets import ContrastiveTargets, LossContext
@@ -415,10 +414,3 @@ def _mean_negative_similarity(
         positives = (a * c.index_select(0, targets.positive_index)).sum()
         return (a.sum(dim=0) @ c.sum(dim=0) - a.square().sum() - positives) / total
     return torch.where(targets.negative_mask, logits.detach(), 0.0).sum() * temperature / total
-
-
-def log_normalised_weights(scores: Tensor, negative_mask: Tensor) -> Tensor:
-    """log w with w_ij = n softmax_{j in N(i)}(scores_ij), i.e. weights with mean one over N(i). (M, N)"""
-    n = negative_mask.sum(dim=1, keepdim=True).to(scores.dtype)
-    masked = torch.where(negative_mask, scores, NEG_INF)
-    return torch.where(negative_mask, F.log_softmax(masked, dim=1) + n.log(), NEG_INF)
