@@ -224,6 +224,34 @@ def test_token_length_batches_group_equal_lengths_and_restore_order(tasks):
     assert lengths == sorted(lengths, reverse=True)  # longest first, so each batch pads to almost nothing
 
 
+@pytest.mark.parametrize("pooler", ["cls", "avg", "avg_top2"])
+def test_encode_equals_a_forward_per_sentence_in_the_callers_order(pooler):
+    """Tokenised once, batches of equal token length, one copy at the end: each row is that sentence's own forward
+    (no padding), whatever its length and wherever the sort put it."""
+    encoder, tokenizer = build_tiny_bert(seed=4)
+    model = SimCSEModel(encoder, pooler=pooler, mlp_only_train=False)  # the head too, at evaluation
+    rng = random.Random(1)
+    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(1, 16))) for _ in range(23)] + ["", "a"]
+    model.train()
+    out = model.encode(sentences, tokenizer, batch_size=4)
+    assert model.training  # the caller's mode is restored
+    model.eval()
+    with torch.no_grad():
+        single = [tokenizer([s], truncation=True, return_tensors="pt") for s in sentences]
+        expected = torch.stack([model(**features).embeddings[0] for features in single])
+    assert out.dtype == torch.float32 and out.device.type == "cpu" and out.shape == expected.shape
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    lengths = {len(tokenizer(s)["input_ids"]) for s in sentences}
+    assert len(lengths) > 10  # the lengths do vary, so the sort moved rows
+
+
+def test_encode_of_nothing_is_an_empty_matrix():
+    encoder, tokenizer = build_tiny_bert()
+    model = SimCSEModel(encoder, pooler="avg")
+    assert model.encode([], tokenizer).shape == (0, encoder.config.hidden_size)
+    assert simcse_encode_fn(model, tokenizer)([]).shape == (0, encoder.config.hidden_size)
+
+
 def test_token_length_batched_encoders_equal_the_plain_ones(st_folder, tasks):
     from sentence_transformers import SentenceTransformer
 
