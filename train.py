@@ -18,18 +18,29 @@ import transformers
 from simcse_hn import distributed
 from simcse_hn.checkpoints import check_output_dir, checkpoint_run_id, claim_output_dir, new_run_id, resolve_resume
 from simcse_hn.config import ConfigError, parse_args
-from simcse_hn.data import DataError, SimCSECollator, load_sentences, load_sts_pairs
+from simcse_hn.data import (
+    DataError,
+    SimCSECollator,
+    load_hub_dataset,
+    load_sentence_stream,
+    load_sentences,
+    load_sts_pairs,
+)
 from simcse_hn.files import CARD, source_record
+from simcse_hn.guide import SELF, load_guide
 from simcse_hn.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
 from simcse_hn.model_card import base_model_license, card_is_ours, write_model_card
 from simcse_hn.modeling import (
     SimCSEModel,
+    check_pooler,
+    has_dropout,
     inference_max_length,
     load_encoder_config,
     load_tokenizer,
     model_max_length,
     resolve_packaged,
 )
+from simcse_hn.pairs import PairCollator, is_hub_source, load_pairs, num_negatives, resolve_data_format
 from simcse_hn.trainer import SimCSETrainer
 
 logger = logging.getLogger("simcse_hn.train")
@@ -103,7 +114,17 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
             f"max_seq_length: {data_args.max_seq_length} is above the {positions} positions of "
             f"{model_args.model_name_or_path}"
         )
+    check_pooler(encoder_config, model_args.pooler, model_args.model_name_or_path)
+    noise = model_args.dropout if model_args.dropout is not None else has_dropout(encoder_config)
+    if not noise and not (model_args.lora_r and model_args.lora_dropout):
+        logger.warning("%s has no dropout: SimCSE's two views of a sentence are identical; pass --dropout 0.1",
+                       model_args.model_name_or_path)
     loss_fn = training_args.build_loss()
+    training_args.check_optimizer()
+    guide_path = None  # a separate guide model: found before any data is read
+    if training_args.guide_model not in (None, SELF):
+        guide_path = resolve_packaged(training_args.guide_model, field="guide_model")
+        load_encoder_config(guide_path, field="guide_model")
     if model_args.tokenizer_name_or_path is not None:
         tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, field="tokenizer_name_or_path")
     else:
@@ -113,23 +134,38 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         logger.info("resuming from %s", checkpoint)
     run_id = _prepare_output_dir(training_args, checkpoint)
 
-    sentences = load_sentences(
-        data_args.train_source,
-        data_args.text_column,
-        data_args.train_data_files,
-        data_args.max_train_samples,
-        data_args.drop_duplicates,
-        config_name=data_args.dataset_config_name,
-        split=data_args.dataset_split,
-    )
     global_batch = training_args.per_device_train_batch_size * training_args.world_size
-    if len(sentences) < global_batch:
-        raise DataError(
-            f"{data_args.train_source}: {len(sentences)} sentences, fewer than one batch "
-            f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
+    if data_args.streaming:
+        if data_args.data_format == "pairs" or training_args.hard_negative_weight != 0:
+            raise ConfigError("streaming: streams single-sentence corpora only; paired data (data_format pairs, "
+                              "hard_negative_weight) is read into memory")  # fmt: skip
+        train_dataset = load_sentence_stream(
+            data_args.train_source,
+            data_args.text_column,
+            data_args.train_data_files,
+            data_args.max_train_samples,
+            config_name=data_args.dataset_config_name,
+            split=data_args.dataset_split,
+            shuffle_buffer=data_args.streaming_shuffle_buffer,
+            seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
+            rank=training_args.process_index,
+            world_size=training_args.world_size,
+            min_sentences=global_batch,
         )
+        data_format, count, unit = "sentences", "streamed", "sentences"
+    else:
+        train_dataset, data_format = load_training_data(data_args, training_args)
+        unit = "sentences" if data_format == "sentences" else "examples"
+        count = len(train_dataset)
+        if count < global_batch:
+            raise DataError(
+                f"{data_args.train_source}: {count} {unit}, fewer than one batch "
+                f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
+            )
     eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
-    logger.info("%d training sentences, %s STS dev pairs", len(sentences), len(eval_pairs.scores) if eval_pairs else 0)
+    dev = len(eval_pairs.scores) if eval_pairs else 0
+    logger.info("%s training %s, %s STS dev pairs", count, unit, dev)
+    guide = load_guide(guide_path) if guide_path is not None else None
 
     transformers.set_seed(training_args.seed)  # the MLP head and any new weights start the same in every run
     model = SimCSEModel.from_pretrained(
@@ -137,7 +173,11 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         pooler=model_args.pooler,
         mlp_only_train=model_args.mlp_only_train,
         dropout=model_args.dropout,
+        dtype=torch.float32,  # master weights (a decoder's checkpoint is often bf16): --bf16 / --fp16 for autocast
     )
+    if model_args.lora_r is not None:
+        model.add_lora(model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout,
+                       model_args.lora_target_modules)  # fmt: skip
     eval_max_length = data_args.eval_max_seq_length or model_max_length(model.config, tokenizer)
     inference_length = model_args.inference_max_seq_length or inference_max_length(
         model_args.model_name_or_path, model.config, tokenizer
@@ -159,6 +199,27 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "learning_rate": training_args.learning_rate,
         "run_id": run_id,  # marks every checkpoint as this run family's (simcse_hn.checkpoints)
     }
+    if data_args.streaming:
+        simcse_config["streaming"] = {"shuffle_buffer": data_args.streaming_shuffle_buffer}
+    if model_args.lora_r is not None:  # the folder's weights are merged; the adapter is in adapter/
+        target = model_args.lora_target_modules
+        simcse_config["lora"] = {"r": model_args.lora_r, "alpha": model_args.lora_alpha,
+                                 "dropout": model_args.lora_dropout, "target_modules": target}  # fmt: skip
+    if data_format == "pairs":  # SimCSE's supervised targets: the unsupervised contrast form does not apply
+        del simcse_config["contrast_form"]
+        simcse_config.update(data_format="pairs", negatives_per_example=num_negatives(train_dataset),
+                             hard_negative_weight=training_args.hard_negative_weight)  # fmt: skip
+    if training_args.guide_model is not None:
+        # by name only: a local guide by its folder's name, no path of this machine (files.source_record)
+        simcse_config.update(guide_model=source_record(training_args.guide_model)["name"],
+                             guide_margin=training_args.guide_margin)  # fmt: skip
+    if training_args.no_duplicates is not None or data_format == "pairs":
+        simcse_config["no_duplicates"] = training_args.no_duplicates is not False
+    guide_tokenize = guide.tokenize if guide is not None else None
+    if data_format == "pairs":
+        collator = PairCollator(tokenizer, data_args.max_seq_length, num_negatives(train_dataset), guide_tokenize)
+    else:
+        collator = SimCSECollator(tokenizer, data_args.max_seq_length, guide_tokenize=guide_tokenize)
     trainer = SimCSETrainer(
         model=model,
         args=training_args,
@@ -166,9 +227,10 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         eval_pairs=eval_pairs,
         eval_max_length=eval_max_length,
         simcse_config=simcse_config,
-        train_dataset=datasets.Dataset.from_dict({"text": sentences}),
-        data_collator=SimCSECollator(tokenizer, data_args.max_seq_length),
+        train_dataset=train_dataset,
+        data_collator=collator,
         processing_class=tokenizer,
+        guide=guide,
     )
     if hub_target is not None and hub_target.strategy == "every_save":
         trainer.add_callback(CheckpointPush(hub_target))
@@ -196,12 +258,54 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     return trainer
 
 
+def load_training_data(data_args, training_args) -> tuple[datasets.Dataset, str]:
+    """The training set and its format: single sentences (a `text` column, load_sentences as SimCSE reads them) or
+    paired examples (`anchor`, `positive`, `negative_1..k`: simcse_hn.pairs), as --data_format says or, with auto,
+    as the data's columns say. Settings that need paired data fail here, before the model loads."""
+    source = data_args.train_source
+    hub = {"config_name": data_args.dataset_config_name, "split": data_args.dataset_split}
+    if is_hub_source(source):  # loaded once, for its columns and its rows
+        hub["dataset"] = load_hub_dataset(source, data_args.train_data_files, hub["split"], hub["config_name"])
+    data_format = resolve_data_format(
+        source, data_args.data_format, data_args.text_column, data_args.column_flags, data_args.train_data_files, **hub
+    )
+    if data_format == "sentences":
+        if training_args.hard_negative_weight != 0:
+            raise ConfigError(f"hard_negative_weight: needs paired data with explicit negatives; {source} holds "
+                              "single sentences")  # fmt: skip
+        sentences = load_sentences(
+            source,
+            data_args.text_column,
+            data_args.train_data_files,
+            data_args.max_train_samples,
+            data_args.drop_duplicates,
+            **hub,
+        )
+        return datasets.Dataset.from_dict({"text": sentences}), data_format
+    dataset = load_pairs(
+        source,
+        data_args.anchor_column,
+        data_args.positive_column,
+        data_args.negative_columns,
+        data_args.train_data_files,
+        data_args.max_train_samples,
+        data_args.drop_duplicates,
+        **hub,
+    )
+    if training_args.hard_negative_weight != 0 and num_negatives(dataset) == 0:
+        raise ConfigError(f"hard_negative_weight: {source} has no negative columns (set --negative_columns, or "
+                          "mine some with scripts/mine_negatives.py)")  # fmt: skip
+    return dataset, data_format
+
+
 def training_budget(trainer: SimCSETrainer) -> dict:
     """Steps, epochs and sentences seen by the finished run (resumed runs included)."""
     args, state = trainer.args, trainer.state
     per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
     steps = state.global_step
-    return {"steps": steps, "epochs": round(state.epoch or 0.0, 4), "sentences_seen": steps * per_step}
+    # a stream has no length: the Trainer's epoch count would be steps / max_steps, not passes over the corpus
+    epochs = None if isinstance(trainer.train_dataset, datasets.IterableDataset) else round(state.epoch or 0.0, 4)
+    return {"steps": steps, "epochs": epochs, "sentences_seen": steps * per_step}
 
 
 def final_dev_score(trainer: SimCSETrainer) -> float:

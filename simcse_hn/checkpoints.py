@@ -57,7 +57,8 @@ def checkpoint_run_id(checkpoint: str) -> str | None:
     return config.get("run_id") if isinstance(config, dict) else None
 
 
-def _safetensors_problem(path: str) -> str | None:
+def safetensors_problem(path: str) -> str | None:
+    """Why a safetensors file cannot be read (one phrase: no header, truncated), or None."""
     size = os.path.getsize(path)
     try:
         with open(path, "rb") as f:
@@ -92,7 +93,7 @@ def checkpoint_problem(checkpoint: str, run_id: str | None = None) -> str | None
     for name in names:
         path = os.path.join(checkpoint, name)
         if name.endswith(".safetensors"):
-            problem = _safetensors_problem(path)
+            problem = safetensors_problem(path)
             if problem:
                 return problem
         elif name.endswith(_TORCH_FILES) and not zipfile.is_zipfile(path):

@@ -8,10 +8,12 @@ with a one-line `ConfigError` naming the field, before any model or data is load
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field, fields
 
@@ -25,7 +27,8 @@ from simcse_hn.losses.hcl import DCL_TAU_PLUS
 from simcse_hn.losses.progcl import FIT_PAIRS
 from simcse_hn.losses.unremix import MIXTURE_ENTROPY
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
+DATA_FORMATS = ("auto", "pairs", "sentences")
 CONTRAST_FORMS = ("simcse", "symmetric")
 LOSS_NAMES = ("infonce", "dcl", "hcl", "progcl", "unremix")
 HUB_STRATEGIES = ("end", "every_save")
@@ -47,6 +50,7 @@ def _check_finite(arguments) -> None:
 
 @dataclass
 class ModelArguments:
+    _argument_group_name = "model"  # HfArgumentParser's --help group (a class attribute, not a field)
     model_name_or_path: str = field(
         default="bert-base-uncased",
         metadata={
@@ -87,6 +91,22 @@ class ModelArguments:
         default=None,
         metadata={"help": "Hub id or local folder of the tokenizer, when model_name_or_path has none (default: it)."},
     )
+    lora_r: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train LoRA adapters of this rank (peft; pip install 'simcse-hn[lora]') instead of the encoder's "
+            "weights; the saved folder holds the merged weights, and the adapter in adapter/."
+        },
+    )
+    lora_alpha: float = field(default=8, metadata={"help": "LoRA scaling numerator: updates are alpha / r x B A."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA branch's input."})
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Module names to adapt (e.g. query value, or q_proj k_proj v_proj o_proj). Default: peft's "
+            "choice for the architecture (BERT: query, value; Llama, Qwen2: q_proj, v_proj)."
+        },
+    )
 
     def __post_init__(self):
         _check_finite(self)
@@ -97,10 +117,20 @@ class ModelArguments:
             "inference_max_seq_length",
             f"must be >= 2, got {self.inference_max_seq_length}",
         )
+        if self.lora_r is None:
+            _check(self.lora_target_modules is None, "lora_target_modules", "needs lora_r (LoRA is off without it)")
+        else:
+            _check(self.lora_r >= 1, "lora_r", f"must be >= 1, got {self.lora_r}")
+            _check(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
+            _check(0 <= self.lora_dropout < 1, "lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+            from simcse_hn.lora import require_peft
+
+            require_peft()
 
 
 @dataclass
 class DataArguments:
+    _argument_group_name = "data"
     train_file: str | None = field(
         default=None,
         metadata={
@@ -121,9 +151,42 @@ class DataArguments:
         metadata={"help": "With a Hub dataset: the file(s) inside the repo (e.g. wiki1m_for_simcse.txt)."},
     )
     text_column: str = field(default="text", metadata={"help": "Column holding the sentence in jsonl/csv/Hub data."})
+    data_format: str = field(
+        default="auto",
+        metadata={
+            "help": "'sentences' (unsupervised SimCSE), 'pairs' (anchor, positive, optional negatives) or 'auto': a "
+            ".txt file holds sentences, a table with text_column sentences, one with anchor/positive or "
+            "sent0/sent1 columns (or any column flag) pairs; anything else is an error asking for this flag.",
+            "choices": DATA_FORMATS,
+        },
+    )
+    anchor_column: str | None = field(
+        default=None, metadata={"help": "Pairs: the anchor column (default: 'anchor', 'sent0', else the first)."}
+    )
+    positive_column: str | None = field(
+        default=None, metadata={"help": "Pairs: the positive column (default: 'positive', 'sent1', else the next)."}
+    )
+    negative_columns: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Pairs: the explicit negative columns, in order ('none': no negatives). Default: the columns "
+            "named negative, negative_1..k or hard_neg, else (columns by order) every further text column."
+        },
+    )
     max_seq_length: int = field(default=32, metadata={"help": "Token limit per sentence (SimCSE: 32)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N sentences."})
     drop_duplicates: bool = field(default=False, metadata={"help": "Remove repeated sentences (always counted)."})
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Read train_file as a stream (datasets' streaming, local files too) instead of into memory: "
+            "memory stays flat whatever the corpus size; needs max_steps; each process reads its share."
+        },
+    )
+    streaming_shuffle_buffer: int = field(
+        default=10_000,
+        metadata={"help": "With streaming: sentences held in the shuffle buffer (0: the corpus's own order)."},
+    )
     eval_file: str | None = field(
         default=None,
         metadata={
@@ -151,6 +214,20 @@ class DataArguments:
             f"must be >= 2, got {self.eval_max_seq_length}",
         )
         _check(self.max_train_samples is None or self.max_train_samples > 0, "max_train_samples", "must be > 0")
+        _check(
+            self.data_format in DATA_FORMATS,
+            "data_format",
+            f"must be one of {', '.join(DATA_FORMATS)}, got {self.data_format!r}",
+        )
+        if self.data_format == "sentences" and self.column_flags:
+            _check(False, "data_format", "'sentences' takes text_column; the anchor/positive/negative column flags "
+                   "are for pairs")  # fmt: skip
+        _check(self.streaming_shuffle_buffer >= 0, "streaming_shuffle_buffer", "must be >= 0")
+        _check(
+            not (self.streaming and self.drop_duplicates),
+            "drop_duplicates",
+            "not available with streaming (finding repeats needs the whole corpus in memory)",
+        )
         for name in ("train_file", "eval_file"):
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
@@ -171,17 +248,23 @@ class DataArguments:
         """Where the training sentences come from: the Hub dataset, else the file (or the Hub id in train_file)."""
         return self.dataset_name or self.train_file
 
+    @property
+    def column_flags(self) -> bool:
+        """Whether any pair column flag is set (they mean paired data)."""
+        return any(v is not None for v in (self.anchor_column, self.positive_column, self.negative_columns))
+
 
 @dataclass
 class SimCSETrainingArguments(TrainingArguments):
     # --- the objective ---
-    loss: str = field(default="infonce", metadata={"help": f"Contrastive objective, one of {LOSS_NAMES}."})
+    loss: str = field(default="infonce", metadata={"help": "Contrastive objective.", "choices": LOSS_NAMES})
     temperature: float = field(default=0.05, metadata={"help": "Softmax temperature t of cos/t (SimCSE: 0.05)."})
     contrast_form: str = field(
         default="symmetric",
         metadata={
             "help": "'simcse': first views against second views (the paper's loss); 'symmetric': every row "
-            "is an anchor against all 2N-2 other rows (NT-Xent; the form hard-negative losses use)."
+            "is an anchor against all 2N-2 other rows (NT-Xent; the form hard-negative losses use).",
+            "choices": CONTRAST_FORMS,
         },
     )
     hcl_beta: float = field(default=0.1, metadata={"help": "HCL concentration beta (tilt beta/t per unit cosine)."})
@@ -196,7 +279,7 @@ class SimCSETrainingArguments(TrainingArguments):
         },
     )
     hcl_detach_weights: bool = field(default=False, metadata={"help": "Stop gradients through HCL's weights."})
-    progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant: 'weight' or 'mix'."})
+    progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant.", "choices": ("weight", "mix")})
     progcl_warmup_ratio: float = field(
         default=0.2, metadata={"help": "Fraction of steps trained with plain InfoNCE before the mixture is used."}
     )
@@ -211,7 +294,8 @@ class SimCSETrainingArguments(TrainingArguments):
     unremix_beta: float = field(default=1.0, metadata={"help": "UnReMix tilt on the standardised hardness score."})
     unremix_tau_plus: float = field(default=0.0, metadata={"help": "UnReMix debiasing prior tau+ in [0, 1)."})
     unremix_gradient: str = field(
-        default="head", metadata={"help": "Where UnReMix takes per-sample gradients: 'head' or 'embedding'."}
+        default="head",
+        metadata={"help": "Where UnReMix takes per-sample gradients.", "choices": ("head", "embedding")},
     )
     unremix_learn_mixture: bool = field(
         default=False,
@@ -223,6 +307,30 @@ class SimCSETrainingArguments(TrainingArguments):
     unremix_mixture_entropy: float = field(
         default=MIXTURE_ENTROPY,
         metadata={"help": "Entropy bonus gamma of the learned mixture (larger: closer to equal weights)."},
+    )
+    # --- paired data ---
+    hard_negative_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "Paired data: log weight added to the logit of each anchor's own explicit negatives (SimCSE's "
+            "hard_negative_weight; 0 = none), for every objective a weight e^w on those negatives' terms."
+        },
+    )
+    guide_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "False-negative guard (GISTEmbed): a sentence-transformers model (Hub id or folder), or 'self' "
+            "(the model being trained, its own embeddings of the step); negatives it scores above the anchor's "
+            "positive minus guide_margin are dropped for the step."
+        },
+    )
+    guide_margin: float = field(default=0.0, metadata={"help": "Guide: drop j when g_ij > g_ip - guide_margin."})
+    no_duplicates: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Batches in which no text appears twice, across columns and processes (sentence-transformers' "
+            "no_duplicates sampler). Default: on for paired data, off for sentences."
+        },
     )
     # --- scale ---
     gather_across_devices: bool | None = field(
@@ -352,6 +460,7 @@ class SimCSETrainingArguments(TrainingArguments):
             f"got {self.hub_strategy!r}",
         )
         super().__post_init__()
+        self._check_engine()
         if self.loss == "progcl" and self.progcl_mode == "mix" and self.progcl_mix_k is not None:
             negatives = self.negatives_per_anchor()
             _check(
@@ -359,6 +468,46 @@ class SimCSETrainingArguments(TrainingArguments):
                 "progcl_mix_k",
                 f"must be <= the {negatives} negatives per anchor (2 x {self.per_device_train_batch_size} sentences "
                 f"x {self.world_size if self.gathers else 1} processes - 2), got {self.progcl_mix_k}",
+            )
+
+    def sharding_engine(self) -> str | None:
+        """The sharded engine the launch asks for ('FSDP', 'DeepSpeed ZeRO-2', ...: accelerate launch's config, or
+        --fsdp / --deepspeed), None for plain data parallelism. (accelerate runs it on accelerators only.)"""
+        if self.deepspeed_plugin is not None:
+            stage = self.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", "?")
+            return f"DeepSpeed ZeRO-{stage}"
+        if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+            return "FSDP"
+        return None
+
+    def _check_engine(self) -> None:
+        """Combinations that cannot work, refused before anything loads."""
+        engine = self.sharding_engine() or ""
+        if self.cache_minibatch_size is not None:
+            _check(
+                not engine.startswith("DeepSpeed"),
+                "cache_minibatch_size",
+                f"GradCache does not work with {engine} (its mini-batches back-propagate under no_sync, which ZeRO "
+                "partitioning does not allow); use FSDP or DDP, or drop cache_minibatch_size",
+            )
+            _check(self.n_gpu <= 1, "cache_minibatch_size", "not supported with DataParallel; launch one process per "
+                   "GPU (accelerate launch / torchrun)")  # fmt: skip
+        if engine == "DeepSpeed ZeRO-3":
+            zero = self.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+            _check(
+                zero.get("stage3_gather_16bit_weights_on_model_save") is True,
+                "deepspeed",
+                "ZeRO-3 saves no model weights without stage3_gather_16bit_weights_on_model_save: set "
+                "zero3_save_16bit_model: true in the accelerate config (or it in the DeepSpeed JSON)",
+            )
+        if self.loss == "unremix" and self.unremix_learn_mixture:
+            # the loss uses its parameter outside any module's forward, where ZeRO-3 has partitioned it away (FSDP2
+            # keeps its root module's parameters, theta among them, unsharded from forward to backward)
+            _check(
+                engine != "DeepSpeed ZeRO-3",
+                "unremix_learn_mixture",
+                "not with DeepSpeed ZeRO-3, which partitions the learned mixture outside the encoder's forward; use "
+                "ZeRO-2, FSDP or DDP",
             )
 
     @property
@@ -376,6 +525,20 @@ class SimCSETrainingArguments(TrainingArguments):
         fields_of_loss = LOSS_FIELDS[self.loss].items()
         return {"temperature": self.temperature, **{symbol: getattr(self, name) for symbol, name in fields_of_loss}}
 
+    def check_optimizer(self) -> None:
+        """The optimizer's settings, checked by the optimizer itself (built once on a dummy parameter), before any
+        model or data loads: what it would reject at the first step is a ConfigError naming the field now."""
+        import torch
+        from transformers import Trainer
+
+        try:
+            optimizer, kwargs = Trainer.get_optimizer_cls_and_kwargs(self)
+            optimizer([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+        except (ValueError, ImportError) as e:
+            message = str(e).strip().splitlines()[0]
+            name = next((field for words, field in OPTIMIZER_FIELDS if words in message.lower()), "optim")
+            raise ConfigError(f"{name}: {message}") from None
+
     def build_loss(self):
         """The configured objective, built before any model loads: a value the loss rejects is a ConfigError naming
         the config field (the loss names its own argument, e.g. `beta`)."""
@@ -391,6 +554,10 @@ class SimCSETrainingArguments(TrainingArguments):
                 raise ConfigError(f"loss: {message}") from None
             raise ConfigError(f"{name}: {message[symbol.end():].strip()}") from None
 
+
+# words of the optimizers' own error messages -> the field they are about
+OPTIMIZER_FIELDS = (("learning rate", "learning_rate"), ("epsilon", "adam_epsilon"), ("index 0", "adam_beta1"),
+                    ("index 1", "adam_beta2"), ("weight_decay", "weight_decay"))  # fmt: skip
 
 # build_loss() keyword (the paper's symbol) -> config field, for each loss; `temperature` is common to all
 LOSS_FIELDS = {
@@ -427,12 +594,56 @@ def _check_repo_id(repo_id: str) -> None:
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
+# Fields that say the same thing in two ways: one given on the command line replaces the other given in the YAML.
+ALTERNATIVE_FIELDS = (("train_file", "dataset_name"),)
+
+
+# --help: simcse-hn's own flags first, in these groups (in this order), then the Trainer's. A field goes to the
+# first group whose prefix or name matches.
+HELP_GROUPS = {
+    "objective": ("loss", "temperature", "contrast_form"),
+    "HCL and DCL (--loss hcl, dcl)": ("hcl_", "dcl_"),
+    "ProGCL (--loss progcl)": ("progcl_",),
+    "UnReMix (--loss unremix)": ("unremix_",),
+    "scale": ("gather_across_devices", "cache_minibatch_size"),
+}
+HELP_OVERRIDES = {  # the Trainer's own help where simcse-hn gives the flag more meaning
+    "resume_from_checkpoint": "A checkpoint folder, or 'true' for the newest complete checkpoint of this run in "
+    "output_dir (incomplete or foreign ones are skipped with a warning).",
+}
 
 
 class _Parser(HfArgumentParser):
+    def __init__(self, dataclass_types):
+        super().__init__(
+            dataclass_types,
+            usage="train.py [--config FILE.yaml] [--FLAG VALUE ...]  (or: accelerate launch train.py ...)",
+            description="Train a SimCSE sentence encoder (simcse-hn). simcse-hn's own flags come first, by group; "
+            "the Trainer's follow.",
+        )
+        # listed for --help only; parse_args reads it before this parser sees the flags
+        self.add_argument("--config", default=argparse.SUPPRESS, help="A YAML file of flags; flags given on the "
+                          "command line override it (configs/*.yaml).")  # fmt: skip
+
     def error(self, message):  # argparse would print usage and exit(2); we want one line naming the field
         match = re.match(r"argument --([\w]+)(?:/--[\w-]+)*: (.*)", message)
         raise ConfigError(f"{match.group(1)}: {match.group(2)}" if match else message)
+
+    def _add_dataclass_arguments(self, dtype):
+        if dtype is not SimCSETrainingArguments:
+            return super()._add_dataclass_arguments(dtype)
+        hints = typing.get_type_hints(dtype)
+        groups = {title: self.add_argument_group(title) for title in HELP_GROUPS}
+        trainer = self.add_argument_group("training (transformers.TrainingArguments, with SimCSE's defaults)")
+        for item in fields(dtype):
+            if not item.init:
+                continue
+            item.type = hints[item.name]
+            title = next((t for t, keys in HELP_GROUPS.items() if item.name.startswith(keys)), None)
+            if item.name in HELP_OVERRIDES:  # a copy: the field object is the dataclass's own
+                item = copy.copy(item)
+                item.metadata = types.MappingProxyType({**item.metadata, "help": HELP_OVERRIDES[item.name]})
+            self._parse_dataclass_field(groups[title] if title else trainer, item)
 
 
 def _yaml_to_argv(config: dict, path: str, known: set[str], takes_lists: set[str]) -> list[str]:
@@ -480,6 +691,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     takes_lists = {name for types in hints for name, annotation in types.items() if "list" in str(annotation)}
     parser = _Parser(ARGUMENT_CLASSES)
     config = load_yaml(known_args.config) if known_args.config else {}
+    for alternatives in ALTERNATIVE_FIELDS:  # a source given on the command line replaces the YAML's other one
+        if any(f"--{name}" in rest for name in alternatives):
+            config = {k: v for k, v in config.items() if k not in alternatives or f"--{k}" in rest}
     yaml_argv = _yaml_to_argv(config, known_args.config, known, takes_lists)
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)
@@ -490,4 +704,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         raise
     except ValueError as e:  # TrainingArguments' own checks
         raise ConfigError(str(e).strip().splitlines()[0]) from None
+    except ImportError as e:  # a launch config for DeepSpeed without deepspeed installed
+        raise ConfigError(f"deepspeed: {str(e).strip().splitlines()[0]} (pip install deepspeed)") from None
+    _check_together(data_args, training_args)
     return model_args, data_args, training_args
+
+
+def _check_together(data_args: DataArguments, training_args: SimCSETrainingArguments) -> None:
+    """Settings of different groups that exclude each other."""
+    _check(
+        not data_args.streaming or training_args.max_steps > 0,
+        "max_steps",
+        "required with streaming (a stream has no length to count epochs in), e.g. --max_steps 10000",
+    )

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
+import hashlib
 import io
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +24,8 @@ from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported fro
 from simcse_hn.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.data.contrastive_targets)
 
 logger = logging.getLogger(__name__)
+
+GUIDE_PREFIX = "guide_"  # the batch keys of a guide model's own tokenisation (simcse_hn.guide)
 
 
 def _read_text(path: str) -> str:
@@ -73,38 +78,61 @@ def _read_jsonl_column(path: str, column: str) -> list[str]:
 def _read_csv_column(path: str, column: str) -> list[str]:
     """`column` of a CSV (TSV for .tsv) file, parsed by the csv module on the whole text: a quoted field may hold
     delimiters and line breaks. A record whose field count differs from the header's is a DataError."""
+    header, records = read_csv_table(path)
+    if header is None or column not in header:
+        raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
+    index = header.index(column)
+    return [row[index] if row else "" for _, row in records]
+
+
+def read_csv_table(path: str) -> tuple[list[str] | None, Iterator[tuple[int, list[str]]]]:
+    """The header (None for an empty file) and an iterator over the records of a CSV (TSV for .tsv) file, each with
+    the line it starts on; a blank line is an empty record. Malformed quoting, or a record whose field count differs
+    from the header's, is a DataError naming the line (raised when that record is reached)."""
     kind = "TSV" if path.lower().endswith(".tsv") else "CSV"
     delimiter = "\t" if kind == "TSV" else ","
     reader = csv.reader(io.StringIO(_read_text(path), newline=""), delimiter=delimiter, strict=True)
-    line = 1  # where the record being read starts
+
+    def malformed(line: int, e: csv.Error) -> DataError:
+        reason = str(e).replace("\t", "\\t")  # csv names the delimiter it expected: a TSV's is a tab
+        return DataError(f"{path}:{line}: malformed {kind} ({reason})")
+
     try:
         header = next(reader, None)
-        if header is None or column not in header:
-            raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
-        index = header.index(column)
-        texts = []
-        line = reader.line_num + 1
-        for row in reader:
-            if row and len(row) != len(header):
-                raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(header)} (unquoted {kind}?)")
-            texts.append(row[index] if row else "")
-            line = reader.line_num + 1
     except csv.Error as e:
-        reason = str(e).replace("\t", "\\t")  # csv names the delimiter it expected: a TSV's is a tab
-        raise DataError(f"{path}:{line}: malformed {kind} ({reason})") from None
-    return texts
+        raise malformed(1, e) from None
+
+    def records() -> Iterator[tuple[int, list[str]]]:
+        line = reader.line_num + 1  # where the record being read starts
+        try:
+            for row in reader:
+                if row and len(row) != len(header):
+                    raise DataError(
+                        f"{path}:{line}: {len(row)} fields, the header has {len(header)} (unquoted {kind}?)"
+                    )
+                yield line, row
+                line = reader.line_num + 1
+        except csv.Error as e:
+            raise malformed(line, e) from None
+
+    return header, records()
 
 
-def _read_hub_column(
-    name: str, column: str, data_files: str | None, split: str = "train", config_name: str | None = None
-) -> list[str]:
+def load_hub_dataset(name: str, data_files: str | None = None, split: str = "train", config_name: str | None = None):
+    """A Hub dataset's `split` (with its `config_name` and `data_files`) through `datasets`; a failure is one line."""
     import datasets
 
     try:
         config = {"name": config_name} if config_name else {}  # the dataset's configuration (subset)
-        dataset = datasets.load_dataset(name, data_files=data_files, split=split, **config)
+        return datasets.load_dataset(name, data_files=data_files, split=split, **config)
     except Exception as e:  # network, missing repo, missing file: all user-facing
         raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def _read_hub_column(
+    name: str, column: str, data_files: str | None, split: str = "train", config_name: str | None = None, dataset=None
+) -> list[str]:
+    dataset = load_hub_dataset(name, data_files, split, config_name) if dataset is None else dataset
     if column not in dataset.column_names:
         raise DataError(f"{name}: no column {column!r} in {dataset.column_names} (set --text_column)")
     return [t or "" for t in dataset[column]]
@@ -118,9 +146,10 @@ def load_sentences(
     drop_duplicates: bool = False,
     config_name: str | None = None,
     split: str = "train",
+    dataset=None,
 ) -> list[str]:
     """Sentences from a .txt (one per line), .jsonl/.csv/.tsv (`text_column`) file or a Hub dataset id (with its
-    `config_name`, `split` and `data_files`).
+    `config_name`, `split` and `data_files`; `dataset`: that split when already loaded).
 
     Strips white space, drops empty lines and reports how many; counts duplicates and drops them on request.
     """
@@ -133,7 +162,7 @@ def load_sentences(
         else:
             raw = _read_lines(path)
     else:
-        raw = _read_hub_column(path, text_column, data_files, split, config_name)
+        raw = _read_hub_column(path, text_column, data_files, split, config_name, dataset)
 
     sentences = [s.strip() for s in raw]
     sentences = [s for s in sentences if s]
@@ -150,6 +179,116 @@ def load_sentences(
     if max_samples is not None:
         sentences = sentences[:max_samples]
     return sentences
+
+
+# --- streamed training sentences (datasets' streaming): memory stays flat whatever the corpus size ---
+
+
+def _open_stream(path: str, column: str, data_files: str | None, config_name: str | None, split: str):
+    """-> (the raw records of `path` as a datasets.IterableDataset, "text" | "json" | "csv" | "hub"). Local files go
+    through datasets' own text/json/csv readers in streaming mode; a Hub id through load_dataset(streaming=True).
+    What the reader rejects up front (a missing file, a JSON schema it cannot infer) is a DataError."""
+    import datasets
+
+    suffix = os.path.splitext(path)[1].lower()
+    if os.path.exists(path) or suffix:
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: file not found")
+        if suffix in (".jsonl", ".json"):
+            kind, builder, kwargs = "json", "json", {}
+        elif suffix in (".csv", ".tsv"):  # the text field as a string even when it looks like a number
+            kind, builder = "csv", "csv"
+            kwargs = {"delimiter": "\t" if suffix == ".tsv" else ",", "converters": {column: str}}
+        else:  # undecodable bytes become U+FFFD, which the cleaning step reports with the line
+            kind, builder, kwargs = "text", "text", {"encoding_errors": "replace"}
+        source = {"path": builder, "data_files": path, **kwargs}
+    else:
+        kind, source = "hub", {"path": path, "data_files": data_files, "split": split}
+        if config_name:
+            source["name"] = config_name  # the dataset's configuration (subset)
+    try:
+        return datasets.load_dataset(**{"split": "train", **source}, streaming=True), kind
+    except Exception as e:  # network, missing repo or file, unreadable first block: all user-facing
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        raise DataError(f"{path}: could not stream the corpus ({reason})") from None
+
+
+def _clean_record(record: dict, index: int, *, path: str, column: str, kind: str) -> dict:
+    """One streamed record -> {"text": the stripped sentence, "" for a blank one}; the checks of the in-memory readers
+    that a single record allows, as DataErrors naming the line (text) or record (json, csv, hub)."""
+    where = f"{path}:{index + 1}" if kind == "text" else f"{path}: record {index + 1}"
+    if column not in record:
+        raise DataError(f"{where}: no field {column!r} (set --text_column)")
+    value = record[column]
+    if value is not None and not isinstance(value, str):
+        raise DataError(f"{where}: field {column!r} is not a string: {_short(value)}")
+    text = value or ""  # null: an empty sentence, dropped
+    if "\0" in text:
+        raise DataError(f"{where}: NUL byte (a binary file, or UTF-16 text?)")
+    if kind == "text" and "\ufffd" in text:
+        raise DataError(f"{where}: not valid UTF-8 (or a U+FFFD replacement character)")
+    return {"text": text.lstrip("\ufeff").strip()}
+
+
+def _has_text(row: dict) -> bool:
+    return bool(row["text"])
+
+
+def load_sentence_stream(
+    path: str,
+    text_column: str = "text",
+    data_files: str | None = None,
+    max_samples: int | None = None,
+    config_name: str | None = None,
+    split: str = "train",
+    *,
+    shuffle_buffer: int = 10_000,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    min_sentences: int = 1,
+):
+    """Training sentences of a .txt / .jsonl / .csv / .tsv file or a Hub dataset id (with its `config_name`, `split`
+    and `data_files`), streamed: a
+    datasets.IterableDataset of {"text"} rows for process `rank` of `world_size`, with the checks of `load_sentences`
+    that a stream allows (white space stripped, blank lines and nulls dropped, non-string fields, NUL bytes and bad
+    UTF-8 as DataErrors naming the line, raised when the line is read; a JSON record without the field counts as
+    null, datasets' reader cannot tell them apart).
+
+    * `max_samples`: the first N sentences only. The corpus must hold at least `min_sentences` (one global batch):
+      its first sentences are read now to check that.
+    * Split across processes with datasets' `split_dataset_by_node`: whole files per process when their number is
+      a multiple of world_size (files of similar size, e.g. a Hub dataset's parquet shards), else every process reads
+      the stream and keeps every world_size-th sentence.
+    * Endless: the stream repeats (the Trainer runs max_steps steps; no process runs out before another) and is
+      shuffled through a buffer of `shuffle_buffer` sentences (0: the corpus's order), seeded by `seed`, the same on
+      every process (datasets splits the shuffled stream when it is read: disjoint shares).
+      The order is a function of the seed alone, so a resumed run that skips the batches already trained on (the
+      Trainer does) continues with the sentences an uninterrupted run would see next.
+    """
+    import itertools
+
+    from datasets.distributed import split_dataset_by_node
+
+    raw, kind = _open_stream(path, text_column, data_files, config_name, split)
+    clean = functools.partial(_clean_record, path=path, column="text" if kind == "text" else text_column, kind=kind)
+    stream = raw.map(clean, with_indices=True).select_columns(["text"]).filter(_has_text)
+    if max_samples is not None:
+        stream = stream.take(max_samples)
+    found = sum(1 for _ in itertools.islice(stream, min_sentences))
+    if found == 0:
+        raise DataError(f"{path}: no sentences (the file is empty or only blank lines)")
+    if found < min_sentences:
+        raise DataError(f"{path}: {found} sentences, fewer than one batch ({min_sentences} across processes)")
+    if world_size > 1:
+        by_file = stream.n_shards % world_size == 0
+        logger.info("%s: %d file(s) streamed by %d processes, split by %s", path, stream.n_shards, world_size,
+                    "file" if by_file else "sentence (every process reads the whole stream)")
+        stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
+    stream = stream.repeat(None)
+    if shuffle_buffer:
+        stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer)
+    return stream
 
 
 @dataclass
@@ -183,24 +322,41 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
     return pairs
 
 
+def text_id(text: str) -> int:
+    """A 63-bit id of a sentence's text, the same in every process (Python's own hash is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
 class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
     gives two dropout views of every sentence.
 
     Sentences longer than `max_length` tokens are truncated: the batch says how many (`num_truncated`, an int, not a
     model input: the trainer pops it and counts the batches it trains on; the data loader collates one batch ahead,
-    so a count kept here would include a batch never trained on), and a warning is logged the first time."""
+    so a count kept here would include a batch never trained on), and a warning is logged the first time. The batch
+    also holds `text_ids` (2B,), each row's `text_id` (not a model input either: the duplicate diagnostics use it).
+    `guide_tokenize` (simcse_hn.guide.Guide.tokenize): the batch also carries the guide model's own features of each
+    sentence, under `guide_*` keys (B rows)."""
 
-    def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text"):
+    def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text", guide_tokenize=None):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.text_column = text_column
+        self.guide_tokenize = guide_tokenize
         self.warned = False
 
     def __call__(self, features: list) -> dict[str, Tensor]:
         texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
         if len(texts) < 2:
             raise ValueError(f"a batch needs at least 2 sentences to have negatives, got {len(texts)}")
+        batch, truncated = self.tokenize(texts)
+        rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
+        ids = torch.tensor([text_id(t) for t in texts]).repeat_interleave(2)  # (2B,) the same text, the same id
+        return {**rows, **self.guide_features(texts), "num_truncated": truncated, "text_ids": ids}
+
+    def tokenize(self, texts: list[str]) -> tuple[dict[str, Tensor], int]:
+        """texts -> padded token tensors, each (len(texts), T), every text cut to its first `max_length` tokens, and
+        how many were cut."""
         batch = self.tokenizer(
             texts, max_length=self.max_length, truncation=True, padding=True, return_tensors="pt",
             return_overflowing_tokens=True,
@@ -216,8 +372,13 @@ class SimCSECollator:
                 logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d)",
                                self.max_length, truncated, len(texts))
                 self.warned = True
-        rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
-        return {**rows, "num_truncated": truncated}
+        return dict(batch), truncated
+
+    def guide_features(self, texts: list[str]) -> dict[str, Tensor]:
+        """The guide model's features of `texts` under `guide_*` keys (none without a guide)."""
+        if self.guide_tokenize is None:
+            return {}
+        return {f"{GUIDE_PREFIX}{key}": value for key, value in self.guide_tokenize(texts).items()}
 
 
 # --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---

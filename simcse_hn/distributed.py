@@ -79,7 +79,8 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
 def all_gather_no_grad(tensor: Tensor) -> Tensor:
     """Gather without a gradient path; the local slice is the caller's tensor (SimCSE's reference gather).
 
-    Kept only so tests can show how its gradient differs from `all_gather_with_grad`.
+    For the rows' text ids (integers: no gradient to route), and for tests that show how its gradient differs from
+    `all_gather_with_grad`.
     """
     if world_size() == 1:
         return tensor

@@ -287,9 +287,9 @@ def _has_file(name_or_path: str, filename: str) -> bool:
 def encoder_backend(name_or_path: str, pooler: str | None = None) -> str:
     """'simcse' when a pooler is given or the model was saved by SimCSEModel (its own pooler, any of the five);
     'sentence-transformers' for other folders or Hub ids with modules.json; otherwise 'simcse' (pooler `cls`)."""
-    from simcse_hn.modeling import SIMCSE_CONFIG, TINY_MODEL
+    from simcse_hn.modeling import BUILTIN_MODELS, SIMCSE_CONFIG
 
-    if pooler is not None or name_or_path == TINY_MODEL or _has_file(name_or_path, SIMCSE_CONFIG):
+    if pooler is not None or name_or_path in BUILTIN_MODELS or _has_file(name_or_path, SIMCSE_CONFIG):
         return "simcse"
     if _has_file(name_or_path, "modules.json"):
         return "sentence-transformers"

@@ -8,7 +8,8 @@ with exactly the gradient of the plain step.
    loss uses), the cache; then re-run each mini-batch from its saved RNG state, so dropout draws the same masks, and
    back-propagate its rows of the cache: the gradient of sum_k <e_k, g_k> with respect to the parameters is dL/dtheta.
 
-Peak activation memory is one mini-batch's graph plus the (2B, D) embeddings; the cost is a second forward pass.
+Peak activation memory is one mini-batch's graph plus the (R, D) embeddings of the batch's R rows; the cost is a
+second forward pass.
 This module knows nothing about ranks or the Trainer: the caller passes the no-sync and autocast hooks.
 """
 
@@ -48,21 +49,30 @@ class RNGState:
             set_device_states(self.devices, self.device_states, device_type=self.device_type)
 
 
-def split_pairs(inputs: dict[str, Tensor], sentences: int) -> list[dict[str, Tensor]]:
-    """Rows [a, a', b, b', ...] -> mini-batches of `sentences` sentences (2 * sentences rows; the pairs stay
-    together), each without the trailing columns that are padding in all its rows."""
-    if sentences < 1:
-        raise ValueError(f"a mini-batch needs at least one sentence, got {sentences}")
+def split_groups(inputs: dict[str, Tensor], examples: int, group_size: int = 2) -> list[dict[str, Tensor]]:
+    """Rows in groups of `group_size` consecutive rows per example ([a, a'] of a sentence, [a, p, n_1..n_k] of a pair)
+    -> mini-batches of `examples` examples (examples * group_size rows; a group stays together), each without the
+    trailing columns that are padding in all its rows."""
+    if examples < 1:
+        raise ValueError(f"a mini-batch needs at least one sentence, got {examples}")
     rows = inputs["input_ids"].shape[0]
+    if group_size < 1 or rows % group_size:
+        raise ValueError(f"{rows} rows are not groups of {group_size}")
     chunks = []
-    for start in range(0, rows, 2 * sentences):
-        chunk = {key: value[start : start + 2 * sentences] for key, value in inputs.items()}
+    for start in range(0, rows, group_size * examples):
+        chunk = {key: value[start : start + group_size * examples] for key, value in inputs.items()}
         mask = chunk.get("attention_mask")
         if mask is not None and mask.dim() == 2:
             length = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else mask.shape[1]  # one host sync
             chunk = {k: v[:, :length] if v.dim() >= 2 and v.shape[:2] == mask.shape else v for k, v in chunk.items()}
         chunks.append(chunk)
     return chunks
+
+
+def split_pairs(inputs: dict[str, Tensor], sentences: int) -> list[dict[str, Tensor]]:
+    """Rows [a, a', b, b', ...] -> mini-batches of `sentences` sentences (2 * sentences rows; the pairs stay
+    together), each without the trailing columns that are padding in all its rows."""
+    return split_groups(inputs, sentences, 2)
 
 
 def cached_loss(

@@ -230,7 +230,7 @@ def _training_section(config: dict, dev_spearman: float | None) -> str:
 
 
 def _head_in_encoder_pooler(output_dir: str | None) -> bool:
-    """True when the saved encoder's pooler holds the MLP head (see `_copy_head_into_encoder_pooler`)."""
+    """True when the saved encoder's pooler holds the MLP head (see st_format.head_as_encoder_pooler)."""
     if output_dir is None:
         return False
     from safetensors import safe_open
@@ -253,6 +253,12 @@ def _transformers_pooling(config: dict, output_dir: str | None, local: bool = Fa
         return ", output_hidden_states=True", f"hidden = (out.hidden_states[1] + out.hidden_states[-1]) / 2\n{mean}"
     if pooler == "avg_top2":
         return ", output_hidden_states=True", f"hidden = (out.hidden_states[-2] + out.hidden_states[-1]) / 2\n{mean}"
+    if pooler == "last":
+        return "", (
+            'mask = batch["attention_mask"]\n'
+            "last = (mask * torch.arange(mask.shape[1])).argmax(1)  # the last real token, either padding side\n"
+            "embeddings = out.last_hidden_state[torch.arange(len(last)), last]"
+        )
     if pooler == "cls" and not config.get("mlp_only_train", True):
         if _head_in_encoder_pooler(output_dir):
             return "", "embeddings = out.pooler_output  # SimCSE's MLP head over [CLS], stored as the encoder's pooler"

@@ -12,10 +12,22 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    BertConfig,
+    BertModel,
+    BertTokenizerFast,
+    LlamaConfig,
+    LlamaModel,
+    PreTrainedTokenizerFast,
+)
 
+from simcse_hn import lora
 from simcse_hn.config import POOLERS, ConfigError
 from simcse_hn.files import (
+    ADAPTER_DIR,
     HEAD_WEIGHTS,
     LOSS_STATE,
     PACKAGED_MODELS,
@@ -24,11 +36,13 @@ from simcse_hn.files import (
     record_files,
     write_json,
 )
-from simcse_hn.st_format import copy_head_into_encoder_pooler, write_sentence_transformers_files
+from simcse_hn.st_format import head_as_encoder_pooler, write_sentence_transformers_files
 
 logger = logging.getLogger(__name__)
 
 TINY_MODEL = "builtin:tiny-bert"
+TINY_LLAMA = "builtin:tiny-llama"  # a decoder-only encoder (Llama architecture), for LLM-style embedders
+BUILTIN_MODELS = (TINY_MODEL, TINY_LLAMA)
 
 
 _TINY_CHARS = string.ascii_lowercase + string.digits + string.punctuation
@@ -57,6 +71,81 @@ def build_tiny_bert(seed: int = 0, dropout: float = 0.1) -> tuple[BertModel, Ber
         torch.manual_seed(seed)
         encoder = BertModel(tiny_bert_config(dropout))
     return encoder, tokenizer
+
+
+_LLAMA_SPECIAL = ["<pad>", "<unk>", "<s>", "</s>"]
+_LLAMA_VOCAB = _LLAMA_SPECIAL + [" "] + list(_TINY_CHARS)
+
+
+def tiny_llama_config(dropout: float = 0.1) -> LlamaConfig:
+    """Llama's only dropout is on the attention weights: SimCSE's two views differ by it."""
+    return LlamaConfig(
+        vocab_size=len(_LLAMA_VOCAB),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        attention_dropout=dropout,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+
+
+def build_tiny_llama(seed: int = 0, dropout: float = 0.1) -> tuple[LlamaModel, PreTrainedTokenizerFast]:
+    """A 2-layer, 32-wide Llama with a character-level tokenizer that wraps each sentence in <s> ... </s> (so that
+    last-token pooling reads the end-of-sequence token, as LLM embedders do) and pads on the right; built in code."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    vocab = {token: i for i, token in enumerate(_LLAMA_VOCAB)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.normalizer = normalizers.Lowercase()
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> $B </s>", special_tokens=[("<s>", 2), ("</s>", 3)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+        model_max_length=128, padding_side="right",
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        encoder = LlamaModel(tiny_llama_config(dropout))
+    return encoder, tokenizer
+
+
+def build_builtin(name: str, seed: int = 0, dropout: float = 0.1):
+    """-> (encoder, tokenizer) of a builtin model (TINY_MODEL, TINY_LLAMA)."""
+    return (build_tiny_bert if name == TINY_MODEL else build_tiny_llama)(seed=seed, dropout=dropout)
+
+
+def is_decoder_only(config) -> bool:
+    """A causal language model's encoder (Llama, Qwen2, Mistral, GPT-2, ...): its first token sees only itself."""
+    from transformers.models.auto import modeling_auto
+
+    model_type = getattr(config, "model_type", None)
+    causal, masked = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return model_type in causal and model_type not in masked
+
+
+def check_pooler(config, pooler: str, name: str) -> None:
+    """A ConfigError for a pooler that cannot give a sentence embedding of this encoder (known from its config)."""
+    if pooler in ("cls", "cls_before_pooler") and is_decoder_only(config):
+        raise ConfigError(
+            f"pooler: {pooler!r} reads the first token, which in the decoder-only {config.model_type} model {name} "
+            "sees only itself; use 'last' (the last token, as LLM embedders do) or 'avg'"
+        )
+
+
+_DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                   "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop")  # fmt: skip
+
+
+def has_dropout(config) -> bool:
+    """Whether any dropout setting of the encoder's config is above 0 (SimCSE's two views differ only by dropout)."""
+    return any((getattr(config, name, None) or 0) > 0 for name in _DROPOUT_FIELDS)
 
 
 def _first_line(error: BaseException) -> str:
@@ -90,11 +179,18 @@ def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
     data or weights are read. A missing folder or Hub id is a ConfigError naming `field`."""
     if name_or_path == TINY_MODEL:
         return tiny_bert_config()
+    if name_or_path == TINY_LLAMA:
+        return tiny_llama_config()
     if os.path.isdir(name_or_path):
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
             raise ConfigError(f"{field}: {name_or_path} is not a model folder (no config.json)")
         if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in _WEIGHT_FILES):
             raise ConfigError(f"{field}: {name_or_path} has no weights ({', '.join(_WEIGHT_FILES)})")
+        from simcse_hn.checkpoints import safetensors_problem
+
+        for name in sorted(os.listdir(name_or_path)):  # a truncated or corrupt file fails now, not after the data
+            if name.endswith(".safetensors") and (problem := safetensors_problem(os.path.join(name_or_path, name))):
+                raise ConfigError(f"{field}: {name_or_path}: {problem}")
     elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
         raise ConfigError(f"{field}: no such model folder: {name_or_path}")  # not 'name' or 'owner/name' (Hub ids)
     try:
@@ -110,9 +206,12 @@ def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
 def load_tokenizer(name_or_path: str, field: str = "model_name_or_path"):
     """The tokenizer of a Hub id or folder, or the tiny model's. A folder or repo without tokenizer files is a
     ConfigError naming `field`: transformers 5 then builds the tokenizer class of the config's model type with an
-    empty vocabulary (so that it can be trained), and every sentence would become [CLS] [UNK] [SEP]."""
-    if name_or_path == TINY_MODEL:
-        return build_tiny_bert()[1]
+    empty vocabulary (so that it can be trained), and every sentence would become [CLS] [UNK] [SEP].
+
+    A tokenizer without a padding token (most decoder-only models') pads with its end-of-sequence token: the attention
+    mask, not the token, tells the poolers where a sentence ends."""
+    if name_or_path in BUILTIN_MODELS:
+        return build_builtin(name_or_path)[1]
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
@@ -123,6 +222,10 @@ def load_tokenizer(name_or_path: str, field: str = "model_name_or_path"):
             f"{field}: {name_or_path} has no tokenizer files (its vocabulary would be the {len(special)} special "
             f"tokens only); add them, or pass --tokenizer_name_or_path"
         )
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ConfigError(f"{field}: the tokenizer of {name_or_path} has neither a padding nor an end token")
+        tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
@@ -178,7 +281,7 @@ def inference_max_length(name_or_path: str, config, tokenizer=None) -> int | Non
     at 32 tokens, as SimCSE does, says nothing about the length users encode at."""
     from transformers.utils import cached_file
 
-    if name_or_path != TINY_MODEL:
+    if name_or_path not in BUILTIN_MODELS:
         try:
             path = cached_file(name_or_path, "sentence_bert_config.json", _raise_exceptions_for_missing_entries=False)
         except OSError:  # offline without a cached copy: no sentence-transformers limit to keep
@@ -220,12 +323,22 @@ class SimCSEOutput:
     head_inputs: Tensor | None = None  # (B, H): input of the MLP head's Linear, when the head ran and was asked for
 
 
+def last_token(hidden: Tensor, attention_mask: Tensor) -> Tensor:
+    """The hidden state of each row's last token with attention_mask 1, whichever side the padding is on (a row
+    without any: its last position, as sentence-transformers' `lasttoken`). hidden (B, T, H), mask (B, T) -> (B, H)"""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)  # (T,)
+    last = torch.where(attention_mask.bool(), positions, -1).amax(dim=1)  # (B,)
+    last = torch.where(last < 0, attention_mask.shape[1] - 1, last)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+
 class SimCSEModel(nn.Module):
-    """Encoder + pooler (`cls`, `cls_before_pooler`, `avg`, `avg_first_last`, `avg_top2`) + MLP head.
+    """Encoder + pooler (`cls`, `cls_before_pooler`, `avg`, `avg_first_last`, `avg_top2`, `last`) + MLP head.
 
     `cls` runs the MLP head in training; at evaluation it runs only when `mlp_only_train` is False (SimCSE).
-    The encoder's own pooler layer, if it has one, is frozen: it is unused, and DDP must not wait for its
-    gradients.
+    `last` (the last non-padding token) is for decoder-only encoders (Llama, Qwen2, ...), whose last token has seen
+    the whole sentence. The encoder's own pooler layer, if it has one, is frozen: it is unused, and DDP must not wait
+    for its gradients. The encoder may be a peft model (LoRA, `add_lora`).
     """
 
     def __init__(self, encoder: nn.Module, pooler: str = "cls", mlp_only_train: bool = True):
@@ -244,6 +357,18 @@ class SimCSEModel(nn.Module):
         return self.encoder.config
 
     @property
+    def _no_split_modules(self) -> list[str] | None:
+        """The encoder's layer classes: what accelerate's FSDP TRANSFORMER_BASED_WRAP shards one by one."""
+        return getattr(self.encoder, "_no_split_modules", None)
+
+    def add_lora(self, r: int, alpha: float, dropout: float = 0.0, target_modules: list[str] | None = None) -> None:
+        """Train LoRA adapters instead of the encoder's weights (lora.add_lora); the MLP head still trains."""
+        frozen_pooler = getattr(self.encoder, "pooler", None)
+        self.encoder = lora.add_lora(self.encoder, r, alpha, dropout, target_modules)
+        if frozen_pooler is not None:
+            frozen_pooler.requires_grad_(False)
+
+    @property
     def uses_head(self) -> bool:
         return self.mlp is not None and (self.training or not self.mlp_only_train)
 
@@ -258,6 +383,8 @@ class SimCSEModel(nn.Module):
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             inputs["token_type_ids"] = token_type_ids
+        if is_decoder_only(self.config):  # no generation: no key/value cache to build
+            inputs["use_cache"] = False
         outputs = self.encoder(**inputs, output_hidden_states=needs_layers, return_dict=True)
         mask = attention_mask.unsqueeze(-1).to(outputs.last_hidden_state.dtype)  # (B, T, 1)
 
@@ -270,6 +397,8 @@ class SimCSEModel(nn.Module):
             pooled = mean(outputs.last_hidden_state)
         elif self.pooler == "avg_first_last":
             pooled = mean((outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2)
+        elif self.pooler == "last":
+            pooled = last_token(outputs.last_hidden_state, attention_mask)
         else:
             pooled = mean((outputs.hidden_states[-2] + outputs.hidden_states[-1]) / 2)
         if self.uses_head:
@@ -321,19 +450,46 @@ class SimCSEModel(nn.Module):
     def simcse_config(self) -> dict:
         return {"pooler": self.pooler, "mlp_only_train": self.mlp_only_train}
 
-    def save_pretrained(self, output_dir: str, tokenizer=None, extra_config: dict | None = None) -> list[str]:
+    def split_state_dict(self, state_dict: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+        """This model's state dict -> {"encoder", "mlp", "loss_fn"}: each part's own keys (prefix removed)."""
+        parts: dict[str, dict[str, Tensor]] = {"encoder": {}, "mlp": {}, "loss_fn": {}}
+        for key, value in state_dict.items():
+            part, _, rest = key.partition(".")
+            if part not in parts:
+                raise ValueError(f"unexpected key {key!r} in a SimCSEModel state dict")
+            parts[part][rest] = value
+        return parts
+
+    def save_pretrained(
+        self,
+        output_dir: str,
+        tokenizer=None,
+        extra_config: dict | None = None,
+        state_dict: dict[str, Tensor] | None = None,
+    ) -> list[str]:
         """Encoder (transformers format), tokenizer, MLP head, hard-negative loss state, simcse_config.json and the
         sentence-transformers files (st_format.py), so `AutoModel` and `SentenceTransformer` both load the folder;
         the encoder's weights are written once. `extra_config` goes into simcse_config.json; its
         `inference_max_seq_length`, when given, is the length both libraries truncate to (sentence-transformers'
         max_seq_length and the tokenizer's model_max_length); otherwise the tokenizer's own limit holds. The files
         written are recorded in the folder's manifest (simcse_files.json: what a push uploads).
+
+        `state_dict`: this model's weights as the Trainer hands them over (gathered on the saving process under FSDP
+        or DeepSpeed ZeRO-3, where the modules' own parameters are shards); default: the modules' own. Nothing is
+        read from the parameters then, only the modules' structure. With LoRA the adapters are merged into the
+        encoder's weights (a plain model) and the adapter is written beside them in `adapter/` (peft's format).
         -> those files, relative to output_dir."""
         os.makedirs(output_dir, exist_ok=True)
         config = {**self.simcse_config(), **(extra_config or {})}
+        parts = self.split_state_dict(self.state_dict() if state_dict is None else state_dict)
+        encoder_state, head_state = parts["encoder"], parts["mlp"]
+        base, adapter_state = self.encoder, None
+        if lora.is_lora(self.encoder):
+            encoder_state, adapter_state = lora.split_lora(self.encoder, encoder_state)
+            base = self.encoder.get_base_model()
         if self.pooler == "cls" and not self.mlp_only_train:  # AutoModel's pooler_output is then the embedding
-            copy_head_into_encoder_pooler(self.encoder, self.mlp)
-        self.encoder.save_pretrained(output_dir)
+            encoder_state.update(head_as_encoder_pooler(base, encoder_state, head_state))
+        base.save_pretrained(output_dir, state_dict={k: v.contiguous() for k, v in encoder_state.items()})
         written = sorted(_encoder_files(output_dir))
         length = config.get("inference_max_seq_length")
         if tokenizer is not None:
@@ -341,27 +497,35 @@ class SimCSEModel(nn.Module):
             written += [os.path.relpath(path, output_dir) for path in saved if os.path.isfile(path)]
             _finish_tokenizer_config(output_dir, length)
         if self.mlp is not None:
-            state = {k: v.contiguous() for k, v in self.mlp.state_dict().items()}
+            state = {k: v.detach().contiguous() for k, v in head_state.items()}
             save_file(state, os.path.join(output_dir, HEAD_WEIGHTS))
             written.append(HEAD_WEIGHTS)
-        loss_fn = getattr(self, "loss_fn", None)
-        if loss_fn is not None and len(loss_fn.state_dict()):
-            state = {k: v.detach().contiguous() for k, v in loss_fn.state_dict().items()}
+        if parts["loss_fn"]:
+            state = {k: v.detach().contiguous() for k, v in parts["loss_fn"].items()}
             save_file(state, os.path.join(output_dir, LOSS_STATE))
             written.append(LOSS_STATE)
+        if adapter_state is not None:
+            base_name = (config.get("base_model") or {}).get("name")  # a source_record: no path of this machine
+            files = lora.save_adapter(self.encoder, adapter_state, os.path.join(output_dir, ADAPTER_DIR), base_name)
+            written += [f"{ADAPTER_DIR}/{name}" for name in files]
         write_json(os.path.join(output_dir, SIMCSE_CONFIG), config)
         written.append(SIMCSE_CONFIG)
         if tokenizer is not None:
-            written += write_sentence_transformers_files(output_dir, self, length)
+            written += write_sentence_transformers_files(output_dir, self, length, head_state)
         else:
             logger.warning("no tokenizer given: sentence-transformers files not written to %s", output_dir)
         record_files(output_dir, written, replace=True)
         return written
 
     def load_weights(self, path: str) -> None:
-        """Load encoder, head and loss state saved by `save_pretrained` into this model (checkpoint resume)."""
-        encoder = type(self.encoder).from_pretrained(path, config=self.encoder.config)
-        self.encoder.load_state_dict(encoder.state_dict())
+        """Load encoder (with LoRA: the adapter), head and loss state saved by `save_pretrained` into this model
+        (checkpoint resume, best model); the modules' own parameters, so not under FSDP or DeepSpeed (the Trainer's
+        loaders read their checkpoints there)."""
+        if lora.is_lora(self.encoder):
+            lora.load_adapter(self.encoder, os.path.join(path, ADAPTER_DIR))
+        else:
+            encoder = type(self.encoder).from_pretrained(path, config=self.encoder.config)
+            self.encoder.load_state_dict(encoder.state_dict())
         if self.mlp is not None and os.path.isfile(os.path.join(path, HEAD_WEIGHTS)):
             self.mlp.load_state_dict(load_file(os.path.join(path, HEAD_WEIGHTS)))
         loss_fn = getattr(self, "loss_fn", None)
@@ -375,10 +539,13 @@ class SimCSEModel(nn.Module):
         pooler: str | None = None,
         mlp_only_train: bool | None = None,
         dropout: float | None = None,
+        dtype: torch.dtype | str | None = None,
     ) -> SimCSEModel:
-        """A Hub id, a local folder (a saved SimCSEModel restores its pooler and head), or `builtin:tiny-bert`."""
-        if name_or_path == TINY_MODEL:
-            encoder = build_tiny_bert(dropout=0.1 if dropout is None else dropout)[0]
+        """A Hub id, a local folder (a saved SimCSEModel restores its pooler and head), or a builtin
+        (`builtin:tiny-bert`, `builtin:tiny-llama`). `dtype`: the encoder's weights (default: transformers' "auto",
+        the checkpoint's own; training passes float32, the master weights mixed precision expects)."""
+        if name_or_path in BUILTIN_MODELS:
+            encoder = build_builtin(name_or_path, dropout=0.1 if dropout is None else dropout)[0]
             saved = {}
         else:
             config = AutoConfig.from_pretrained(name_or_path)
@@ -386,7 +553,7 @@ class SimCSEModel(nn.Module):
                 for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
                     if hasattr(config, name):
                         setattr(config, name, dropout)
-            encoder = AutoModel.from_pretrained(name_or_path, config=config)
+            encoder = AutoModel.from_pretrained(name_or_path, config=config, dtype=dtype or "auto")
             saved = {}
             config_path = os.path.join(name_or_path, SIMCSE_CONFIG)
             if os.path.isfile(config_path):

@@ -8,8 +8,9 @@ encoder's weights are written once per save.
   sentence_bert_config.json (`max_seq_length`, and `config_args` to return every layer for the layer poolers).
 * `cls`, `cls_before_pooler`: Pooling(cls); with `cls` and `mlp_only_train=False` a Dense(tanh) module carrying the MLP
   head follows.
-* `avg`: Pooling(mean). `avg_first_last` / `avg_top2` have no Pooling mode: a WeightedLayerPooling with weights 1 on
-  the two layers and 0 elsewhere averages them, then Pooling(mean).
+* `avg`: Pooling(mean). `last`: Pooling(lasttoken), the last token whose attention mask is 1 (either padding side).
+* `avg_first_last` / `avg_top2` have no Pooling mode: a WeightedLayerPooling with weights 1 on the two layers and 0
+  elsewhere averages them, then Pooling(mean).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from torch import Tensor, nn
 from simcse_hn.files import write_json
 
 # SimCSE's pooler -> sentence-transformers Pooling mode, applied to the tokens of `LAYER_POOLERS` or the last layer.
-ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean", "avg_first_last": "mean", "avg_top2": "mean"}
+ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean", "avg_first_last": "mean", "avg_top2": "mean",
+              "last": "lasttoken"}  # fmt: skip
 LAYER_POOLERS = ("avg_first_last", "avg_top2")
 _MODULE_TYPE = "sentence_transformers.models.{}"
 _POOLING_MODES = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
-_POOLING_NAMES = {"cls": "cls_token", "mean": "mean_tokens"}
+_POOLING_NAMES = {"cls": "cls_token", "mean": "mean_tokens", "lasttoken": "lasttoken"}
 
 
 def layer_weights(pooler: str, num_layers: int) -> tuple[int, Tensor]:
@@ -41,20 +43,24 @@ def layer_weights(pooler: str, num_layers: int) -> tuple[int, Tensor]:
     return layer_start, weights
 
 
-def copy_head_into_encoder_pooler(encoder: nn.Module, mlp) -> bool:
-    """Store the MLP head as the encoder's own pooler (dense + tanh over the first token), as SimCSE's released
-    checkpoints do, so `AutoModel(...).pooler_output` is the sentence embedding. SimCSEModel never uses (and freezes)
-    that pooler, so this changes nothing for training or resuming. -> whether the architecture has such a pooler."""
+def head_as_encoder_pooler(
+    encoder: nn.Module, encoder_state: dict[str, Tensor], head_state: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """The MLP head as the encoder's own pooler (dense + tanh over the first token), as SimCSE's released checkpoints
+    store it, so `AutoModel(...).pooler_output` is the sentence embedding: the pooler's entries of the encoder's
+    state dict, taken from the head's (`head_state`: dense.weight, dense.bias), or {} when the architecture has no
+    such pooler. SimCSEModel never uses (and freezes) that pooler, so this changes nothing for training or resuming.
+    Only the modules' structure is read: their weights may be shards (FSDP, ZeRO-3)."""
     pooler = getattr(encoder, "pooler", None)
     dense = getattr(pooler, "dense", None)
     if not (isinstance(dense, nn.Linear) and isinstance(getattr(pooler, "activation", None), nn.Tanh)):
-        return False
-    if dense.weight.shape != mlp.dense.weight.shape or dense.bias is None:
-        return False
-    with torch.no_grad():
-        dense.weight.copy_(mlp.dense.weight)
-        dense.bias.copy_(mlp.dense.bias)
-    return True
+        return {}
+    keys = {"weight": "pooler.dense.weight", "bias": "pooler.dense.bias"}
+    if any(key not in encoder_state for key in keys.values()):
+        return {}
+    if encoder_state[keys["weight"]].shape != head_state["dense.weight"].shape:
+        return {}
+    return {key: head_state[f"dense.{name}"].to(encoder_state[key].dtype).clone() for name, key in keys.items()}
 
 
 def _st_version() -> dict[str, str]:
@@ -68,9 +74,12 @@ def _st_version() -> dict[str, str]:
             "pytorch": torch.__version__}  # fmt: skip
 
 
-def write_sentence_transformers_files(output_dir: str, model, max_seq_length: int | None) -> list[str]:
+def write_sentence_transformers_files(
+    output_dir: str, model, max_seq_length: int | None, head_state: dict[str, Tensor] | None = None
+) -> list[str]:
     """Write modules.json and the module folders for `model`'s evaluation pooler into `output_dir`, which already
-    holds the encoder and tokenizer. `max_seq_length`: the inference limit sentence-transformers truncates to.
+    holds the encoder and tokenizer. `max_seq_length`: the inference limit sentence-transformers truncates to;
+    `head_state`: the MLP head's weights (dense.weight, dense.bias; default: the module's own).
     -> the files written, relative to output_dir."""
     hidden_size, num_layers = model.config.hidden_size, model.config.num_hidden_layers
     modules, written = [("Transformer", "")], []
@@ -95,12 +104,13 @@ def write_sentence_transformers_files(output_dir: str, model, max_seq_length: in
     write_json(os.path.join(output_dir, path, "config.json"), config)
     written.append(f"{path}/config.json")
     if model.pooler == "cls" and not model.mlp_only_train:
-        dense = model.mlp.dense
+        head = head_state if head_state is not None else model.mlp.state_dict()
+        out_features, in_features = head["dense.weight"].shape
         path = module_dir("Dense")
-        config = {"in_features": dense.in_features, "out_features": dense.out_features, "bias": True,
+        config = {"in_features": in_features, "out_features": out_features, "bias": True,
                   "activation_function": "torch.nn.modules.activation.Tanh"}  # fmt: skip
         write_json(os.path.join(output_dir, path, "config.json"), config)
-        weights = {"linear.weight": dense.weight.detach(), "linear.bias": dense.bias.detach()}
+        weights = {"linear.weight": head["dense.weight"].detach(), "linear.bias": head["dense.bias"].detach()}
         save_file({k: v.contiguous() for k, v in weights.items()}, os.path.join(output_dir, path, "model.safetensors"))
         written += [f"{path}/config.json", f"{path}/model.safetensors"]
 

@@ -2,8 +2,10 @@
 (`ContrastiveTargets`, with its structural facts checked when it is made) and what the loop tells the loss about the
 step (`LossContext`, a closed set of typed fields).
 
-`build_targets` makes the targets of a SimCSE step; `simcse_hn.trainer.contrastive_loss` gathers the candidates,
-builds the targets and the context and calls the loss: the trainer, the tests and the benches all go through it.
+`build_targets` makes the targets of a SimCSE step over rows [a, a', b, b', ...], `build_paired_targets` those of a
+step over paired data, rows [a, p, n_1..n_k] per example (SimCSE's supervised layout); `simcse_hn.trainer
+.contrastive_loss` gathers the candidates, builds the targets and the context and calls the loss: the trainer, the
+tests and the benches all go through it.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ import torch
 from torch import Tensor
 
 FORMS = ("simcse", "symmetric")
+NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True, eq=False)
 class ContrastiveTargets:
     """positive_index (M,) and negative_mask (M, N) bool over the candidates; anchor_index (M,), when known, the row of
-    the candidates that each anchor is (None when the anchors are a tensor of their own, as in a plain loss call).
+    the candidates that each anchor is (None when the anchors are a tensor of their own, as in a plain loss call);
+    negative_log_weights (M, N) float or None: log c_ij added to negative j's logit l_ij, i.e. a weight c_ij on
+    e^{l_ij} on top of the objective's own (SimCSE's `hard_negative_weight` on each anchor's own explicit negatives;
+    zero elsewhere; entries outside negative_mask are ignored).
 
     Two facts are derived from these tensors when the object is made (one host synchronisation, so make targets once
     per batch shape, as `build_targets` does), never promised by the caller:
@@ -30,17 +36,20 @@ class ContrastiveTargets:
     * `standard_negatives`: N(i) is every candidate but anchor i itself and its positive.
 
     Made once here too, because every loss call needs them and each costs an (M, N) pass: `negative_count` (M,)
-    long, n_i = |N(i)|, and `negative_bias` (M, N) float32, 0 on N(i) and -inf elsewhere (logits + bias are the
-    masked logits, an addition whose backward is free, where `torch.where` makes another (M, N) pass).
+    long, n_i = |N(i)|, `negative_bias` (M, N) float32, 0 on N(i) and -inf elsewhere, and `negative_offset`, the
+    same with log c_ij on N(i) (in negative_log_weights' dtype; the bias itself without them): logits + offset are
+    the masked logits, an addition whose backward is free, where `torch.where` makes another (M, N) pass.
     """
 
     positive_index: Tensor
     negative_mask: Tensor
     anchor_index: Tensor | None = None
+    negative_log_weights: Tensor | None = None
     anchors_are_candidates: bool = field(init=False)
     standard_negatives: bool = field(init=False)
     negative_count: Tensor = field(init=False, repr=False)
     negative_bias: Tensor = field(init=False, repr=False)
+    negative_offset: Tensor = field(init=False, repr=False)
 
     def __post_init__(self):
         m, n = self.negative_mask.shape
@@ -48,6 +57,8 @@ class ContrastiveTargets:
             raise ValueError(f"positive_index {tuple(self.positive_index.shape)} does not match {m} anchors")
         if self.anchor_index is not None and self.anchor_index.shape != (m,):
             raise ValueError(f"anchor_index {tuple(self.anchor_index.shape)} does not match {m} anchors")
+        if self.negative_log_weights is not None and self.negative_log_weights.shape != (m, n):
+            raise ValueError(f"negative_log_weights {tuple(self.negative_log_weights.shape)} is not {(m, n)}")
         same = standard = False
         if self.anchor_index is not None:
             columns = torch.arange(n, device=self.negative_mask.device)
@@ -56,13 +67,35 @@ class ContrastiveTargets:
             standard = torch.equal(self.negative_mask, expected)
         object.__setattr__(self, "anchors_are_candidates", bool(same))
         object.__setattr__(self, "standard_negatives", bool(standard))
-        object.__setattr__(self, "negative_count", self.negative_mask.sum(dim=1))
-        bias = torch.zeros(self.negative_mask.shape, device=self.negative_mask.device)
-        object.__setattr__(self, "negative_bias", bias.masked_fill_(~self.negative_mask, float("-inf")))
+        self._set_masks(self.negative_mask)
+
+    def _set_masks(self, negative_mask: Tensor) -> None:
+        """negative_mask and what is made from it (no host synchronisation)."""
+        object.__setattr__(self, "negative_mask", negative_mask)
+        object.__setattr__(self, "negative_count", negative_mask.sum(dim=1))
+        bias = torch.zeros(negative_mask.shape, device=negative_mask.device).masked_fill_(~negative_mask, NEG_INF)
+        object.__setattr__(self, "negative_bias", bias)
+        offset = bias
+        if self.negative_log_weights is not None:
+            offset = self.negative_log_weights.masked_fill(~negative_mask, NEG_INF)
+        object.__setattr__(self, "negative_offset", offset)
 
     @property
     def num_anchors(self) -> int:
         return self.negative_mask.shape[0]
+
+    def restrict_negatives(self, keep: Tensor) -> ContrastiveTargets:
+        """These targets with N(i) restricted to the candidates where keep (M, N) bool is True, without a host
+        synchronisation: made once per step (a guide model's exclusions), so the facts are not checked again. A
+        restriction keeps `anchors_are_candidates` (it depends on anchor_index only) and can only make the negatives
+        non-standard: `standard_negatives` is set False, which is always safe (the losses then take their general
+        path)."""
+        restricted = object.__new__(ContrastiveTargets)
+        for name, value in vars(self).items():
+            object.__setattr__(restricted, name, value)
+        restricted._set_masks(self.negative_mask & keep)
+        object.__setattr__(restricted, "standard_negatives", False)
+        return restricted
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +105,8 @@ class LossContext:
     step, max_steps: the optimizer step and the schedule's length (ProGCL's warm-up and refits).
     all_reduce: an out-of-place sum over processes (ProGCL fits one mixture from every process's pairs).
     anchor_features (M, H), candidate_features (N, H): the MLP head's inputs (UnReMix's head gradients).
+    anchor_text_ids (M,), candidate_text_ids (N,): int64 ids of each row's sentence text (equal ids: the same text),
+    for the diagnostics of the weight given to exact duplicates of the anchor.
     mix_permutation (K,): ProGCL-mix's permutation instead of a random draw (tests).
     """
 
@@ -80,6 +115,8 @@ class LossContext:
     all_reduce: Callable[[Tensor], Tensor] | None = None
     anchor_features: Tensor | None = None
     candidate_features: Tensor | None = None
+    anchor_text_ids: Tensor | None = None
+    candidate_text_ids: Tensor | None = None
     mix_permutation: Tensor | None = None
 
 
@@ -128,3 +165,58 @@ def build_targets(
     `num_candidates` candidates. Cached per arguments: a training run builds (and checks) its targets once."""
     anchor_rows, positive_index, negative_mask = contrastive_targets(num_rows, form, offset, num_candidates, device)
     return ContrastiveTargets(positive_index, negative_mask, anchor_index=anchor_rows + offset)
+
+
+def paired_targets(
+    num_rows: int,
+    group_size: int,
+    offset: int = 0,
+    num_candidates: int | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Targets for `num_rows` local rows of paired data, [a, p, n_1..n_k] per example (group_size = 2 + k), whose
+    global indices start at `offset`, as SimCSE's supervised `cl_forward`: each anchor against its positive, every
+    other example's positive and every explicit negative of the batch (its own included); anchors are never
+    negatives.
+
+    Returns anchor_rows (M,) into the local rows, positive_index (M,) and own_negatives (M, N) bool (each anchor's
+    own explicit negatives) into the candidates, and negative_mask (M, N) bool; M = num_rows / group_size.
+    """
+    if group_size < 2 or num_rows % group_size or num_rows < 2 * group_size:
+        raise ValueError(f"need rows of >= 2 examples of {group_size} rows each, got {num_rows} rows")
+    num_candidates = num_rows if num_candidates is None else num_candidates
+    if offset % group_size or num_candidates % group_size or offset + num_rows > num_candidates:
+        raise ValueError(f"rows {offset}..{offset + num_rows} of {num_candidates} candidates split a group")
+    anchor_rows = torch.arange(0, num_rows, group_size, device=device)  # (M,)
+    global_rows = anchor_rows + offset
+    positive_index = global_rows + 1  # (M,)
+    columns = torch.arange(num_candidates, device=device)  # (N,)
+    role = columns % group_size  # 0 anchor, 1 positive, >= 2 explicit negative
+    negative_mask = (role != 0)[None] & (columns[None] != positive_index[:, None])  # (M, N)
+    own_negatives = (columns // group_size)[None] == (global_rows // group_size)[:, None]
+    own_negatives &= (role >= 2)[None]
+    return anchor_rows, positive_index, own_negatives, negative_mask
+
+
+@functools.lru_cache(maxsize=32)
+def build_paired_targets(
+    num_rows: int,
+    group_size: int,
+    offset: int = 0,
+    num_candidates: int | None = None,
+    device: torch.device | str | None = None,
+    hard_negative_weight: float = 0.0,
+) -> ContrastiveTargets:
+    """`ContrastiveTargets` of a paired step (`paired_targets`): local rows [a, p, n_1..n_k] per example at global rows
+    offset..offset+num_rows of `num_candidates` candidates. `hard_negative_weight` is SimCSE's: a log weight on each
+    anchor's own explicit negatives (None when 0 or there are none). Cached per arguments, as `build_targets`."""
+    anchor_rows, positive_index, own_negatives, negative_mask = paired_targets(
+        num_rows, group_size, offset, num_candidates, device
+    )
+    log_weights = None
+    if hard_negative_weight != 0 and group_size > 2:
+        # (M, N) float64: exact for float64 logits, cast to the logits' dtype when used
+        log_weights = torch.zeros(own_negatives.shape, dtype=torch.float64, device=device)
+        log_weights.masked_fill_(own_negatives, float(hard_negative_weight))
+    return ContrastiveTargets(positive_index, negative_mask, anchor_index=anchor_rows + offset,
+                              negative_log_weights=log_weights)  # fmt: skip

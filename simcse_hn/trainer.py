@@ -8,11 +8,11 @@ import copy
 import dataclasses
 import functools
 import logging
+import math
 import os
 
 import datasets
 import torch
-from accelerate.utils import DistributedType
 from torch import Tensor
 from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINING_ARGS_NAME
@@ -21,10 +21,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from simcse_hn import distributed, grad_cache
 from simcse_hn.callbacks import ClampWarningCallback
 from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
-from simcse_hn.data import STSPairs
+from simcse_hn.data import GUIDE_PREFIX, STSPairs
 from simcse_hn.evaluation import sts_dev_metrics
+from simcse_hn.guide import SELF, Guide, guide_targets, load_guide
 from simcse_hn.losses import ContrastiveLoss, LossOutput
-from simcse_hn.targets import LossContext, build_targets
+from simcse_hn.sampling import NoDuplicatesSampler
+from simcse_hn.targets import LossContext, build_paired_targets, build_targets
 
 logger = logging.getLogger(__name__)
 
@@ -34,39 +36,70 @@ def contrastive_loss(
     embeddings: Tensor,
     *,
     form: str = "symmetric",
+    group_size: int | None = None,
+    hard_negative_weight: float = 0.0,
+    guide_embeddings: Tensor | None = None,
+    guide_margin: float = 0.0,
     head_inputs: Tensor | None = None,
     gather: bool = True,
     step: int | None = None,
     max_steps: int | None = None,
+    text_ids: Tensor | None = None,
 ) -> LossOutput:
-    """One SimCSE step's loss: local rows [a, a', b, b', ...] (2B, D) -> candidates gathered from every process with
-    gradient (when `gather` and there is more than one process), targets offset by rank, the loss context.
+    """One step's loss: local rows (R, D) -> candidates gathered from every process with gradient (when `gather` and
+    there is more than one process), targets offset by rank, the loss context.
+
+    Layouts: `group_size` None, rows [a, a', b, b', ...] of single sentences (`form` says which rows are anchors); an
+    int g, rows [a, p, n_1..n_{g-2}] per example of paired data (SimCSE's supervised targets, `build_paired_targets`,
+    with `hard_negative_weight` on each anchor's own explicit negatives). guide_embeddings (R, E): a guide model's
+    embeddings of the same rows (detached; gathered like the rows): negatives the guide scores above the anchor's
+    positive minus `guide_margin` leave N(i) for the step (simcse_hn.guide; metrics `guide_removed*`).
 
     Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
-    the gradient of one process on the global batch. head_inputs (2B, H): the MLP head's inputs (UnReMix).
+    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (UnReMix);
+    text_ids (R,): each row's text id (the duplicate diagnostics).
     """
-    candidates, candidate_features, offset = embeddings, head_inputs, 0
+    candidates, candidate_features, guide_candidates, offset = embeddings, head_inputs, guide_embeddings, 0
+    candidate_ids = text_ids
     several = distributed.world_size() > 1
     if gather and several:
-        candidates = distributed.all_gather_with_grad(embeddings)  # (2BW, D)
+        candidates = distributed.all_gather_with_grad(embeddings)  # (RW, D)
         if head_inputs is not None:
-            candidate_features = distributed.all_gather_with_grad(head_inputs)  # (2BW, H)
+            candidate_features = distributed.all_gather_with_grad(head_inputs)  # (RW, H)
+        if guide_embeddings is not None:
+            guide_candidates = distributed.all_gather_with_grad(guide_embeddings.detach())  # (RW, E), no graph
+        if text_ids is not None:
+            candidate_ids = distributed.all_gather_no_grad(text_ids)  # (RW,)
         offset = distributed.rank() * embeddings.shape[0]
-    targets = build_targets(embeddings.shape[0], form, offset, candidates.shape[0], embeddings.device)
+    rows, device = embeddings.shape[0], embeddings.device
+    if group_size is None:
+        if hard_negative_weight != 0:
+            raise ValueError("hard_negative_weight needs paired data with explicit negatives (group_size > 2)")
+        targets = build_targets(rows, form, offset, candidates.shape[0], device)
+    else:
+        targets = build_paired_targets(rows, group_size, offset, candidates.shape[0], device, hard_negative_weight)
+    guide_metrics = {}
+    if guide_candidates is not None:
+        targets, guide_metrics = guide_targets(guide_candidates, targets, guide_margin)
     context = LossContext(
         step=step,
         max_steps=max_steps,
         # every process fits the same ProGCL mixture, from all processes' pairs
         all_reduce=distributed.all_reduce_sum if several else None,
         candidate_features=candidate_features,
+        candidate_text_ids=None if candidate_ids is None else candidate_ids.to(embeddings.device),
     )
-    return loss_fn.compute(candidates, targets, context)
+    output = loss_fn.compute(candidates, targets, context)
+    if guide_metrics:
+        output.metrics.update(guide_metrics)
+    return output
 
 
 class _NonFiniteGradientGuard(TrainerCallback):
     """Skips the optimizer step when any gradient is NaN/inf (e.g. an fp16 overflow in the encoder): gradients are
     dropped (`grad = None`, so the optimizer leaves those weights and their moments alone) and the skip is counted.
-    Under DDP gradients are already all-reduced, so every process takes the same decision."""
+    Under DDP gradients are already all-reduced, so every process takes the same decision; under FSDP the processes
+    agree through one all-reduce of the verdict."""
 
     def __init__(self, trainer: SimCSETrainer):
         self.trainer = trainer
@@ -74,11 +107,17 @@ class _NonFiniteGradientGuard(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if getattr(self.trainer.accelerator, "scaler", None) is not None:
             return  # fp16 with a GradScaler: the scaler already skips non-finite steps (and needs the gradients)
+        # under FSDP each process holds a shard of every gradient (a DTensor's local part, or a flat shard): the
+        # processes decide together. Under DeepSpeed the gradients live in its optimizer (p.grad is None): its own.
+        sharded = self.trainer.is_fsdp_enabled
         grads = [p.grad for p in self.trainer.model.parameters() if p.grad is not None]
-        if not grads:
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        if not grads and not sharded:
             return
-        finite = torch.stack([torch.isfinite(g).all() for g in grads]).all()
-        if not bool(finite):  # one host synchronisation per optimizer step, outside the loss
+        bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any() if grads else torch.tensor(False)
+        if sharded:
+            bad = distributed.all_reduce_sum(bad.float().to(args.device)) > 0
+        if bool(bad):  # one host synchronisation per optimizer step, outside the loss
             for p in self.trainer.model.parameters():
                 p.grad = None
             self.trainer.skipped_steps += 1
@@ -87,6 +126,20 @@ class _NonFiniteGradientGuard(TrainerCallback):
                 state.global_step + 1,
                 self.trainer.skipped_steps,
             )
+
+
+class _SamplerEpoch(TrainerCallback):
+    """Tells the no-duplicates sampler the epoch at its start. accelerate's `set_epoch` does not reach a sampler under
+    the batch-skipping wrapper of a resumed multi-process run; the Trainer's state says the epoch in every case
+    (a resumed run's state.epoch is the checkpoint's, e.g. 1.5 -> epoch 1)."""
+
+    def __init__(self, trainer: SimCSETrainer):
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        sampler = self.trainer._no_duplicates_sampler
+        if sampler is not None:
+            sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
 
 
 class SimCSETrainer(Trainer):
@@ -102,6 +155,11 @@ class SimCSETrainer(Trainer):
       logging, callbacks and best-model selection are the Trainer's.
     * The Trainer never pushes: train.py gives it arguments without push_to_hub and without the token, and pushes the
       finished folder itself (simcse_hn.hub).
+    * Paired data: `group_size` (default: the collator's, simcse_hn.pairs.PairCollator) says that rows come as
+      [a, p, n_1..n_k] per example; `args.hard_negative_weight` applies. `args.guide_model` ("self", or a model that
+      `guide` holds, loaded from the id when not given) removes the guide's false negatives each step.
+    * `args.no_duplicates` (default: on for paired data): batches drawn by simcse_hn.sampling.NoDuplicatesSampler, no
+      text twice in one gathered batch.
     """
 
     loss_is_scaled_for_ga = False  # the loss is a per-batch mean: the Trainer divides it by the accumulation steps
@@ -114,9 +172,15 @@ class SimCSETrainer(Trainer):
         eval_pairs: STSPairs | None = None,
         eval_max_length: int | None = None,
         simcse_config: dict | None = None,
+        group_size: int | None = None,
+        guide: Guide | None = None,
         **kwargs,
     ):
         model.loss_fn = loss_fn  # a submodule: learned loss parameters train, loss state is checkpointed
+        collated = getattr(kwargs.get("data_collator"), "group_size", None)
+        if group_size is not None and collated is not None and group_size != collated:
+            raise ValueError(f"group_size {group_size} differs from the collator's {collated}")
+        self.group_size = group_size if group_size is not None else collated
         self.eval_pairs = eval_pairs
         self.eval_max_length = eval_max_length
         if eval_pairs is not None:
@@ -132,27 +196,60 @@ class SimCSETrainer(Trainer):
         self._metric_count = 0
         self.add_callback(_NonFiniteGradientGuard(self))
         self.add_callback(ClampWarningCallback())
-        if args.cache_minibatch_size is not None and (
-            self.accelerator.distributed_type == DistributedType.DEEPSPEED or args.n_gpu > 1
-        ):
-            raise ValueError("cache_minibatch_size: not supported with DeepSpeed or DataParallel; use DDP")
+        self.add_callback(_SamplerEpoch(self))
+        self._no_duplicates_sampler: NoDuplicatesSampler | None = None
+        self.guide = None
+        if args.guide_model not in (None, SELF):
+            self.guide = (guide if guide is not None else load_guide(args.guide_model)).to(args.device)
+        requested = args.sharding_engine()  # what the configuration asked for; accelerate decides what runs
+        if requested and not (self.is_fsdp_enabled or self.is_deepspeed_enabled):
+            logger.warning(
+                "%s was requested, but accelerate runs it on GPUs (or other accelerators) only: this run on %s is "
+                "plain data parallel (same results, unsharded memory)", requested, args.device.type
+            )
 
     @property
     def gather_across_devices(self) -> bool:
         flag = self.args.gather_across_devices
         return distributed.world_size() > 1 if flag is None else flag
 
-    def contrastive_loss(self, model, embeddings, head_inputs=None) -> LossOutput:
-        """Loss of local embeddings (2B, D) against the (gathered) candidates (`contrastive_loss` above)."""
+    @property
+    def no_duplicates(self) -> bool:
+        flag = self.args.no_duplicates
+        return self.group_size is not None if flag is None else flag
+
+    def contrastive_loss(
+        self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None
+    ) -> LossOutput:
+        """Loss of local embeddings (R, D) against the (gathered) candidates (`contrastive_loss` above). With
+        `guide_model: self` the guide's embeddings are these, detached; an external guide's (R, E) are passed in."""
+        if self.args.guide_model == SELF:
+            guide_embeddings = embeddings.detach()
         return contrastive_loss(
             self.accelerator.unwrap_model(model).loss_fn,
             embeddings,
             form=self.args.contrast_form,
+            group_size=self.group_size,
+            hard_negative_weight=self.args.hard_negative_weight,
+            guide_embeddings=guide_embeddings,
+            guide_margin=self.args.guide_margin,
             head_inputs=head_inputs,
             gather=self.gather_across_devices,
             step=self.state.global_step,
             max_steps=self.state.max_steps,
+            text_ids=text_ids,
         )
+
+    def _guide_embeddings(self, guide_inputs: dict[str, Tensor], rows: int) -> Tensor | None:
+        """The external guide's embeddings of the batch's rows (R, E), without gradient: the collator tokenised each
+        text once for the guide (`guide_*` keys), and single-sentence rows [a, a', ...] repeat each text twice."""
+        if self.guide is None:
+            return None
+        if not guide_inputs:
+            raise ValueError("guide_model: the batch has no guide_* features; give the collator guide_tokenize")
+        features = {key[len(GUIDE_PREFIX) :]: value for key, value in guide_inputs.items()}
+        embeddings = self.guide(features)  # (texts, E)
+        return embeddings if embeddings.shape[0] == rows else embeddings.repeat_interleave(2, dim=0)
 
     def _embed(self, model, inputs):
         """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""
@@ -162,22 +259,29 @@ class SimCSETrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         truncated = inputs.pop("num_truncated", 0)  # the collator's count for this batch (an int: no host sync)
-        if model.training:
-            self.trained_sentences += inputs["input_ids"].shape[0] // 2
+        text_ids = inputs.pop("text_ids", None)  # (R,) for the duplicate diagnostics
+        guide_inputs = {key: inputs[key] for key in inputs if key.startswith(GUIDE_PREFIX)}
+        inputs = {key: value for key, value in inputs.items() if key not in guide_inputs}
+        rows, group = inputs["input_ids"].shape[0], self.group_size or 2
+        if model.training:  # texts: a sentence is two rows [a, a'], a paired example's rows are its texts
+            self.trained_sentences += rows // 2 if self.group_size is None else rows
             self.truncated_sentences += truncated
-        sentences = self.args.cache_minibatch_size
-        if model.training and sentences is not None and 2 * sentences < inputs["input_ids"].shape[0]:
+        guide_embeddings = self._guide_embeddings(guide_inputs, rows) if model.training else None
+        sentences = self.args.cache_minibatch_size  # examples (sentences, or groups of paired rows) per mini-batch
+        if model.training and sentences is not None and group * sentences < rows:
             result = grad_cache.cached_loss(
                 model,
-                grad_cache.split_pairs(inputs, sentences),
+                grad_cache.split_groups(inputs, sentences, group),
                 embed=self._embed,
-                loss_fn=functools.partial(self.contrastive_loss, model),
+                loss_fn=functools.partial(self.contrastive_loss, model, text_ids=text_ids,
+                                          guide_embeddings=guide_embeddings),  # fmt: skip
                 no_sync=functools.partial(self.accelerator.no_sync, model),
                 autocast=self.compute_loss_context_manager,
                 loss_parameters=list(self.accelerator.unwrap_model(model).loss_fn.parameters()),
             )
         else:
-            result = self.contrastive_loss(model, *self._embed(model, inputs))
+            result = self.contrastive_loss(model, *self._embed(model, inputs), text_ids=text_ids,
+                                           guide_embeddings=guide_embeddings)  # fmt: skip
         if model.training:
             self._record_metrics(result.metrics)
         return (result.loss, result) if return_outputs else result.loss
@@ -194,12 +298,54 @@ class SimCSETrainer(Trainer):
             # every process logs at the same steps: one all-reduce averages the window over processes too
             totals = distributed.all_reduce_sum(torch.stack([self._metric_sums[k] for k in keys]))
             counts = distributed.all_reduce_sum(torch.tensor(float(self._metric_count), device=totals.device))
-            for key, value in zip(keys, (totals / counts).tolist()):
+            means = dict(zip(keys, (totals / counts).tolist()))
+            pairs, total = means.pop("duplicate_pairs", 0.0), means.pop("duplicate_weight_total", 0.0)
+            if pairs > 0:  # the mean weight of an anchor's exact duplicates, in the windows that had any
+                means["duplicate_weight"] = total / pairs
+            for key, value in means.items():
                 logs[key] = round(value, 6)
             logs["skipped_steps"] = self.skipped_steps
             self._metric_sums.clear()
             self._metric_count = 0
         super().log(logs, start_time)
+
+    # --- batches without duplicates: the Trainer's sampler hook ---
+
+    def _get_train_sampler(self, train_dataset=None):
+        """With `no_duplicates`, a sampler whose every window of one gathered batch (per-device batch x processes, in
+        the order accelerate shards batches) holds no text twice; seeded by data_seed (or seed) and the epoch, so
+        every process draws the same order and a resumed run the same batches. Otherwise the Trainer's."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if not self.no_duplicates or dataset is None or not isinstance(dataset, datasets.Dataset):
+            return super()._get_train_sampler(train_dataset)
+        window = self.args.per_device_train_batch_size * (self.args.world_size if self.gather_across_devices else 1)
+        columns = [c for c in dataset.column_names if c == "text" or c in ("anchor", "positive")
+                   or c.startswith("negative_")]  # fmt: skip
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        self._no_duplicates_sampler = NoDuplicatesSampler(
+            list(zip(*(dataset[c] for c in columns))), window, seed=seed, drop_last=self.args.dataloader_drop_last
+        )
+        return self._no_duplicates_sampler
+
+    def get_train_dataloader(self):
+        """A streamed corpus (a datasets.IterableDataset, data.load_sentence_stream) is already this process's share
+        (split_dataset_by_node): its batches on this process's device, without accelerate's re-sharding or its
+        dispatching from process 0. Resuming, the Trainer skips the batches already trained on (read again, not
+        trained on), so the run goes on with the sentences an uninterrupted run would see next."""
+        if not isinstance(self.train_dataset, datasets.IterableDataset):
+            return super().get_train_dataloader()
+        from accelerate.data_loader import prepare_data_loader
+
+        loader = torch.utils.data.DataLoader(
+            self.train_dataset,
+            batch_size=self._train_batch_size,
+            collate_fn=self.data_collator,
+            drop_last=self.args.dataloader_drop_last,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        return prepare_data_loader(loader, self.args.device, num_processes=1, process_index=0, put_on_device=True,
+                                   dispatch_batches=False)  # fmt: skip
 
     # --- evaluation: STS-B dev Spearman x 100, through the Trainer's loop ---
 
@@ -229,12 +375,40 @@ class SimCSETrainer(Trainer):
 
     # --- saving and loading: transformers + sentence-transformers folder, plus head and loss state ---
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's: under FSDP (FULL_STATE_DICT) and DeepSpeed it gathers the weights on the saving process and
+        hands them to `_save`. With FSDP's SHARDED_STATE_DICT the Trainer writes no model (its checkpoints resume
+        from pytorch_model_fsdp_0/): the weights are gathered here too, so every saved folder is a complete model.
+        A model never prepared (a run that only finishes its save) is saved from its own, whole, parameters."""
+        if not self._is_sharded():
+            self._save(output_dir)
+        elif self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
+            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))  # every process joins
+        else:
+            super().save_model(output_dir, _internal_call)
+
+    def _is_sharded(self) -> bool:
+        """Whether FSDP or DeepSpeed holds the model's parameters now (the training loop wrapped the model)."""
+        if self.is_deepspeed_enabled:
+            return self.deepspeed is not None
+        if self.is_fsdp_enabled:
+            from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+            return isinstance(self.model, (FSDPModule, FullyShardedDataParallel))
+        return False
+
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """`state_dict`: the whole model's weights as the Trainer gathered them (FSDP, DeepSpeed; on the saving
+        process), or None: the model's own parameters."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
+        if state_dict is not None and not state_dict:  # the Trainer's ZeRO-3 fallback without gathered weights
+            raise RuntimeError("no weights to save: DeepSpeed ZeRO-3 needs stage3_gather_16bit_weights_on_model_save")
         model = self.accelerator.unwrap_model(self.model)
-        model.save_pretrained(output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config)
+        model.save_pretrained(
+            output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config, state_dict=state_dict
+        )
         torch.save(self._args_for_disk(), os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _args_for_disk(self):
@@ -248,9 +422,18 @@ class SimCSETrainer(Trainer):
         return args
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        (model or self.model).load_weights(resume_from_checkpoint)
+        """Resume: the Trainer's FSDP loader for a sharded model (the checkpoint's pytorch_model_fsdp* files, which
+        the Trainer wrote with the optimizer state); otherwise the saved folder's own files. (DeepSpeed resumes
+        through its own checkpoint, global_step*/, without this method.)"""
+        if self._is_sharded():
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+        else:
+            self.accelerator.unwrap_model(model or self.model).load_weights(resume_from_checkpoint)
 
     def _load_best_model(self) -> None:
+        """The Trainer's DeepSpeed and FSDP loaders when the model is sharded; otherwise the saved folder's files."""
+        if self._is_sharded():
+            return super()._load_best_model()
         logger.info("loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
         self.accelerator.unwrap_model(self.model).load_weights(self.state.best_model_checkpoint)
 

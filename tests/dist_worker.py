@@ -8,7 +8,9 @@ buffers to OUT_DIR/rank{r}.pt. Modes:
 * cached: GradCache (cache_minibatch_size) with gathering, dropout off;
 * cached_dropout / same_masks: GradCache with dropout on, and its reference: the same mini-batches embedded with a
   graph from the same RNG state, one loss over them and one backward, gradients averaged over processes as DDP does.
-The parent compares the first three against one process on the whole global batch.
+The parent compares the first three against one process on the whole global batch. The paired cases
+(dist_worker_common.paired_cases(): rows [a, p, n_1, n_2], the hard negative weight, guide models) run gather, cached
+and cached_dropout / same_masks the same way.
 Then `trainer.train()` (the Trainer's loop: DDP, 2 gradient-accumulation micro-batches under its no_sync, AdamW),
 plain and cached, 2 optimizer steps each: the final parameters go to OUT_DIR/train_rank{r}.pt.
 """
@@ -35,7 +37,11 @@ from dist_worker_common import (  # noqa: E402
     gradients,
     make_loss,
     make_model,
+    make_paired_trainer,
     make_trainer,
+    paired_batch,
+    paired_cases,
+    paired_rank_texts,
     rank_texts,
 )
 
@@ -49,7 +55,8 @@ DROPOUT = 0.1
 def _record(trainer, loss) -> dict:
     model = trainer.accelerator.unwrap_model(trainer.model)
     buffers = {k: v.detach().clone() for k, v in model.loss_fn.state_dict().items()}
-    return {"loss": float(loss), "grads": gradients(model), "loss_state": buffers}
+    metrics = {k: float(v) for k, v in trainer._metric_sums.items()}
+    return {"loss": float(loss), "grads": gradients(model), "loss_state": buffers, "metrics": metrics}
 
 
 def _trainer_step(case, loss, form, out_dir, inputs, cache=None, dropout=0.0, seed=None) -> dict:
@@ -62,17 +69,21 @@ def _trainer_step(case, loss, form, out_dir, inputs, cache=None, dropout=0.0, se
     return _record(trainer, loss_value)
 
 
-def _same_masks_step(case, loss, form, out_dir, inputs, seed) -> dict:
+def _same_masks_step(case, loss, form, out_dir, inputs, seed, trainer=None) -> dict:
     """The plain step with GradCache's dropout masks: mini-batches embedded with a graph, in order, from one RNG
     state; one (gathered) loss; one backward; gradients averaged over the processes as DDP does."""
-    trainer = make_trainer(make_model(DROPOUT), make_loss(case, loss), out_dir, form)
+    trainer = trainer or make_trainer(make_model(DROPOUT), make_loss(case, loss), out_dir, form)
     model = trainer.model
     model.train()
     torch.manual_seed(seed)
-    outputs = [trainer._embed(model, chunk) for chunk in grad_cache.split_pairs(inputs, CACHE_SENTENCES)]
+    guide_inputs = {k: v for k, v in inputs.items() if k.startswith("guide_")}
+    inputs = {k: v for k, v in inputs.items() if k not in guide_inputs}
+    guide_embeddings = trainer._guide_embeddings(guide_inputs, inputs["input_ids"].shape[0])
+    chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, trainer.group_size or 2)
+    outputs = [trainer._embed(model, chunk) for chunk in chunks]
     embeddings = torch.cat([z for z, _ in outputs])
     head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])
-    result = trainer.contrastive_loss(model, embeddings, head_inputs)
+    result = trainer.contrastive_loss(model, embeddings, head_inputs, guide_embeddings=guide_embeddings)
     result.loss.backward()
     for p in model.parameters():
         if p.grad is not None:
@@ -137,6 +148,24 @@ def main(out_dir: str) -> None:
         finally:
             distributed.all_gather_with_grad = with_grad
         results[case] = runs
+    for case, loss, group, guide in paired_cases():
+        rows = paired_batch(paired_rank_texts(group, rank), guide)
+
+        def step(cache=None, dropout=0.0, seed=None, case=case, loss=loss, group=group, guide=guide, rows=rows):
+            trainer = make_paired_trainer(make_model(dropout), make_loss(case, loss), trainer_dir, group, guide,
+                                          cache_minibatch_size=cache)  # fmt: skip
+            ddp_model = trainer.accelerator.prepare_model(trainer.model)
+            if seed is not None:
+                torch.manual_seed(seed)
+            return _record(trainer, trainer.training_step(ddp_model, rows))
+
+        reference = make_paired_trainer(make_model(DROPOUT), make_loss(case, loss), trainer_dir, group, guide)
+        results[case] = {
+            "gather": step(),
+            "cached": step(cache=CACHE_SENTENCES),
+            "cached_dropout": step(cache=CACHE_SENTENCES, dropout=DROPOUT, seed=100 + rank),
+            "same_masks": _same_masks_step(case, loss, None, trainer_dir, rows, 100 + rank, trainer=reference),
+        }
     results["evaluate_and_log"] = _evaluate_and_log(trainer_dir, inputs)
     initial = {n: p.detach() for n, p in make_model().named_parameters()}
     trained = {"plain": _train(trainer_dir, None), "cached": _train(trainer_dir, 1), "initial": initial}

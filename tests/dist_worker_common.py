@@ -111,29 +111,85 @@ def make_trainer(
     data_collator=None,
     eval_pairs=None,
     processing_class=None,
+    group_size=None,
+    guide=None,
     **overrides,
 ) -> SimCSETrainer:
     args = SimCSETrainingArguments(
         output_dir=str(output_dir),
-        use_cpu=True,
         loss="infonce" if contrast_form == "simcse" else "hcl",  # only validated; the loss object is passed in
         contrast_form=contrast_form,
         temperature=TEMPERATURE,
-        per_device_train_batch_size=SENTENCES_PER_RANK,
         eval_strategy="no",
-        save_strategy="no",
         load_best_model_at_end=False,
         metric_for_best_model=None,
         report_to=[],
         disable_tqdm=True,
-        **overrides,
+        **{"per_device_train_batch_size": SENTENCES_PER_RANK, "save_strategy": "no", "use_cpu": True, **overrides},
     )
     trainer = SimCSETrainer(
         model=model, args=args, loss_fn=loss_fn, train_dataset=train_dataset, data_collator=data_collator,
-        eval_pairs=eval_pairs, processing_class=processing_class,
+        eval_pairs=eval_pairs, processing_class=processing_class, group_size=group_size, guide=guide,
     )  # fmt: skip
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop, which these tests skip
     return trainer
+
+
+# --- paired data: rows [a, p, n_1, n_2] per example, SimCSE's hard negative weight, guide models ---
+
+GROUP_SIZE = 4
+HARD_NEGATIVE_WEIGHT = 0.5
+
+
+def paired_cases() -> list[tuple[str, str, int | None, str | None]]:
+    """(case, loss, group size, guide): every registered loss on paired rows with the hard negative weight; HCL with
+    the model as its own guide, on pairs and on single sentences; InfoNCE with a separate guide model."""
+    out = [(f"paired_{name}", name, GROUP_SIZE, None) for name in LOSSES]
+    out.append(("paired_hcl_self_guide", "hcl", GROUP_SIZE, "self"))
+    out.append(("paired_infonce_guide", "infonce", GROUP_SIZE, "model"))
+    out.append(("sentences_hcl_self_guide", "hcl", None, "self"))
+    return out
+
+
+class TinyGuide(torch.nn.Module):
+    """A frozen guide model (another seeded tiny BERT) on the `guide_*` features: what simcse_hn.guide.Guide does
+    with a sentence-transformers model."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = make_model(seed=5).eval().requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        return super().train(False)
+
+    @torch.no_grad()
+    def forward(self, features):
+        return self.model(**features).embeddings
+
+
+def paired_texts(group_size: int | None) -> list[str]:
+    return sentences((group_size or 2) * SENTENCES_PER_RANK * WORLD_SIZE)
+
+
+def paired_rank_texts(group_size: int | None, rank: int) -> list[str]:
+    rows = (group_size or 2) * SENTENCES_PER_RANK
+    return paired_texts(group_size)[rank * rows : (rank + 1) * rows]
+
+
+def paired_batch(texts: list[str], guide: str | None) -> dict[str, torch.Tensor]:
+    """Rows in order; with a separate guide model, its features of every row under `guide_*` keys."""
+    rows = batch(texts)
+    if guide == "model":
+        rows.update({f"guide_{key}": value for key, value in batch(texts).items()})
+    return rows
+
+
+def make_paired_trainer(model, loss_fn, output_dir, group_size, guide, **overrides) -> SimCSETrainer:
+    weight = HARD_NEGATIVE_WEIGHT if group_size is not None else 0.0
+    return make_trainer(
+        model, loss_fn, output_dir, group_size=group_size, guide=TinyGuide() if guide == "model" else None,
+        hard_negative_weight=weight, guide_model={"model": "tiny-guide"}.get(guide, guide), **overrides,
+    )  # fmt: skip
 
 
 def gradients(model) -> dict[str, torch.Tensor]:

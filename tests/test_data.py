@@ -7,7 +7,7 @@ import torch
 from conftest import FIXTURES
 
 from simcse_hn.config import ConfigError
-from simcse_hn.data import DataError, SimCSECollator, contrastive_targets, load_sentences, load_sts_pairs
+from simcse_hn.data import DataError, SimCSECollator, contrastive_targets, load_sentences, load_sts_pairs, text_id
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
 
 
@@ -38,7 +38,9 @@ def test_dropout_makes_the_two_views_differ(tokenizer, dropout, identical):
     encoder, _ = build_tiny_bert(dropout=dropout)
     model = SimCSEModel(encoder, pooler="cls").train()
     batch = SimCSECollator(tokenizer)(["first sentence here", "second one"])
-    assert batch.pop("num_truncated") == 0  # not a model input: the trainer pops and counts it
+    assert batch.pop("num_truncated") == 0  # not model inputs: the trainer pops and counts them
+    assert torch.equal(batch.pop("text_ids")[0::2], batch["input_ids"].new_tensor([text_id("first sentence here"),
+                                                                                  text_id("second one")]))  # fmt: skip
     z = model(**batch).embeddings  # (4, D)
     assert torch.allclose(z[0], z[1]) is identical
     assert torch.allclose(z[2], z[3]) is identical

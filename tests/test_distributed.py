@@ -22,7 +22,11 @@ from dist_worker_common import (
     gradients,
     make_loss,
     make_model,
+    make_paired_trainer,
     make_trainer,
+    paired_batch,
+    paired_cases,
+    paired_texts,
     relative_error,
 )
 
@@ -32,6 +36,7 @@ from simcse_hn.modeling import build_tiny_bert
 
 CASES = cases()
 IDS = [case for case, _, _ in CASES]
+PAIRED = paired_cases()
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +156,45 @@ def test_logged_diagnostics_are_the_mean_over_processes(ranks):
     for r in ranks:
         for key in own[0]:
             assert r["evaluate_and_log"]["logged"][key] == pytest.approx((own[0][key] + own[1][key]) / 2, abs=1e-6)
+
+
+_PAIRED_REFERENCES: dict[str, dict] = {}
+
+
+def paired_one_process(case, loss, group, guide, tmp_path) -> dict:
+    """The plain step of one process on both ranks' rows (rank order), with the same layout, weight and guide."""
+    if case not in _PAIRED_REFERENCES:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            trainer = make_paired_trainer(make_model(), make_loss(case, loss), tmp_path, group, guide)
+            value = trainer.training_step(trainer.model, paired_batch(paired_texts(group), guide))
+        finally:
+            torch.set_num_threads(threads)
+        metrics = {k: float(v) for k, v in trainer._metric_sums.items()}
+        _PAIRED_REFERENCES[case] = {"loss": float(value), "grads": gradients(trainer.model), "metrics": metrics}
+    return _PAIRED_REFERENCES[case]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("case", "loss", "group", "guide"), PAIRED, ids=[c[0] for c in PAIRED])
+def test_paired_and_guided_steps_on_two_processes_equal_one_process(ranks, case, loss, group, guide, tmp_path):
+    """Paired rows [a, p, n_1, n_2] (every objective, SimCSE's hard negative weight) and a guide's exclusions
+    (the model itself, or another model whose embeddings are gathered too): 2 processes with gathering, plain and
+    GradCache, give one process's loss and gradient on the global batch; the guide removes the same negatives."""
+    want = paired_one_process(case, loss, group, guide, tmp_path)
+    for mode in ("gather", "cached"):
+        runs = [r[case][mode] for r in ranks]
+        for name, grad in runs[0]["grads"].items():
+            assert torch.equal(grad, runs[1]["grads"][name]), (mode, name)
+        assert (runs[0]["loss"] + runs[1]["loss"]) / 2 == pytest.approx(want["loss"], rel=1e-12), mode
+        error = relative_error(runs[0]["grads"], want["grads"])
+        assert error < 1e-5, f"{mode}: relative error {error:.2e}"
+        if guide is not None:  # each process's mean over its anchors; equal batches: their mean is the global one
+            removed = (runs[0]["metrics"]["guide_removed"] + runs[1]["metrics"]["guide_removed"]) / 2
+            assert removed == pytest.approx(want["metrics"]["guide_removed"], rel=1e-9)
+            assert 0 < want["metrics"]["guide_removed_frac"] < 1  # the case removes some negatives, not all
+    for r in ranks:  # GradCache with dropout on equals the plain step with the same masks
+        cached, plain = r[case]["cached_dropout"], r[case]["same_masks"]
+        assert cached["loss"] == pytest.approx(plain["loss"], rel=1e-12)
+        assert relative_error(cached["grads"], plain["grads"]) < 1e-10

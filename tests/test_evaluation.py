@@ -23,7 +23,7 @@ from simcse_hn.evaluation import (
     sts_spearman,
     token_length_batches,
 )
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+from simcse_hn.modeling import TINY_LLAMA, SimCSEModel, build_tiny_bert, load_tokenizer
 
 WORDS = (
     "a the man woman dog cat child plays runs eats reads sings guitar piano ball book food park street car "
@@ -243,6 +243,22 @@ def test_encode_equals_a_forward_per_sentence_in_the_callers_order(pooler):
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
     lengths = {len(tokenizer(s)["input_ids"]) for s in sentences}
     assert len(lengths) > 10  # the lengths do vary, so the sort moved rows
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_encode_of_a_decoder_with_last_token_pooling_equals_a_forward_per_sentence(side):
+    """builtin:tiny-llama, pooler `last`: the tokenizer pads the equal-length batches on its own side, and the pooler
+    finds each sentence's last token from the mask."""
+    model = SimCSEModel.from_pretrained(TINY_LLAMA, pooler="last")
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    tokenizer.padding_side = side
+    rng = random.Random(2)
+    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(1, 12))) for _ in range(13)]
+    out = model.encode(sentences, tokenizer, batch_size=4)
+    with torch.no_grad():
+        model.eval()
+        expected = torch.cat([model(**tokenizer([s], return_tensors="pt")).embeddings for s in sentences])
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
 
 
 def test_encode_of_nothing_is_an_empty_matrix():

@@ -11,13 +11,18 @@ import pytest
 import torch
 from dist_worker_common import (
     CACHE_SENTENCES,
+    GROUP_SIZE,
     batch,
     cases,
     global_texts,
     gradients,
     make_loss,
     make_model,
+    make_paired_trainer,
     make_trainer,
+    paired_batch,
+    paired_cases,
+    paired_texts,
     relative_error,
 )
 
@@ -25,6 +30,7 @@ from simcse_hn import grad_cache
 
 CASES = cases()
 IDS = [case for case, _, _ in CASES]
+PAIRED = paired_cases()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -120,3 +126,56 @@ def test_a_cache_as_large_as_the_batch_is_the_plain_step(tmp_path, monkeypatch):
     trainer = make_trainer(make_model(), make_loss("infonce", "infonce"), tmp_path, cache_minibatch_size=8)
     monkeypatch.setattr(grad_cache, "cached_loss", lambda *a, **k: pytest.fail("GradCache for a batch that fits"))
     trainer.training_step(trainer.model, inputs)
+
+
+def test_split_groups_keeps_each_example_together():
+    texts = ["a", "p", "n", "m", "longer anchor here", "q", "o", "r", "s", "t", "u", "v"]  # 3 examples of 4 rows
+    inputs = batch(texts)
+    chunks = grad_cache.split_groups(inputs, 2, GROUP_SIZE)
+    assert [c["input_ids"].shape[0] for c in chunks] == [8, 4]
+    assert chunks[1]["input_ids"].shape[1] < inputs["input_ids"].shape[1]  # the long anchor's padding trimmed
+    for start, chunk in zip((0, 8), chunks):
+        rows, length = chunk["input_ids"].shape
+        assert torch.equal(chunk["input_ids"], inputs["input_ids"][start : start + rows, :length])
+    with pytest.raises(ValueError, match="not groups of 4"):
+        grad_cache.split_groups(batch(texts[:10]), 2, GROUP_SIZE)
+
+
+def _paired_same_masks_step(trainer, inputs):
+    """The plain paired step with GradCache's masks: mini-batches of whole examples embedded with a graph in order."""
+    model = trainer.model
+    model.train()
+    guide_inputs = {k: v for k, v in inputs.items() if k.startswith("guide_")}
+    inputs = {k: v for k, v in inputs.items() if k not in guide_inputs}
+    guide = trainer._guide_embeddings(guide_inputs, inputs["input_ids"].shape[0])
+    chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, trainer.group_size or 2)
+    outputs = [trainer._embed(model, chunk) for chunk in chunks]
+    head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])
+    result = trainer.contrastive_loss(model, torch.cat([z for z, _ in outputs]), head_inputs, guide_embeddings=guide)
+    result.loss.backward()
+    return result.loss.detach()
+
+
+@pytest.mark.parametrize(("case", "loss", "group", "guide"), PAIRED, ids=[c[0] for c in PAIRED])
+def test_paired_cached_step_equals_the_plain_step(case, loss, group, guide, tmp_path):
+    """Paired rows and guides: GradCache (mini-batches of whole examples) equals the plain step with the same
+    dropout masks, and, without dropout, the Trainer's own plain step on the whole batch."""
+    inputs = paired_batch(paired_texts(group), guide)  # 8 examples: mini-batches of 3 + 3 + 2
+    reference = make_paired_trainer(make_model(dropout=0.1), make_loss(case, loss), tmp_path, group, guide)
+    torch.manual_seed(7)
+    want = _paired_same_masks_step(reference, dict(inputs))
+    cached = make_paired_trainer(make_model(dropout=0.1), make_loss(case, loss), tmp_path, group, guide,
+                                 cache_minibatch_size=CACHE_SENTENCES)  # fmt: skip
+    torch.manual_seed(7)
+    got = cached.training_step(cached.model, dict(inputs))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    assert relative_error(gradients(cached.model), gradients(reference.model)) < 1e-10
+
+    plain = make_paired_trainer(make_model(), make_loss(case, loss), tmp_path, group, guide)
+    cached = make_paired_trainer(make_model(), make_loss(case, loss), tmp_path, group, guide,
+                                 cache_minibatch_size=CACHE_SENTENCES)  # fmt: skip
+    losses = [trainer.training_step(trainer.model, dict(inputs)) for trainer in (plain, cached)]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-12, atol=0)
+    assert relative_error(gradients(cached.model), gradients(plain.model)) < 1e-10
+    if guide is not None:
+        assert cached._metric_sums["guide_removed"] == plain._metric_sums["guide_removed"] > 0

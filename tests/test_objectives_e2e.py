@@ -140,6 +140,39 @@ def test_config_check_catches_a_config_that_changes_the_recipe(tmp_path):
         assert offender in differing - objective_fields("dcl") - NAME_FIELDS
 
 
+def test_supervised_configs_differ_from_their_baseline_only_in_their_objective_and_names():
+    """The same check for the paired family: each sup_bert_base_*.yaml equals sup_bert_base_infonce.yaml (SimCSE's
+    supervised recipe) in every field but its own loss's keys and the names; its loss keys are those of the unsup
+    config of the same loss, so both families train the same objectives; one config per objective."""
+    paths = sorted((ROOT / "configs").glob("sup_bert_base_*.yaml"))
+    baseline = parsed(ROOT / "configs" / "sup_bert_base_infonce.yaml")
+    defaults = parsed(ROOT / "configs" / "debug_tiny.yaml")
+    other_objectives = {name for name in CONFIG_FIELDS if name.split("_")[0] in LOSS_NAMES}
+    losses = []
+    for path in paths:
+        config = parsed(path)
+        own = objective_fields(config["loss"])
+        differing = {name for name in CONFIG_FIELDS if config[name] != baseline[name]}
+        assert differing <= own | NAME_FIELDS, f"{path.name}: {sorted(differing - own - NAME_FIELDS)}"
+        for name in other_objectives - own:
+            assert config[name] == defaults[name], f"{path.name} sets {name}, a key of another loss"
+        unsup = parsed(ROOT / "configs" / path.name.replace("sup_", "unsup_", 1))
+        assert {k: config[k] for k in own - {"contrast_form"}} == {k: unsup[k] for k in own - {"contrast_form"}}
+        slug = path.stem.removeprefix("sup_bert_base_")
+        assert config["output_dir"] == f"outputs/sup-bert-base-{slug}", path.name
+        assert config["hub_model_id"] == f"simcse-hn/sup-bert-base-{slug}", path.name
+        args = parse_args(["--config", str(path)])[2]
+        build_loss(args.loss, **args.loss_kwargs())
+        losses.append(config["loss"])
+    assert sorted(losses) == sorted(LOSSES)
+    recipe = {key: baseline[key] for key in ("per_device_train_batch_size", "learning_rate", "num_train_epochs",
+              "max_seq_length", "temperature", "pooler", "mlp_only_train", "data_format", "train_data_files",
+              "hard_negative_weight")}  # fmt: skip
+    assert recipe == {"per_device_train_batch_size": 512, "learning_rate": 5e-5, "num_train_epochs": 3.0,
+                      "max_seq_length": 32, "temperature": 0.05, "pooler": "cls", "mlp_only_train": False,
+                      "data_format": "pairs", "train_data_files": "nli_for_simcse.csv", "hard_negative_weight": 0.0}
+
+
 @pytest.mark.parametrize("form", ["symmetric", "simcse"])
 def test_trainer_tells_the_loss_what_its_targets_are(form):
     """simcse_hn.trainer.contrastive_loss on one process: in the symmetric form the targets' checked facts say that
@@ -174,7 +207,8 @@ def test_a_run_whose_debiasing_clamp_holds_warns_once_naming_the_setting(tiny_ar
     clamps nearly every anchor (mean pooling: the tiny model's CLS vectors are all alike)."""
     import train
 
-    extra = ["--loss", "dcl", "--dcl_tau_plus", "0.5", "--dropout", "0", "--pooler", "avg", "--max_steps", "4", "--logging_steps", "2",
+    extra = ["--loss", "dcl", "--dcl_tau_plus", "0.5", "--dropout", "0", "--pooler", "avg", "--max_steps", "4",
+             "--logging_steps", "2",
              "--eval_strategy", "no", "--load_best_model_at_end", "false", "--save_strategy", "no"]  # fmt: skip
     with caplog.at_level("WARNING"):
         trainer = train.run(tiny_args + extra)

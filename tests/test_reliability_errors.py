@@ -5,6 +5,8 @@ data is read."""
 from __future__ import annotations
 
 import pytest
+import torch
+from safetensors.torch import save_file
 from test_hub import train_args
 from transformers import BertConfig, DebertaV2Config, MPNetConfig, RobertaConfig
 
@@ -37,8 +39,12 @@ def _case(tmp_path, name):
     (tmp_path / "a_file").write_text("", encoding="utf-8")
     unwritable = tmp_path / "a_file" / "out"
     roberta = _roberta_folder(tmp_path / "roberta")
-    (roberta / "model.safetensors").write_bytes(b"")  # a weights file, for the config-only checks to get past
+    save_file({"x": torch.zeros(1)}, roberta / "model.safetensors")  # weights, for the config-only checks to pass
     config_only = _roberta_folder(tmp_path / "config_only")
+    truncated = _roberta_folder(tmp_path / "truncated")
+    save_file({"x": torch.zeros(64)}, truncated / "model.safetensors")
+    with open(truncated / "model.safetensors", "r+b") as f:
+        f.truncate(100)
     return {
         "missing model folder": (
             ["--model_name_or_path", "/no/such/model"],
@@ -51,6 +57,18 @@ def _case(tmp_path, name):
         "a model folder without weights": (
             ["--model_name_or_path", str(config_only)],
             f"model_name_or_path: {config_only} has no weights (model.safetensors, model.safetensors.index.json, ",
+        ),
+        "truncated base-model weights": (
+            ["--model_name_or_path", str(truncated)],
+            f"model_name_or_path: {truncated}: ",
+        ),
+        "optimizer rejects the learning rate": (
+            ["--learning_rate=-1e-5"],
+            "learning_rate: Invalid learning rate: -1e-05",
+        ),
+        "optimizer rejects a beta": (
+            ["--adam_beta1", "1.5"],
+            "adam_beta1: Invalid beta parameter at index 0: 1.5",
         ),
         "loss rejects a value": (
             ["--loss", "unremix", "--unremix_beta", "-1"],
@@ -87,6 +105,9 @@ CASES = [
     "missing model folder",
     "missing hub model",
     "a model folder without weights",
+    "truncated base-model weights",
+    "optimizer rejects the learning rate",
+    "optimizer rejects a beta",
     "loss rejects a value",
     "beyond the positions",
     "beyond roberta's positions",

@@ -62,8 +62,9 @@ def positive_logits(logits: Tensor, positive_index: Tensor) -> Tensor:
 
 class NegativeWeights(NamedTuple):
     """What an objective may return instead of (M, N) log-weights when it has the weights' diagnostics at hand:
-    `make()` -> the (M, N) weights, zero outside N(i) (called only when `LossOutput.weights` is read); `max` ()
-    the largest weight and `entropy` () the mean over anchors of the normalised weights' entropy (`weight_stats`)."""
+    `make(rows)` -> the weights of the anchors `rows` (a slice; all by default), zero outside N(i) (made for the
+    diagnostics' anchors, and for all when `LossOutput.weights` is read); `max` () the largest weight and `entropy`
+    () the mean over the anchors with negatives of the normalised weights' entropy (`weight_stats`)."""
 
     make: Callable[[], Tensor]
     max: Tensor
@@ -160,7 +161,8 @@ class _WeightedLogSumExp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         e, weights, total = ctx.saved_tensors
-        scale = (grad / total)[:, None]  # (M, 1)
+        # an anchor without negatives (a guide removed them all, e = 0): 0, not 0 * inf = NaN
+        scale = torch.where(total > 0, grad / total, 0.0)[:, None]  # (M, 1)
         grad_masked = torch.mul(e, weights).mul_(scale) if ctx.needs_input_grad[0] else None
         grad_weights = (e * scale).to(weights.dtype) if ctx.needs_input_grad[1] else None
         return grad_masked, grad_weights, None, None
@@ -203,30 +205,43 @@ def debiased_from_log_r(
     return torch.logaddexp(pos, log_ng) - pos, clamped
 
 
-def weight_stats(weights: Tensor | None, log_weights: Tensor | None, negative_mask: Tensor,
-                 count: Tensor | None = None) -> dict[str, Tensor]:
-    """Max weight and mean entropy (nats) of the normalised weights w_ij / sum_k w_ik over N(i).
+def mean_over_anchors_with_negatives(values: Tensor, count: Tensor) -> Tensor:
+    """The mean of values (M,) over the anchors with n_i = count_i > 0 (a guide model may leave an anchor none;
+    its value, NaN included, is left out); 0 when no anchor has negatives. -> () float32"""
+    has = count > 0
+    return torch.where(has, values, 0.0).sum().float() / has.sum().clamp_min(1)
+
+
+def weight_stats(
+    weights: Tensor | None, log_weights: Tensor | None, negative_mask: Tensor, count: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Max weight and mean entropy (nats) of the normalised weights w_ij / sum_k w_ik over N(i), the mean over the
+    anchors that have negatives.
 
     weights: (M, N), zero outside N(i), and log_weights their logs (used where w > 0), or both None (uniform; then
     the entropy is log n_i, from `count` (M,) when given). The entropy is log S_i - sum_j w_ij log w_ij / S_i with
     S_i = sum_j w_ij: no (M, N) normalised copy."""
+    n = negative_mask.sum(dim=1) if count is None else count  # (M,)
     if weights is None:
-        n = (negative_mask.sum(dim=1) if count is None else count).to(torch.float32)
-        return {"neg_weight_max": torch.ones((), device=negative_mask.device), "neg_weight_entropy": n.log().mean()}
+        entropy = mean_over_anchors_with_negatives(n.to(torch.float32).log(), n)
+        return {"neg_weight_max": torch.ones((), device=negative_mask.device), "neg_weight_entropy": entropy}
     w = weights.detach().float()
     w_log_w = torch.where(w > 0, w * log_weights.detach().float(), 0.0)
     total = w.sum(dim=1)  # (M,)
-    entropy = total.log() - w_log_w.sum(dim=1) / total
-    return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy.mean()}
+    entropy = mean_over_anchors_with_negatives(total.log() - w_log_w.sum(dim=1) / total, n)
+    return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy}
 
 
-def _masked_weight_stats(log_weights: Tensor, negative_mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-    """`weight_stats` from the log-weights alone (any value outside N(i)). -> weights (M, N) in the log-weights'
-    dtype, zero outside N(i), and the stats (float32). w log w is xlogy(w, w), so w = 0 needs no mask of its own."""
+def _masked_weight_stats(
+    log_weights: Tensor, negative_mask: Tensor, count: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """`weight_stats` from the log-weights alone (any value outside N(i)); count (M,) = n_i. -> weights (M, N) in
+    the log-weights' dtype, zero outside N(i), and the stats (float32). w log w is xlogy(w, w), so w = 0 needs no
+    mask of its own."""
     w = torch.where(negative_mask, log_weights.detach(), NEG_INF).exp_()  # (M, N)
     total = w.sum(dim=1)  # (M,)
-    entropy = total.log() - torch.xlogy(w, w).sum(dim=1) / total
-    return w, {"neg_weight_max": w.max().float(), "neg_weight_entropy": entropy.mean().float()}
+    entropy = mean_over_anchors_with_negatives(total.log() - torch.xlogy(w, w).sum(dim=1) / total, count)
+    return w, {"neg_weight_max": w.max().float(), "neg_weight_entropy": entropy}
 
 
 class _DropNonFiniteGrad(torch.autograd.Function):
@@ -319,11 +334,14 @@ class ContrastiveLoss(nn.Module):
             raise ValueError("compute() needs targets with anchor_index; use loss_fn(anchors, candidates, ...)")
         same = targets.anchors_are_candidates
         anchors = candidates if same else candidates[targets.anchor_index]
-        if context is not None and context.candidate_features is not None and context.anchor_features is None:
-            features = context.candidate_features
-            context = dataclasses.replace(
-                context, anchor_features=features if same else features[targets.anchor_index]
-            )
+        if context is not None:  # the anchors' rows of the candidates' per-row extras
+            derived = {}
+            for anchor_key, candidate_key in (("anchor_features", "candidate_features"),
+                                              ("anchor_text_ids", "candidate_text_ids")):  # fmt: skip
+                rows = getattr(context, candidate_key)
+                if rows is not None and getattr(context, anchor_key) is None:
+                    derived[anchor_key] = rows if same else rows[targets.anchor_index]
+            context = dataclasses.replace(context, **derived) if derived else context
         return self._loss(anchors, candidates, targets, context)
 
     def plain_reductions(self, logits: Tensor, targets: ContrastiveTargets, guarded: bool = True) -> PlainReductions:
@@ -334,7 +352,9 @@ class ContrastiveLoss(nn.Module):
         shared = self._shared
         if shared is not None and shared[0] is logits:
             return shared[1] if guarded else shared[2]
-        return plain_reductions(logits, targets.positive_index, targets.negative_mask, targets.negative_count)
+        return plain_reductions(
+            logits, targets.positive_index, targets.negative_mask, targets.negative_count, targets.negative_offset
+        )
 
     _shared: tuple[Tensor, PlainReductions, PlainReductions] | None = None
 
@@ -357,7 +377,8 @@ class ContrastiveLoss(nn.Module):
         logits = scaled @ c_hat.T  # (M, N)
         pos = (scaled * c_hat.index_select(0, positive_index)).sum(dim=1)  # (M,) the positives' logits
         sim = logits * self.temperature if self.needs_sim else None  # (M, N); its backward runs only if used
-        plain = plain_reductions(logits, positive_index, negative_mask, count, targets.negative_bias, pos)
+        # the masked logits carry the targets' negative_log_weights (`negative_offset`); `logits` do not
+        plain = plain_reductions(logits, positive_index, negative_mask, count, targets.negative_offset, pos)
         if self.has_fallback:
             guarded = drop_nonfinite_grad(logits)
             shared = plain._replace(**{k: drop_nonfinite_grad(getattr(plain, k)) for k in ("pos", "masked", "lse")})
@@ -383,13 +404,19 @@ class ContrastiveLoss(nn.Module):
                     make = log_weights.make
                     stats = {"neg_weight_max": log_weights.max.float(), "neg_weight_entropy": log_weights.entropy}
                 else:
-                    weights, stats = _masked_weight_stats(log_weights, negative_mask)  # NaN included
-                    make = lambda: weights  # noqa: E731
+                    weights, stats = _masked_weight_stats(log_weights, negative_mask, count)  # NaN included
+                    make = lambda rows=slice(None): weights[rows]  # noqa: E731
                 # a non-finite weight (NaN reaches the max) or objective: uniform weights
                 usable = finite & torch.isfinite(stats["neg_weight_max"])
 
-                def weights_fn(make=make, usable=usable):
-                    return torch.where(usable, make(), negative_mask)
+                def weights_fn(rows=slice(None), make=make, usable=usable):
+                    return torch.where(usable, make(rows), negative_mask[rows])
+
+            rows = slice(0, DIAGNOSTIC_ANCHORS)  # the diagnostics' anchors: their cosines and weights only
+            diagnostics = negative_diagnostics(
+                logits[rows].detach() * self.temperature, positive_index[rows], negative_mask[rows],
+                None if weights_fn is None else weights_fn(rows), context,
+            )  # fmt: skip
 
             metrics = {
                 "pos_sim": plain.pos.mean() * self.temperature,
@@ -397,9 +424,46 @@ class ContrastiveLoss(nn.Module):
                 **stats,
                 "clamp_frac": torch.zeros((), device=logits.device),
                 "nonfinite_fallback": (~finite).float(),
+                **diagnostics,
             }
             metrics.update({k: v.detach().float() for k, v in extra.items()})
         return LossOutput(loss=loss, metrics=metrics, weights_fn=weights_fn)
+
+
+DIAGNOSTIC_ANCHORS = 128  # the false-negative diagnostics look at this many anchors per step (a sample: cheap)
+TOP_SHARE = 0.01  # "the most similar 1 % of negatives"
+
+
+def negative_diagnostics(
+    sim: Tensor, positive_index: Tensor, negative_mask: Tensor, weights: Tensor | None, context: LossContext
+) -> dict[str, Tensor]:
+    """What the negatives an objective sees look like, without gradient or host synchronisation (tensors until the
+    trainer logs them, averaged over the window):
+    * `harder_than_positive`: the fraction of N(i) more similar to anchor i than its positive;
+    * `top1pct_weight_share`: the share of anchor i's weight mass on its most similar 1 % of N(i) (at least one
+      negative; uniform weights give 1 %);
+    * `duplicate_pairs`, `duplicate_weight_total`: with the rows' text ids in the context, the (anchor, negative)
+      pairs that are the same sentence, and the sum of their weights (mean one over N(i)); the trainer logs
+      `duplicate_weight`, their mean weight, for windows that had any.
+    Computed on the first DIAGNOSTIC_ANCHORS anchors (a random sample: batches are shuffled). sim (M, N)."""
+    rows = slice(0, DIAGNOSTIC_ANCHORS)
+    sim, positive_index, mask = sim[rows], positive_index[rows], negative_mask[rows]
+    w = mask.to(sim.dtype) if weights is None else weights[rows].to(sim.dtype)  # (m, N)
+    n = mask.sum(dim=1).clamp_min(1)  # (m,)
+    positive = positive_logits(sim, positive_index)  # (m,)
+    harder = ((sim > positive[:, None]) & mask).sum(dim=1) / n
+    # each row's own k_i = ceil(1 % of n_i), out of the top k_max that the shape bounds (no host synchronisation)
+    k_max = max(1, math.ceil(TOP_SHARE * mask.shape[1]))
+    top = torch.where(mask, sim, NEG_INF).topk(k_max, dim=1).indices  # (m, k_max), most similar first
+    k = (n * TOP_SHARE).ceil().clamp_min(1)  # (m,)
+    in_top = torch.arange(k_max, device=sim.device)[None, :] < k[:, None]
+    share = torch.where(in_top, w.gather(1, top), 0.0).sum(dim=1) / w.sum(dim=1).clamp_min(1e-30)
+    out = {"harder_than_positive": harder.float().mean(), "top1pct_weight_share": share.float().mean()}
+    if context.anchor_text_ids is not None and context.candidate_text_ids is not None:
+        same = (context.anchor_text_ids[rows, None] == context.candidate_text_ids[None, :]) & mask  # (m, N)
+        out["duplicate_pairs"] = same.sum().float()
+        out["duplicate_weight_total"] = torch.where(same, w, 0.0).sum().float()
+    return out
 
 
 def _mean_negative_similarity(

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from simcse_hn.losses.base import ContrastiveLoss, NegativeWeights, debiased_from_log_r, drop_nonfinite_grad
+from simcse_hn.losses.base import (
+    ContrastiveLoss,
+    NegativeWeights,
+    debiased_from_log_r,
+    drop_nonfinite_grad,
+    masked_logsumexp,
+    mean_over_anchors_with_negatives,
+)
 
 # DCL's class prior at SimCSE's temperature 0.05, from bench/results/dcl_clamp.md (docs/losses.md section 3): on
 # all-MiniLM-L6-v2 batches with a fresh MLP head its lower clamp holds for 5 % of anchors and removes 27 % of the
@@ -49,22 +56,40 @@ class HCLLoss(ContrastiveLoss):
         if self.beta == 0:  # uniform weights: R_i is plain InfoNCE's negative sum
             loss, clamped = debiased_from_log_r(plain.pos, plain.lse, n, self.tau_plus, self.temperature)
             return loss, torch.zeros_like(logits), {"clamp_frac": clamped.float().mean()}
+        if targets.negative_log_weights is not None:
+            return self._weighted_objective(plain, logits, targets)
         # With w_ij = e^{beta l_ij} / mean_k e^{beta l_ik}:  log R_i = logsumexp_j((1 + beta) l_ij) - logsumexp_j(
         # beta l_ij) + log n_i, two row reductions over the masked logits in one autograd node (`tilted_log_ratio`),
         # whose (M,) result is guarded instead of the (M, N) masked logits. Its q gives the weights' diagnostics; the
         # (M, N) weights are made only when read.
         masked = self.plain_reductions(logits, targets, guarded=False).masked
         log_ratio, q, q_sum, q_log_q = tilted_log_ratio(masked, self.beta, self.detach_weights)
-        log_r = drop_nonfinite_grad(log_ratio) + n.log()  # (M,)
+        log_r = drop_nonfinite_grad(log_ratio) + n.log()  # (M,); -inf for an anchor without negatives: its loss is 0
         loss, clamped = debiased_from_log_r(plain.pos, log_r, n, self.tau_plus, self.temperature)
         with torch.no_grad():  # w_ij = n_i q_ij / q_sum_i; the entropy of w / n is that of q / q_sum
-            scale = n / q_sum  # (M,)
+            scale = torch.where(q_sum == 0, 0.0, n / q_sum)  # (M,)
             weights = NegativeWeights(
-                make=lambda: q * scale[:, None],
+                make=lambda rows=slice(None): q[rows] * scale[rows, None],
                 max=(q.amax(dim=1) * scale).max(),
-                entropy=(q_sum.log() - q_log_q / q_sum).mean().float(),
+                entropy=mean_over_anchors_with_negatives(q_sum.log() - q_log_q / q_sum, n),
             )
         return loss, weights, {"clamp_frac": clamped.float().mean()}
+
+    def _weighted_objective(self, plain, logits: Tensor, targets):
+        """With explicit negatives weighted c_ij (the targets' negative_log_weights, in the masked logits): the tilt
+        is the hardness of the unweighted logit s_ij / t, so c_ij multiplies w_ij and does not tilt it. Generic
+        reductions over the (M, N) guarded masked logits (paired data with a hard_negative_weight only)."""
+        n = plain.count  # (M,)
+        tilt = self.beta * (logits + targets.negative_bias.to(logits.dtype))  # beta l_ij on N(i), -inf elsewhere
+        if self.detach_weights:
+            tilt = tilt.detach()
+        # (M,) log mean_k e^{beta l_ik}; 0 for an anchor without negatives, so that its R_i = 0 and its loss is 0
+        log_mean = torch.where(n > 0, masked_logsumexp(tilt) - n.log(), 0.0)
+        log_r = masked_logsumexp(plain.masked + tilt) - log_mean  # (M,)
+        loss, clamped = debiased_from_log_r(plain.pos, log_r, n, self.tau_plus, self.temperature)
+        with torch.no_grad():
+            log_weights = tilt - log_mean[:, None]  # (M, N), -inf outside N(i)
+        return loss, log_weights, {"clamp_frac": clamped.float().mean()}
 
 
 class _TiltedLogRatio(torch.autograd.Function):
@@ -77,7 +102,7 @@ class _TiltedLogRatio(torch.autograd.Function):
     @staticmethod
     def forward(ctx, masked: Tensor, beta: float, detach: bool):
         shift = masked.amax(dim=1, keepdim=True)  # (M, 1)
-        shift = torch.where(torch.isfinite(shift), shift, 0.0)  # a row without negatives: NaN below, as before
+        shift = torch.where(torch.isfinite(shift), shift, 0.0)  # a row without negatives: q = 0, see the result
         # d <= 0 on N(i); elsewhere a huge finite negative instead of -inf, so that e^{b d} = 0 and q * b d = 0 there
         d = (masked - shift).clamp_min_(torch.finfo(masked.dtype).min / (2 + 2 * beta))  # (M, N)
         tilt = torch.mul(d, beta)  # b d
@@ -88,11 +113,14 @@ class _TiltedLogRatio(torch.autograd.Function):
         ctx.beta, ctx.detach = beta, detach
         ctx.save_for_backward(p, q, p_sum, q_sum)
         ctx.mark_non_differentiable(q, q_sum, q_log_q)
-        return p_sum.log() - q_sum.log() + shift.squeeze(1), q, q_sum, q_log_q
+        # a row without negatives (p = q = 0): 0 rather than -inf - -inf = NaN, and log n_i = -inf after it
+        return torch.where(q_sum == 0, 0.0, p_sum.log() - q_sum.log() + shift.squeeze(1)), q, q_sum, q_log_q
 
     @staticmethod
     def backward(ctx, grad: Tensor, *_):
         p, q, p_sum, q_sum = ctx.saved_tensors
+        grad = torch.where(q_sum == 0, 0.0, grad)  # a row without negatives: 0, not 0 * inf = NaN (NaN stays NaN)
+        p_sum, q_sum = p_sum.clamp_min(torch.finfo(p.dtype).tiny), q_sum.clamp_min(torch.finfo(q.dtype).tiny)
         if ctx.detach:  # d/dm logsumexp(m + b m'), m' held fixed: p
             return p * (grad / p_sum)[:, None], None, None
         grad_masked = p * (grad * (1 + ctx.beta) / p_sum)[:, None]

@@ -9,7 +9,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from simcse_hn.losses.base import NEG_INF, ContrastiveLoss, NegativeWeights, drop_nonfinite_grad, masked_logsumexp
+from simcse_hn.losses.base import (
+    NEG_INF,
+    ContrastiveLoss,
+    NegativeWeights,
+    drop_nonfinite_grad,
+    masked_logsumexp,
+    mean_over_anchors_with_negatives,
+)
 from simcse_hn.targets import LossContext
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
@@ -345,17 +352,20 @@ class ProGCLLoss(ContrastiveLoss):
             # w = B / mean B (0 outside N(i)); an unusable fit or an all-zero row -> w = 1 (everywhere: outside N(i)
             # the weights do not count)
             w = torch.where(usable & (row_mean > 0), hardness / row_mean, 1.0)  # (M, N)
-            # sum_j w_ij e^{l_ij} from the fallback's own exponentials, guarded as an (M,) result
+            # sum_j w_ij e^{l_ij} from the fallback's own exponentials (with an explicit negative's weight c_ij, the
+            # targets' negative_log_weights, in them), guarded as an (M,) result
             log_r = drop_nonfinite_grad(self.plain_reductions(logits, targets, guarded=False).weighted_lse(w))
             loss = torch.logaddexp(plain.pos, log_r) - plain.pos
             with torch.no_grad():  # sum_{j in N(i)} w_ij = n_i; w log w is 0 outside N(i) (w = 0 or 1 there)
                 w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,)
                 weights = NegativeWeights(
-                    make=lambda: torch.where(negative_mask, w, 0.0),
+                    make=lambda rows=slice(None): torch.where(negative_mask[rows], w[rows], 0.0),
                     max=w.amax(),
-                    entropy=(n.squeeze(1).log() - w_log_w / n.squeeze(1)).mean().float(),
+                    entropy=mean_over_anchors_with_negatives(n.squeeze(1).log() - w_log_w / n.squeeze(1), plain.count),
                 )
             return loss, weights, metrics
+        # the synthetic negatives mix the unweighted logits s / t (`logits`, masked by the unweighted bias): an
+        # explicit negative's weight multiplies its own term of the negative sum only (in plain.lse)
         synthetic = self._synthetic_logits(
             logits, negative_mask, hardness, usable, context, targets, targets.negative_bias
         )  # (M, K)
@@ -481,7 +491,6 @@ class ProGCLLoss(ContrastiveLoss):
                 mixed = (b * logits + b_partner * l_partner) / (b + b_partner + EPS)  # (M, N)
                 return torch.where(negative_mask & usable, mixed, NEG_INF)
             return _MixedLogits.apply(logits, b, partner, bias, usable)
-
 
         key = torch.where(negative_mask, hardness, NEG_INF)
         sorted_b, order = torch.sort(key, dim=1, descending=True, stable=True)

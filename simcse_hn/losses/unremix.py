@@ -14,6 +14,7 @@ from simcse_hn.losses.base import (
     NegativeWeights,
     debiased_from_log_r,
     drop_nonfinite_grad,
+    mean_over_anchors_with_negatives,
 )
 from simcse_hn.losses.hcl import check_tau_plus
 from simcse_hn.targets import ContrastiveTargets
@@ -213,7 +214,9 @@ class UnReMixLoss(ContrastiveLoss):
                 # the anchors' pseudo-posteriors run over the positive and the negatives: the masked logits with the
                 # positive put back
                 positives = targets.positive_index[:, None]
-                others = unguarded.masked.detach().scatter(1, positives, plain.pos.detach()[:, None])
+                # (unweighted: an explicit negative's weight c_ij, in the masked logits, is not a similarity)
+                masked = unguarded.masked if targets.negative_log_weights is None else logits + targets.negative_bias
+                others = masked.detach().scatter(1, positives, plain.pos.detach()[:, None])
                 raw = self.raw_scores(sim, anchors, candidates, targets, *features, logits=others)
                 if targets.standard_negatives:
                     dev, std = centre_standard(raw, targets)  # in place
@@ -225,14 +228,15 @@ class UnReMixLoss(ContrastiveLoss):
             # w = n softmax_{N(i)}(beta C): mean one over N(i), 0 elsewhere
             n = plain.count[:, None]  # (M, 1)
             w = torch.softmax(combined.mul_(self.beta).add_(targets.negative_bias.to(combined.dtype)), dim=1) * n
+            if not targets.standard_negatives:  # an anchor may have no negatives (a guide): 0, not softmax's NaN
+                w = torch.where(n > 0, w, 0.0)
             # sum_j w_ij e^{l_ij} from the fallback's own exponentials, guarded as an (M,) result
             log_r = drop_nonfinite_grad(unguarded.weighted_lse(w))
             with torch.no_grad():
                 w = w.detach()
                 w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,), sum_j w_ij = n_i
-                weights = NegativeWeights(
-                    make=lambda: w, max=w.amax(), entropy=(n.squeeze(1).log() - w_log_w / n.squeeze(1)).mean().float()
-                )
+                entropy = mean_over_anchors_with_negatives(n.squeeze(1).log() - w_log_w / n.squeeze(1), plain.count)
+                weights = NegativeWeights(make=lambda rows=slice(None): w[rows], max=w.amax(), entropy=entropy)
         loss, clamped = debiased_from_log_r(plain.pos, log_r, plain.count, self.tau_plus, self.temperature)
         metrics["clamp_frac"] = clamped.float().mean()
         if self.learn_mixture and self.mixture_entropy > 0:

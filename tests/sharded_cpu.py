@@ -1,0 +1,62 @@
+"""accelerate's FSDP and DeepSpeed on CPU processes (gloo), for the tests on this machine without GPUs.
+
+accelerate picks its process type and backend from the device: its FSDP branch is taken for MULTI_GPU, MULTI_NPU, ...
+types (accelerate/state.py) and a CPU launch is MULTI_CPU, so an FSDP config on a CPU machine silently runs as plain
+DDP (simcse-hn warns); DeepSpeed is skipped when `cpu=True`, and without it a machine without GPUs gets no backend at
+all (one process). torch's FSDP runs on CPU with gloo, and DeepSpeed has a CPU accelerator with gloo.
+`allow_sharding_on_cpu()` makes accelerate's state report the multi-GPU type when FSDP is requested, and the gloo
+backend when DeepSpeed is: accelerate and the Trainer then take their real FSDP / DeepSpeed code paths
+(fully_shard, get_state_dict, save_fsdp_model / load_fsdp_model, the DeepSpeed engine and its checkpoints). Tests
+only; DeepSpeed must be installed (`pip install deepspeed`; it builds without CUDA with DS_BUILD_OPS=0).
+
+`python tests/sharded_cpu.py TRAIN_ARGS...`, started by `accelerate launch --config_file configs/accelerate/...`:
+train.py under that engine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def requested(name: str) -> bool:
+    return os.environ.get(f"ACCELERATE_USE_{name}", "false").lower() == "true"
+
+
+def allow_sharding_on_cpu() -> None:
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    if getattr(PartialState, "sharding_on_cpu", False):
+        return
+    init, prepare_backend = PartialState.__init__, PartialState._prepare_backend
+
+    def init_as_multi_gpu(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if requested("FSDP") and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.MULTI_GPU
+
+    def gloo_for_deepspeed(self, cpu=False, sagemaker_dp=False, backend=None):
+        chosen, distributed_type = prepare_backend(self, cpu, sagemaker_dp, backend)
+        if chosen is None and requested("DEEPSPEED"):
+            return "gloo", DistributedType.MULTI_CPU
+        return chosen, distributed_type
+
+    PartialState.__init__, PartialState._prepare_backend = init_as_multi_gpu, gloo_for_deepspeed
+    PartialState.sharding_on_cpu = True
+
+
+def use_cpu() -> bool:
+    """The training arguments' use_cpu: accelerate skips DeepSpeed under it."""
+    return not requested("DEEPSPEED")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # train.py and simcse_hn, from any folder
+    allow_sharding_on_cpu()
+    import train
+
+    if not use_cpu():  # train.py adds --use_cpu true under a launcher without GPUs
+        train._cpu_fallback = lambda argv: list(argv)
+    sys.exit(train.main(sys.argv[1:]))
