@@ -310,8 +310,9 @@ class ContrastiveLoss(nn.Module):
         anchors: Tensor,
         candidates: Tensor,
     ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
-        """sim (M, N) cosines (None when `needs_sim` is False), logits (M, N); anchors (M, D), candidates (N, D) as
-        given (not normalised).
+        """sim (M, N) cosines (None when `needs_sim` is False), logits (M, N) = sim / t, without the targets'
+        negative_log_weights (those are in `plain_reductions(logits, targets)`'s masked logits, lse and exponentials);
+        anchors (M, D), candidates (N, D) as given (not normalised).
         -> per-anchor loss (M,), log-weights applied to the negatives (M, N) or None, extra metrics."""
         raise NotImplementedError
 
