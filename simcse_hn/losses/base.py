@@ -449,21 +449,25 @@ def negative_diagnostics(
     Computed on the first DIAGNOSTIC_ANCHORS anchors (a random sample: batches are shuffled). sim (M, N)."""
     rows = slice(0, DIAGNOSTIC_ANCHORS)
     sim, positive_index, mask = sim[rows], positive_index[rows], negative_mask[rows]
-    w = mask.to(sim.dtype) if weights is None else weights[rows].to(sim.dtype)  # (m, N)
-    n = mask.sum(dim=1).clamp_min(1)  # (m,)
+    count = mask.sum(dim=1)  # (m,)
+    n = count.clamp_min(1)
     positive = positive_logits(sim, positive_index)  # (m,)
     harder = ((sim > positive[:, None]) & mask).sum(dim=1) / n
-    # each row's own k_i = ceil(1 % of n_i), out of the top k_max that the shape bounds (no host synchronisation)
-    k_max = max(1, math.ceil(TOP_SHARE * mask.shape[1]))
-    top = torch.where(mask, sim, NEG_INF).topk(k_max, dim=1).indices  # (m, k_max), most similar first
-    k = (n * TOP_SHARE).ceil().clamp_min(1)  # (m,)
-    in_top = torch.arange(k_max, device=sim.device)[None, :] < k[:, None]
-    share = torch.where(in_top, w.gather(1, top), 0.0).sum(dim=1) / w.sum(dim=1).clamp_min(1e-30)
+    k = (n * TOP_SHARE).ceil().clamp_min(1)  # (m,) each row's own k_i = ceil(1 % of n_i)
+    if weights is None:  # uniform: the top k_i of n_i negatives hold k_i / n_i of the mass, whatever the ties
+        share = torch.where(count > 0, k / n, 0.0)
+    else:
+        w = weights[rows].to(sim.dtype)  # (m, N)
+        k_max = max(1, math.ceil(TOP_SHARE * mask.shape[1]))  # the top k_max that the shape bounds: no host sync
+        top = torch.where(mask, sim, NEG_INF).topk(k_max, dim=1).indices  # (m, k_max), most similar first
+        in_top = torch.arange(k_max, device=sim.device)[None, :] < k[:, None]
+        share = torch.where(in_top, w.gather(1, top), 0.0).sum(dim=1) / w.sum(dim=1).clamp_min(1e-30)
     out = {"harder_than_positive": harder.float().mean(), "top1pct_weight_share": share.float().mean()}
     if context.anchor_text_ids is not None and context.candidate_text_ids is not None:
         same = (context.anchor_text_ids[rows, None] == context.candidate_text_ids[None, :]) & mask  # (m, N)
         out["duplicate_pairs"] = same.sum().float()
-        out["duplicate_weight_total"] = torch.where(same, w, 0.0).sum().float()
+        total = out["duplicate_pairs"] if weights is None else torch.where(same, w, 0.0).sum().float()
+        out["duplicate_weight_total"] = total
     return out
 
 
