@@ -202,7 +202,8 @@ def markdown(report: dict) -> str:
             steps = e["median_step_s"]
             verdict = "matches" if e["matches"] else "DIFFERS"
             lines.append(f"* {name}: runs, {verdict} (loss {e['max_abs_loss_diff']:.1e}"
-                         f", weights {e['max_relative_weight_diff']:.1e}), median step {steps['eager']:.4f} s eager, "
+                         f", weights {e['mean_weight_diff_in_updates']:.1e} of lr x steps on average), "
+                         f"median step {steps['eager']:.4f} s eager, "
                          f"{steps['compiled']:.4f} s compiled")
         if "note" in c:
             lines.append(c["note"])
