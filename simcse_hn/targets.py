@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 FORMS = ("simcse", "symmetric")
+NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,6 +34,11 @@ class ContrastiveTargets:
     * `anchors_are_candidates`: anchor i is candidate i for every i (M == N): the similarity matrix is then also the
       candidates' own, and symmetric.
     * `standard_negatives`: N(i) is every candidate but anchor i itself and its positive.
+
+    Made once here too, because every loss call needs them and each costs an (M, N) pass: `negative_count` (M,)
+    long, n_i = |N(i)|, `negative_bias` (M, N) float32, 0 on N(i) and -inf elsewhere, and `negative_offset`, the
+    same with log c_ij on N(i) (in negative_log_weights' dtype; the bias itself without them): logits + offset are
+    the masked logits, an addition whose backward is free, where `torch.where` makes another (M, N) pass.
     """
 
     positive_index: Tensor
@@ -41,6 +47,9 @@ class ContrastiveTargets:
     negative_log_weights: Tensor | None = None
     anchors_are_candidates: bool = field(init=False)
     standard_negatives: bool = field(init=False)
+    negative_count: Tensor = field(init=False, repr=False)
+    negative_bias: Tensor = field(init=False, repr=False)
+    negative_offset: Tensor = field(init=False, repr=False)
 
     def __post_init__(self):
         m, n = self.negative_mask.shape
@@ -58,6 +67,18 @@ class ContrastiveTargets:
             standard = torch.equal(self.negative_mask, expected)
         object.__setattr__(self, "anchors_are_candidates", bool(same))
         object.__setattr__(self, "standard_negatives", bool(standard))
+        self._set_masks(self.negative_mask)
+
+    def _set_masks(self, negative_mask: Tensor) -> None:
+        """negative_mask and what is made from it (no host synchronisation)."""
+        object.__setattr__(self, "negative_mask", negative_mask)
+        object.__setattr__(self, "negative_count", negative_mask.sum(dim=1))
+        bias = torch.zeros(negative_mask.shape, device=negative_mask.device).masked_fill_(~negative_mask, NEG_INF)
+        object.__setattr__(self, "negative_bias", bias)
+        offset = bias
+        if self.negative_log_weights is not None:
+            offset = self.negative_log_weights.masked_fill(~negative_mask, NEG_INF)
+        object.__setattr__(self, "negative_offset", offset)
 
     @property
     def num_anchors(self) -> int:
@@ -72,7 +93,7 @@ class ContrastiveTargets:
         restricted = object.__new__(ContrastiveTargets)
         for name, value in vars(self).items():
             object.__setattr__(restricted, name, value)
-        object.__setattr__(restricted, "negative_mask", self.negative_mask & keep)
+        restricted._set_masks(self.negative_mask & keep)
         object.__setattr__(restricted, "standard_negatives", False)
         return restricted
 

@@ -23,7 +23,7 @@ from simcse_hn.evaluation import (
     sts_spearman,
     token_length_batches,
 )
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+from simcse_hn.modeling import TINY_LLAMA, SimCSEModel, build_tiny_bert, load_tokenizer
 
 WORDS = (
     "a the man woman dog cat child plays runs eats reads sings guitar piano ball book food park street car "
@@ -222,6 +222,50 @@ def test_token_length_batches_group_equal_lengths_and_restore_order(tasks):
     assert [len(b) for b in batches[:-1]] == [16] * (len(batches) - 1) and 0 < len(batches[-1]) <= 16
     lengths = [len(tokenizer(s)["input_ids"]) for b in batches for s in b]
     assert lengths == sorted(lengths, reverse=True)  # longest first, so each batch pads to almost nothing
+
+
+@pytest.mark.parametrize("pooler", ["cls", "avg", "avg_top2"])
+def test_encode_equals_a_forward_per_sentence_in_the_callers_order(pooler):
+    """Tokenised once, batches of equal token length, one copy at the end: each row is that sentence's own forward
+    (no padding), whatever its length and wherever the sort put it."""
+    encoder, tokenizer = build_tiny_bert(seed=4)
+    model = SimCSEModel(encoder, pooler=pooler, mlp_only_train=False)  # the head too, at evaluation
+    rng = random.Random(1)
+    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(1, 16))) for _ in range(23)] + ["", "a"]
+    model.train()
+    out = model.encode(sentences, tokenizer, batch_size=4)
+    assert model.training  # the caller's mode is restored
+    model.eval()
+    with torch.no_grad():
+        single = [tokenizer([s], truncation=True, return_tensors="pt") for s in sentences]
+        expected = torch.stack([model(**features).embeddings[0] for features in single])
+    assert out.dtype == torch.float32 and out.device.type == "cpu" and out.shape == expected.shape
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    lengths = {len(tokenizer(s)["input_ids"]) for s in sentences}
+    assert len(lengths) > 10  # the lengths do vary, so the sort moved rows
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_encode_of_a_decoder_with_last_token_pooling_equals_a_forward_per_sentence(side):
+    """builtin:tiny-llama, pooler `last`: the tokenizer pads the equal-length batches on its own side, and the pooler
+    finds each sentence's last token from the mask."""
+    model = SimCSEModel.from_pretrained(TINY_LLAMA, pooler="last")
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    tokenizer.padding_side = side
+    rng = random.Random(2)
+    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(1, 12))) for _ in range(13)]
+    out = model.encode(sentences, tokenizer, batch_size=4)
+    with torch.no_grad():
+        model.eval()
+        expected = torch.cat([model(**tokenizer([s], return_tensors="pt")).embeddings for s in sentences])
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+
+
+def test_encode_of_nothing_is_an_empty_matrix():
+    encoder, tokenizer = build_tiny_bert()
+    model = SimCSEModel(encoder, pooler="avg")
+    assert model.encode([], tokenizer).shape == (0, encoder.config.hidden_size)
+    assert simcse_encode_fn(model, tokenizer)([]).shape == (0, encoder.config.hidden_size)
 
 
 def test_token_length_batched_encoders_equal_the_plain_ones(st_folder, tasks):

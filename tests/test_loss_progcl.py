@@ -555,3 +555,32 @@ def test_sampled_fit_and_random_pairing_compile_without_graph_breaks(mode):
     torch.testing.assert_close(out.loss, ref.loss)
     torch.testing.assert_close(compiled_fn.bmm_alpha, eager_fn.bmm_alpha)
     assert not torch.equal(eager_fn.bmm_alpha, ProGCLLoss(0.05, em_iters=3, fit_pairs=0).bmm_alpha)  # it was fitted
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_closed_form_pairing_equals_the_general_one_under_standard_negatives(rank):
+    """Mix over all candidates with standard negatives pairs in closed form (`standard_partners`); the general
+    construction (cumulative sums over the mask) must give the same partner for every negative, on one process
+    (anchors are the candidates) and on the second of two (anchors are rows 16..31 of 32 candidates)."""
+    from simcse_hn.losses.progcl import standard_partners
+    from simcse_hn.targets import build_targets
+
+    targets = build_targets(16, "symmetric", offset=16 * rank, num_candidates=16 * (rank + 1))
+    assert targets.standard_negatives
+    loss_fn = ProGCLLoss(0.05, mode="mix")
+    g = torch.Generator().manual_seed(rank)
+    logits = torch.randn(targets.negative_mask.shape, generator=g, dtype=torch.float64)
+    hardness = torch.rand(targets.negative_mask.shape, generator=g, dtype=torch.float64) * targets.negative_mask
+    usable = torch.ones((), dtype=torch.bool)
+    for seed in range(20):
+        permutation = torch.randperm(logits.shape[1], generator=torch.Generator().manual_seed(seed))
+        context = LossContext(mix_permutation=permutation)
+        general = loss_fn._synthetic_logits(logits, targets.negative_mask, hardness, usable, context)
+        closed = loss_fn._synthetic_logits(logits, targets.negative_mask, hardness, usable, context, targets,
+                                           targets.negative_bias)  # fmt: skip
+        assert torch.equal(general.isinf(), closed.isinf()), seed
+        torch.testing.assert_close(general, closed, rtol=1e-12, atol=1e-12)
+        partner = standard_partners(permutation, targets.anchor_index, targets.positive_index)
+        assert ((partner >= 0) & (partner < logits.shape[1])).all()
+        mask = targets.negative_mask
+        assert mask.gather(1, partner)[mask].all()  # negatives are paired with negatives

@@ -9,12 +9,13 @@ so every loss runs under `torch.compile(fullgraph=True)`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from simcse_hn.targets import ContrastiveTargets, LossContext
@@ -22,14 +23,25 @@ from simcse_hn.targets import ContrastiveTargets, LossContext
 NEG_INF = float("-inf")
 
 
-@dataclass
+@dataclass(eq=False)
 class LossOutput:
     """`loss`: differentiable scalar; `metrics`: detached scalar diagnostics; `weights`: (M, N) weights applied
-    to the negatives (zero outside `negative_mask`), None for plain InfoNCE."""
+    to the negatives (zero outside `negative_mask`), None for plain InfoNCE, made from `weights_fn` when first read
+    (a training step never reads them: two (M, N) passes saved per call)."""
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
-    weights: Tensor | None = None
+    weights_fn: Callable[[], Tensor] | None = field(default=None, repr=False)
+
+    @functools.cached_property
+    def weights(self) -> Tensor | None:
+        return None if self.weights_fn is None else self.weights_fn()
+
+
+def unit_rows(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Rows of x (K, D) scaled to unit norm (a zero row stays zero), in `dtype`. -> (K, D)"""
+    x = x.to(dtype)
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 def cosine_similarities(anchors: Tensor, candidates: Tensor) -> Tensor:
@@ -48,27 +60,112 @@ def positive_logits(logits: Tensor, positive_index: Tensor) -> Tensor:
     return logits.gather(1, positive_index[:, None]).squeeze(1)
 
 
+class NegativeWeights(NamedTuple):
+    """What an objective may return instead of (M, N) log-weights when it has the weights' diagnostics at hand:
+    `make(rows)` -> the weights of the anchors `rows` (a slice; all by default), zero outside N(i) (made for the
+    diagnostics' anchors, and for all when `LossOutput.weights` is read); `max` () the largest weight and `entropy`
+    () the mean over the anchors with negatives of the normalised weights' entropy (`weight_stats`)."""
+
+    make: Callable[[], Tensor]
+    max: Tensor
+    entropy: Tensor
+
+
 class PlainReductions(NamedTuple):
     """Plain InfoNCE's pieces of one loss call, which the hard-negative objectives share.
 
     pos (M,) = l_ip; masked (M, N) = l_ij on N(i), -inf elsewhere; lse (M,) = log sum_{j in N(i)} e^{l_ij};
-    count (M,) = n_i = |N(i)| in the logits' dtype."""
+    count (M,) = n_i = |N(i)| in the logits' dtype; exp (M, N) = e^{masked - shift} and shift (M, 1) the row maxima
+    (without gradient; None when not kept), which `weighted_lse` reuses."""
 
     pos: Tensor
     masked: Tensor
     lse: Tensor
     count: Tensor
+    exp: Tensor | None = None
+    shift: Tensor | None = None
 
     def loss(self) -> Tensor:
         """Plain InfoNCE per anchor: log(e^{l_ip} + sum_{j in N(i)} e^{l_ij}) - l_ip. (M,)"""
         return torch.logaddexp(self.pos, self.lse) - self.pos
 
+    def weighted_lse(self, weights: Tensor) -> Tensor:
+        """log sum_{j in N(i)} w_ij e^{l_ij} (M,) for weights (M, N) >= 0, finite everywhere (their values outside
+        N(i) do not count). From the kept exponentials: one (M, N) pass in the forward, two in the backward (to the
+        masked logits and, when they need it, to the weights)."""
+        if self.exp is None:
+            return torch.logsumexp(self.masked + weights.log(), dim=1)
+        return _WeightedLogSumExp.apply(self.masked, weights, self.exp, self.shift)
 
-def plain_reductions(logits: Tensor, positive_index: Tensor, negative_mask: Tensor) -> PlainReductions:
-    """(M, N) logits, (M,) positive_index, (M, N) negative_mask -> PlainReductions"""
-    masked = torch.where(negative_mask, logits, NEG_INF)  # (M, N)
-    count = negative_mask.sum(dim=1).to(logits.dtype)  # (M,)
-    return PlainReductions(positive_logits(logits, positive_index), masked, torch.logsumexp(masked, dim=1), count)
+
+def plain_reductions(
+    logits: Tensor,
+    positive_index: Tensor,
+    negative_mask: Tensor,
+    count: Tensor | None = None,
+    bias: Tensor | None = None,
+    pos: Tensor | None = None,
+) -> PlainReductions:
+    """(M, N) logits, (M,) positive_index, (M, N) negative_mask -> PlainReductions. Known pieces make it cheaper:
+    count (M,) = |N(i)|, bias (M, N) = 0 on N(i) and -inf elsewhere (`ContrastiveTargets.negative_bias`), pos (M,)
+    the positives' logits (computed from the embeddings, they need no (M, N) gather and its backward)."""
+    if bias is None:
+        masked = torch.where(negative_mask, logits, NEG_INF)  # (M, N)
+    else:
+        masked = logits + bias.to(logits.dtype)  # (M, N), -inf outside N(i); the addition's backward is free
+    count = (negative_mask.sum(dim=1) if count is None else count).to(logits.dtype)  # (M,)
+    pos = positive_logits(logits, positive_index) if pos is None else pos
+    lse, e, shift = masked_logsumexp(masked, keep_exp=True)
+    return PlainReductions(pos, masked, lse, count, e, shift)
+
+
+class _MaskedLogSumExp(torch.autograd.Function):
+    """logsumexp over dim 1 of (M, N) masked logits (-inf outside N(i)) -> (M,), and without gradient e^{x - max}
+    (M, N) and the max (M, 1). It keeps e for the backward, softmax = e / sum: one (M, N) pass there, where
+    torch.logsumexp's backward makes three (x - result, exp, times grad) and allocates each."""
+
+    @staticmethod
+    def forward(ctx, masked: Tensor):
+        shift = masked.amax(dim=1, keepdim=True)  # (M, 1)
+        shift = torch.where(torch.isfinite(shift), shift, 0.0)  # a row without negatives: -inf, as logsumexp
+        e = (masked - shift).exp_()  # (M, N)
+        total = e.sum(dim=1)  # (M,)
+        ctx.save_for_backward(e, total)
+        ctx.mark_non_differentiable(e, shift)
+        return total.log() + shift.squeeze(1), e, shift
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, *_):
+        e, total = ctx.saved_tensors
+        # a row without any finite entry (e = 0) gets 0, not 0 * inf = NaN
+        return e * torch.where(total > 0, grad / total, 0.0)[:, None]
+
+
+def masked_logsumexp(masked: Tensor, keep_exp: bool = False):
+    """log sum_j e^{masked_ij} (M,) of (M, N) logits that are -inf outside each row's set: torch.logsumexp's value,
+    with a cheaper backward (`_MaskedLogSumExp`). `keep_exp`: -> (lse, e^{masked - shift} (M, N), shift (M, 1))."""
+    lse, e, shift = _MaskedLogSumExp.apply(masked)
+    return (lse, e, shift) if keep_exp else lse
+
+
+class _WeightedLogSumExp(torch.autograd.Function):
+    """log sum_j w_ij e^{m_ij} = log(sum_j w_ij e_ij) + shift_i from e = e^{m - shift} (`_MaskedLogSumExp`'s).
+    Gradient: to m, w e / S; to w, e / S."""
+
+    @staticmethod
+    def forward(ctx, masked: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> Tensor:
+        total = torch.linalg.vecdot(e, weights.to(e.dtype))  # (M,)
+        ctx.save_for_backward(e, weights, total)
+        return total.log() + shift.squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        e, weights, total = ctx.saved_tensors
+        # an anchor without negatives (a guide removed them all, e = 0): 0, not 0 * inf = NaN
+        scale = torch.where(total > 0, grad / total, 0.0)[:, None]  # (M, 1)
+        grad_masked = torch.mul(e, weights).mul_(scale) if ctx.needs_input_grad[0] else None
+        grad_weights = (e * scale).to(weights.dtype) if ctx.needs_input_grad[1] else None
+        return grad_masked, grad_weights, None, None
 
 
 def weighted_loss(
@@ -108,27 +205,47 @@ def debiased_from_log_r(
     return torch.logaddexp(pos, log_ng) - pos, clamped
 
 
-def weight_stats(weights: Tensor | None, log_weights: Tensor | None, negative_mask: Tensor) -> dict[str, Tensor]:
+def mean_over_anchors_with_negatives(values: Tensor, count: Tensor) -> Tensor:
+    """The mean of values (M,) over the anchors with n_i = count_i > 0 (a guide model may leave an anchor none;
+    its value, NaN included, is left out); 0 when no anchor has negatives. -> () float32"""
+    has = count > 0
+    return torch.where(has, values, 0.0).sum().float() / has.sum().clamp_min(1)
+
+
+def weight_stats(
+    weights: Tensor | None, log_weights: Tensor | None, negative_mask: Tensor, count: Tensor | None = None
+) -> dict[str, Tensor]:
     """Max weight and mean entropy (nats) of the normalised weights w_ij / sum_k w_ik over N(i), the mean over the
     anchors that have negatives.
 
-    weights: (M, N), zero outside N(i), and log_weights their logs (used where w > 0), or both None (uniform). The
-    entropy is log S_i - sum_j w_ij log w_ij / S_i with S_i = sum_j w_ij: no (M, N) normalised copy."""
-    n = negative_mask.sum(dim=1).to(torch.float32)  # (M,)
-    rows = (n > 0).sum().clamp_min(1)  # anchors with negatives (a guide model may leave an anchor none)
+    weights: (M, N), zero outside N(i), and log_weights their logs (used where w > 0), or both None (uniform; then
+    the entropy is log n_i, from `count` (M,) when given). The entropy is log S_i - sum_j w_ij log w_ij / S_i with
+    S_i = sum_j w_ij: no (M, N) normalised copy."""
+    n = negative_mask.sum(dim=1) if count is None else count  # (M,)
     if weights is None:
-        entropy = torch.where(n > 0, n.log(), 0.0)
-        one = torch.ones((), device=negative_mask.device)
-        return {"neg_weight_max": one, "neg_weight_entropy": entropy.sum() / rows}
+        entropy = mean_over_anchors_with_negatives(n.to(torch.float32).log(), n)
+        return {"neg_weight_max": torch.ones((), device=negative_mask.device), "neg_weight_entropy": entropy}
     w = weights.detach().float()
     w_log_w = torch.where(w > 0, w * log_weights.detach().float(), 0.0)
     total = w.sum(dim=1)  # (M,)
-    entropy = torch.where(n > 0, total.log() - w_log_w.sum(dim=1) / total, 0.0)
-    return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy.sum() / rows}
+    entropy = mean_over_anchors_with_negatives(total.log() - w_log_w.sum(dim=1) / total, n)
+    return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy}
+
+
+def _masked_weight_stats(
+    log_weights: Tensor, negative_mask: Tensor, count: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """`weight_stats` from the log-weights alone (any value outside N(i)); count (M,) = n_i. -> weights (M, N) in
+    the log-weights' dtype, zero outside N(i), and the stats (float32). w log w is xlogy(w, w), so w = 0 needs no
+    mask of its own."""
+    w = torch.where(negative_mask, log_weights.detach(), NEG_INF).exp_()  # (M, N)
+    total = w.sum(dim=1)  # (M,)
+    entropy = mean_over_anchors_with_negatives(total.log() - torch.xlogy(w, w).sum(dim=1) / total, count)
+    return w, {"neg_weight_max": w.max().float(), "neg_weight_entropy": entropy}
 
 
 class _DropNonFiniteGrad(torch.autograd.Function):
-    """Identity whose backward passes the gradient on only when all of it is finite, else zeros."""
+    """Identity whose backward passes the gradient on only when all of it is finite (its sum is), else zeros."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
@@ -136,7 +253,9 @@ class _DropNonFiniteGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
-        return torch.where(torch.isfinite(grad).all(), grad, 0.0)
+        # finite iff the sum is (NaN and inf propagate): one read pass instead of isfinite's write and all's read.
+        # A finite gradient whose sum overflows float32 (|sum| > 3e38) would be dropped too.
+        return torch.where(torch.isfinite(grad.sum()), grad, 0.0)
 
 
 def drop_nonfinite_grad(x: Tensor) -> Tensor:
@@ -158,13 +277,23 @@ class ContrastiveLoss(nn.Module):
     Fallback: a non-finite objective is replaced by plain InfoNCE for the step (selected with `torch.where`,
     no host synchronisation) and counted in `metrics["nonfinite_fallback"]`. The objective sees `sim` through
     `drop_nonfinite_grad`, so a non-finite gradient from its branch is dropped and the step keeps InfoNCE's.
-    InfoNCE is its own fallback (`has_fallback = False`): it is computed once. The other losses share plain
-    InfoNCE's reductions with the fallback: the base computes them once from the unguarded logits, and an objective
-    gets them, each behind its own `drop_nonfinite_grad`, from `self.plain_reductions(logits, targets)`; so the
-    fallback costs no second pass over the (M, N) logits in the forward, and one log-sum-exp backward serves both.
+    InfoNCE is its own fallback (`has_fallback = False`): it is computed once. The base computes plain InfoNCE's
+    reductions once per call from the unguarded logits (the positives' logits from the embeddings, the masked
+    logits as logits + `targets.negative_bias`, their log-sum-exp with a one-pass backward), and an objective gets
+    them, each behind its own `drop_nonfinite_grad` unless it has no fallback, from `self.plain_reductions(logits,
+    targets)`; so the fallback costs no second pass over the (M, N) logits in the forward, and one log-sum-exp
+    backward serves both.
+
+    An objective returns log-weights (M, N), from which the base makes the weights' diagnostics, or, when it has
+    them at hand more cheaply, `NegativeWeights` (the diagnostics, and the weights made only if read).
+
+    The temperature is folded into the normalised anchors, logits = (a / t) c^T: no (M, N) division in the forward
+    or the backward. The cosines `sim` = logits t are made for objectives that read them; `needs_sim = False`
+    (InfoNCE, DCL, HCL: the logits are all they read) gives them `sim = None` instead, one (M, N) pass less.
     """
 
     has_fallback = True
+    needs_sim = True
 
     def __init__(self, temperature: float = 0.05):
         super().__init__()
@@ -181,7 +310,9 @@ class ContrastiveLoss(nn.Module):
         anchors: Tensor,
         candidates: Tensor,
     ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
-        """sim, logits (M, N); anchors (M, D), candidates (N, D) as given (not normalised).
+        """sim (M, N) cosines (None when `needs_sim` is False), logits (M, N) = sim / t, without the targets'
+        negative_log_weights (those are in `plain_reductions(logits, targets)`'s masked logits, lse and exponentials);
+        anchors (M, D), candidates (N, D) as given (not normalised).
         -> per-anchor loss (M,), log-weights applied to the negatives (M, N) or None, extra metrics."""
         raise NotImplementedError
 
@@ -214,80 +345,90 @@ class ContrastiveLoss(nn.Module):
             context = dataclasses.replace(context, **derived) if derived else context
         return self._loss(anchors, candidates, targets, context)
 
-    def logits(self, sim: Tensor, targets: ContrastiveTargets) -> Tensor:
-        """l_ij = s_ij / t, plus the targets' `negative_log_weights` log c_ij when they have them. (M, N)
-
-        The objective sees these logits, so the weight c_ij multiplies e^{l_ij} in every objective's negative sum on
-        top of its own weight w_ij (docs/losses.md section 10): for InfoNCE this is SimCSE's logit offset
-        (`hard_negative_weight`); scores computed from `sim` (ProGCL's mixture, UnReMix's components) do not see it,
-        and HCL takes its tilt from the unweighted logits."""
-        logits = sim / self.temperature
-        if targets.negative_log_weights is not None:
-            logits = logits + targets.negative_log_weights.to(logits.dtype)
-        return logits
-
-    def plain_reductions(self, logits: Tensor, targets: ContrastiveTargets) -> PlainReductions:
+    def plain_reductions(self, logits: Tensor, targets: ContrastiveTargets, guarded: bool = True) -> PlainReductions:
         """Plain InfoNCE's reductions of `logits` (M, N). Inside a loss call, for the logits the objective was given,
         these are the base's own (computed once, shared with the fallback), each guarded by `drop_nonfinite_grad`;
-        otherwise they are computed here."""
+        otherwise they are computed here. `guarded=False`: the fallback's own tensors, for an objective that guards
+        what it makes from them instead (an (M,) result rather than the (M, N) masked logits: HCL)."""
         shared = self._shared
         if shared is not None and shared[0] is logits:
-            return shared[1]
-        return plain_reductions(logits, targets.positive_index, targets.negative_mask)
+            return shared[1] if guarded else shared[2]
+        return plain_reductions(
+            logits, targets.positive_index, targets.negative_mask, targets.negative_count, targets.negative_offset
+        )
 
-    _shared: tuple[Tensor, PlainReductions] | None = None
+    _shared: tuple[Tensor, PlainReductions, PlainReductions] | None = None
 
     def _loss(
         self, anchors: Tensor, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None
     ) -> LossOutput:
+        # similarities and everything after them in float32 or wider: autocast would lower every matrix product
+        with torch.autocast(device_type=anchors.device.type, enabled=False):
+            return self._loss_without_autocast(anchors, candidates, targets, context)
+
+    def _loss_without_autocast(
+        self, anchors: Tensor, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None
+    ) -> LossOutput:
         context = LossContext() if context is None else context
-        positive_index, negative_mask = targets.positive_index, targets.negative_mask
-        sim = cosine_similarities(anchors, candidates)  # (M, N)
-        if not self.has_fallback:
-            per_anchor, log_weights, extra = self.objective(
-                sim, self.logits(sim, targets), targets, context, anchors, candidates
-            )
-            loss = per_anchor.mean()
-            finite = torch.isfinite(loss)
+        positive_index, negative_mask, count = targets.positive_index, targets.negative_mask, targets.negative_count
+        dtype = torch.float64 if anchors.dtype == torch.float64 else torch.float32
+        c_hat = unit_rows(candidates, dtype)  # (N, D)
+        a_hat = c_hat if anchors is candidates else unit_rows(anchors, dtype)  # (M, D)
+        scaled = a_hat / self.temperature  # (M, D): logits = scaled c^T, no (M, N) division
+        logits = scaled @ c_hat.T  # (M, N)
+        pos = (scaled * c_hat.index_select(0, positive_index)).sum(dim=1)  # (M,) the positives' logits
+        sim = logits * self.temperature if self.needs_sim else None  # (M, N); its backward runs only if used
+        # the masked logits carry the targets' negative_log_weights (`negative_offset`); `logits` do not
+        plain = plain_reductions(logits, positive_index, negative_mask, count, targets.negative_offset, pos)
+        if self.has_fallback:
+            guarded = drop_nonfinite_grad(logits)
+            shared = plain._replace(**{k: drop_nonfinite_grad(getattr(plain, k)) for k in ("pos", "masked", "lse")})
+            sim_arg = None if sim is None else drop_nonfinite_grad(sim)
         else:
-            plain = plain_reductions(self.logits(sim, targets), positive_index, negative_mask)
-            guarded = drop_nonfinite_grad(sim)
-            logits = self.logits(guarded, targets)
-            pos, masked, lse = (drop_nonfinite_grad(t) for t in plain[:3])
-            # An anchor without negatives (a guide model removed them all) has a row of -inf, and a log-sum-exp over
-            # it sends NaN back to entries outside N(i): they have no gradient, so zero them before the guard looks.
-            masked = torch.where(negative_mask, masked, masked.detach())
-            shared = PlainReductions(pos, masked, lse, plain.count)
-            self._shared = (logits, shared)
-            try:
-                per_anchor, log_weights, extra = self.objective(
-                    guarded, logits, targets, context, anchors, candidates
-                )
-            finally:
-                self._shared = None
-            loss = per_anchor.mean()
-            finite = torch.isfinite(loss)
+            guarded, shared, sim_arg = logits, plain, sim
+        self._shared = (guarded, shared, plain)
+        try:
+            per_anchor, log_weights, extra = self.objective(sim_arg, guarded, targets, context, anchors, candidates)
+        finally:
+            self._shared = None
+        loss = per_anchor.mean()
+        finite = torch.isfinite(loss)
+        if self.has_fallback:
             loss = torch.where(finite, loss, plain.loss().mean())
 
-        weights = None
+        weights_fn = None
         with torch.no_grad():
-            if log_weights is not None:
-                weights = torch.where(negative_mask, log_weights.exp(), 0.0)  # (M, N)
-            stats = weight_stats(weights, log_weights, negative_mask)  # of the weights applied, NaN included
-            if weights is not None:  # a non-finite weight (NaN reaches the max) or objective: uniform weights
+            if log_weights is None:
+                stats = weight_stats(None, None, negative_mask, count)
+            else:
+                if isinstance(log_weights, NegativeWeights):
+                    make = log_weights.make
+                    stats = {"neg_weight_max": log_weights.max.float(), "neg_weight_entropy": log_weights.entropy}
+                else:
+                    weights, stats = _masked_weight_stats(log_weights, negative_mask, count)  # NaN included
+                    make = lambda rows=slice(None): weights[rows]  # noqa: E731
+                # a non-finite weight (NaN reaches the max) or objective: uniform weights
                 usable = finite & torch.isfinite(stats["neg_weight_max"])
-                weights = torch.where(usable, weights, negative_mask)
-            neg_sims = torch.where(negative_mask, sim, 0.0).sum() / negative_mask.sum().clamp_min(1)
+
+                def weights_fn(rows=slice(None), make=make, usable=usable):
+                    return torch.where(usable, make(rows), negative_mask[rows])
+
+            rows = slice(0, DIAGNOSTIC_ANCHORS)  # the diagnostics' anchors: their cosines and weights only
+            diagnostics = negative_diagnostics(
+                logits[rows].detach() * self.temperature, positive_index[rows], negative_mask[rows],
+                None if weights_fn is None else weights_fn(rows), context,
+            )  # fmt: skip
+
             metrics = {
-                "pos_sim": positive_logits(sim, positive_index).mean(),
-                "neg_sim": neg_sims,
+                "pos_sim": plain.pos.mean() * self.temperature,
+                "neg_sim": _mean_negative_similarity(a_hat, c_hat, logits, targets, self.temperature),
                 **stats,
-                "clamp_frac": torch.zeros((), device=sim.device),
+                "clamp_frac": torch.zeros((), device=logits.device),
                 "nonfinite_fallback": (~finite).float(),
+                **diagnostics,
             }
-            metrics.update(negative_diagnostics(sim, positive_index, negative_mask, weights, context))
             metrics.update({k: v.detach().float() for k, v in extra.items()})
-        return LossOutput(loss=loss, metrics=metrics, weights=weights)
+        return LossOutput(loss=loss, metrics=metrics, weights_fn=weights_fn)
 
 
 DIAGNOSTIC_ANCHORS = 128  # the false-negative diagnostics look at this many anchors per step (a sample: cheap)
@@ -308,26 +449,37 @@ def negative_diagnostics(
     Computed on the first DIAGNOSTIC_ANCHORS anchors (a random sample: batches are shuffled). sim (M, N)."""
     rows = slice(0, DIAGNOSTIC_ANCHORS)
     sim, positive_index, mask = sim[rows], positive_index[rows], negative_mask[rows]
-    w = mask.to(sim.dtype) if weights is None else weights[rows].to(sim.dtype)  # (m, N)
-    n = mask.sum(dim=1).clamp_min(1)  # (m,)
+    count = mask.sum(dim=1)  # (m,)
+    n = count.clamp_min(1)
     positive = positive_logits(sim, positive_index)  # (m,)
     harder = ((sim > positive[:, None]) & mask).sum(dim=1) / n
-    # each row's own k_i = ceil(1 % of n_i), out of the top k_max that the shape bounds (no host synchronisation)
-    k_max = max(1, math.ceil(TOP_SHARE * mask.shape[1]))
-    top = torch.where(mask, sim, NEG_INF).topk(k_max, dim=1).indices  # (m, k_max), most similar first
-    k = (n * TOP_SHARE).ceil().clamp_min(1)  # (m,)
-    in_top = torch.arange(k_max, device=sim.device)[None, :] < k[:, None]
-    share = torch.where(in_top, w.gather(1, top), 0.0).sum(dim=1) / w.sum(dim=1).clamp_min(1e-30)
+    k = (n * TOP_SHARE).ceil().clamp_min(1)  # (m,) each row's own k_i = ceil(1 % of n_i)
+    if weights is None:  # uniform: the top k_i of n_i negatives hold k_i / n_i of the mass, whatever the ties
+        share = torch.where(count > 0, k / n, 0.0)
+    else:
+        w = weights[rows].to(sim.dtype)  # (m, N)
+        k_max = max(1, math.ceil(TOP_SHARE * mask.shape[1]))  # the top k_max that the shape bounds: no host sync
+        top = torch.where(mask, sim, NEG_INF).topk(k_max, dim=1).indices  # (m, k_max), most similar first
+        in_top = torch.arange(k_max, device=sim.device)[None, :] < k[:, None]
+        share = torch.where(in_top, w.gather(1, top), 0.0).sum(dim=1) / w.sum(dim=1).clamp_min(1e-30)
     out = {"harder_than_positive": harder.float().mean(), "top1pct_weight_share": share.float().mean()}
     if context.anchor_text_ids is not None and context.candidate_text_ids is not None:
         same = (context.anchor_text_ids[rows, None] == context.candidate_text_ids[None, :]) & mask  # (m, N)
         out["duplicate_pairs"] = same.sum().float()
-        out["duplicate_weight_total"] = torch.where(same, w, 0.0).sum().float()
+        total = out["duplicate_pairs"] if weights is None else torch.where(same, w, 0.0).sum().float()
+        out["duplicate_weight_total"] = total
     return out
 
 
-def log_normalised_weights(scores: Tensor, negative_mask: Tensor) -> Tensor:
-    """log w with w_ij = n softmax_{j in N(i)}(scores_ij), i.e. weights with mean one over N(i). (M, N)"""
-    n = negative_mask.sum(dim=1, keepdim=True).to(scores.dtype)
-    masked = torch.where(negative_mask, scores, NEG_INF)
-    return torch.where(negative_mask, F.log_softmax(masked, dim=1) + n.log(), NEG_INF)
+def _mean_negative_similarity(
+    a_hat: Tensor, c_hat: Tensor, logits: Tensor, targets: ContrastiveTargets, temperature: float
+) -> Tensor:
+    """Mean cosine over the (anchor, negative) pairs, from unit rows a_hat (M, D), c_hat (N, D) and the logits
+    (M, N) = cosines / temperature. With standard negatives no (M, N) pass: sum_{j in N(i)} s_ij = a_i . sum_j c_j
+    - s_ii - s_ip (candidate i is anchor i)."""
+    a, c = a_hat.detach(), c_hat.detach()
+    total = targets.negative_count.sum().clamp_min(1)
+    if targets.standard_negatives:
+        positives = (a * c.index_select(0, targets.positive_index)).sum()
+        return (a.sum(dim=0) @ c.sum(dim=0) - a.square().sum() - positives) / total
+    return torch.where(targets.negative_mask, logits.detach(), 0.0).sum() * temperature / total

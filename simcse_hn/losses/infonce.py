@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from simcse_hn.losses.base import ContrastiveLoss, weighted_loss
+from simcse_hn.losses.base import ContrastiveLoss
 
 
 class InfoNCELoss(ContrastiveLoss):
@@ -14,6 +14,7 @@ class InfoNCELoss(ContrastiveLoss):
     """
 
     has_fallback = False  # its own fallback: computed once
+    needs_sim = False
 
     def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
-        return weighted_loss(logits, targets.positive_index, targets.negative_mask), None, {}
+        return self.plain_reductions(logits, targets).loss(), None, {}

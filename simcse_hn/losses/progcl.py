@@ -9,7 +9,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from simcse_hn.losses.base import NEG_INF, ContrastiveLoss
+from simcse_hn.losses.base import (
+    NEG_INF,
+    ContrastiveLoss,
+    NegativeWeights,
+    drop_nonfinite_grad,
+    masked_logsumexp,
+    mean_over_anchors_with_negatives,
+)
 from simcse_hn.targets import LossContext
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
@@ -163,6 +170,69 @@ def negative_posteriors(
     return post[0], post[1]
 
 
+def hardness_scores(s: Tensor, fit: BetaMixture) -> Tensor:
+    """B = p(true | x) x for x = (s + 1) / 2 clamped to [1e-12, 1 - 1e-12], from similarities s (any shape) in their
+    own dtype, the true component named by `identify_components`: `negative_posteriors`' p_true, as
+    1 / (1 + L_f / L_t + 1e-12 / L_t) from two fused multiply-adds each of log x and log(1 - x) = log((1 - s) / 2)
+    (exact in float32 too, where 1 - x is not); the constants are float64. An overflow of either ratio gives
+    p_true = 0 (its value is below e^-88 then), never NaN. -> B, like s."""
+    order, _ = identify_components(fit)
+    alpha, beta, pi = (p.index_select(0, order) for p in fit[:3])  # (2,) [true, false], float64
+    log_norm = torch.lgamma(alpha) + torch.lgamma(beta) - torch.lgamma(alpha + beta) - pi.log()  # (2,)
+    # log L_f - log L_t = c0 + c1 log x + c2 log(1-x);  log(1e-12) - log L_t = d0 + d1 log x + d2 log(1-x)
+    c = torch.stack([log_norm[0] - log_norm[1], alpha[1] - alpha[0], beta[1] - beta[0]]).to(s.dtype)
+    d = torch.stack([LOG_EPS + log_norm[0], 1 - alpha[0], 1 - beta[0]]).to(s.dtype)
+    x = torch.mul(s, 0.5).add_(0.5).clamp_(EPS, 1 - EPS)
+    log_x = x.log()
+    log_1mx = torch.mul(s, -0.5).add_(0.5).clamp_min_(EPS).log_()
+    ratio = torch.mul(log_x, c[1]).addcmul_(log_1mx, c[2]).add_(c[0]).exp_()  # L_f / L_t
+    floor = log_1mx.mul_(d[2]).addcmul_(log_x, d[1]).add_(d[0]).exp_()  # 1e-12 / L_t, in log_1mx's memory
+    return x.div_(floor.add_(ratio).add_(1))
+
+
+class _MixedLogits(torch.autograd.Function):
+    """Mix mode's synthetic logits over all candidates, (B_j l_j + B_p l_p) / (B_j + B_p + 1e-12) with p the partner
+    (M, N), plus `bias` (0 on N(i), -inf elsewhere) and -inf everywhere when the fit is not `usable`, as
+    lambda l + mu l_p with lambda, mu (M, N) made once without gradient; the backward is lambda g plus mu g
+    scattered to the partners: 3 (M, N) passes where autograd through the products and the division makes ~8."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, b: Tensor, partner: Tensor, bias: Tensor, usable: Tensor) -> Tensor:
+        mu = b.gather(1, partner)  # B_p
+        denominator = (b + mu).add_(EPS)
+        lam = b / denominator
+        mu.div_(denominator)
+        mixed = torch.mul(lam, logits).addcmul_(mu, logits.gather(1, partner))
+        mixed.add_(bias.to(mixed.dtype)).add_(torch.where(usable, 0.0, NEG_INF).to(mixed.dtype))
+        ctx.save_for_backward(lam, mu, partner)
+        return mixed
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        lam, mu, partner = ctx.saved_tensors
+        return torch.mul(grad, lam).scatter_add_(1, partner, grad * mu), None, None, None, None
+
+
+def standard_partners(permutation: Tensor, anchor_index: Tensor, positive_index: Tensor) -> Tensor:
+    """Mix mode's pairing over all candidates when N(i) is every candidate but e = {anchor_index[i],
+    positive_index[i]}: candidate j's rank among N(i) is t = j - #{e < j}, and rho_i (the permutation without e's two
+    entries, at positions q_1 < q_2) has at place t the permutation's entry u = t + [t >= q_1] + [t >= q_2 - 1].
+    Integer comparisons (each [a > b] as clamp(a - b, 0, 1), int32: a bool-to-int64 cast is slower than the
+    comparison), where the general construction needs two cumulative sums, a scatter and a gather.
+    permutation (N,) of 0..N-1, anchor_index, positive_index (M,) -> partner (M, N) int64, meaningful on N(i)."""
+    n = permutation.shape[0]
+    columns = torch.arange(n, device=permutation.device, dtype=torch.int32)
+    inverse = torch.empty_like(columns).scatter_(0, permutation, columns)  # position of each candidate
+    e_low = torch.minimum(anchor_index, positive_index).int()[:, None]  # (M, 1)
+    e_high = torch.maximum(anchor_index, positive_index).int()[:, None]
+    q_a, q_p = inverse[anchor_index], inverse[positive_index]
+    q_low, q_high = torch.minimum(q_a, q_p)[:, None], torch.maximum(q_a, q_p)[:, None]  # (M, 1)
+    t = (columns - e_low).clamp_(0, 1).add_((columns - e_high).clamp_(0, 1)).neg_().add_(columns)  # (M, N)
+    u = (t - q_low).add_(1).clamp_(0, 1).add_((t - q_high).add_(2).clamp_(0, 1)).add_(t)
+    # index_select takes int32 indices (no int64 copy) and is several times faster than take on a CPU
+    return permutation.index_select(0, u.clamp_max_(n - 1).view(-1)).view(u.shape)
+
+
 def shared_sample(population: int, count: int, device: torch.device, all_reduce=None) -> Tensor:
     """`count` indices drawn uniformly, with replacement, from range(population). With `all_reduce` (a sum over
     processes) the draw is the same on every process: the fractional part of a sum of uniforms is uniform.
@@ -277,18 +347,30 @@ class ProGCLLoss(ContrastiveLoss):
         square = targets.anchors_are_candidates and context.all_reduce is None
         hardness, usable, metrics = self.fit_hardness(sim, negative_mask, context, dtype=dtype, square=square)
         if self.mode == "weight":
-            row_mean = hardness.sum(dim=1, keepdim=True) / plain.count[:, None].clamp_min(1)  # (M, 1)
-            log_w = hardness.log() - row_mean.log()  # B = 0 -> w = 0 -> -inf, as form (W) allows
-            # unusable fit or all-zero row -> w = 1; outside N(i) the log-weights are ignored (masked downstream)
-            log_w = torch.where(usable & (row_mean > 0), log_w, 0.0)
-            loss = torch.logaddexp(plain.pos, torch.logsumexp(plain.masked + log_w, dim=1)) - plain.pos
-            return loss, log_w, metrics
-        # the synthetic negatives mix the unweighted logits s / t: an explicit negative's weight (the targets'
-        # negative_log_weights, in `logits`) multiplies its own term of the negative sum only
-        unweighted = logits if targets.negative_log_weights is None else sim / self.temperature
-        synthetic = self._synthetic_logits(unweighted, negative_mask, hardness, usable, context)  # (M, K)
+            n = plain.count[:, None].clamp_min(1)  # (M, 1)
+            row_mean = hardness.sum(dim=1, keepdim=True) / n  # (M, 1)
+            # w = B / mean B (0 outside N(i)); an unusable fit or an all-zero row -> w = 1 (everywhere: outside N(i)
+            # the weights do not count)
+            w = torch.where(usable & (row_mean > 0), hardness / row_mean, 1.0)  # (M, N)
+            # sum_j w_ij e^{l_ij} from the fallback's own exponentials (with an explicit negative's weight c_ij, the
+            # targets' negative_log_weights, in them), guarded as an (M,) result
+            log_r = drop_nonfinite_grad(self.plain_reductions(logits, targets, guarded=False).weighted_lse(w))
+            loss = torch.logaddexp(plain.pos, log_r) - plain.pos
+            with torch.no_grad():  # sum_{j in N(i)} w_ij = n_i; w log w is 0 outside N(i) (w = 0 or 1 there)
+                w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,)
+                weights = NegativeWeights(
+                    make=lambda rows=slice(None): torch.where(negative_mask[rows], w[rows], 0.0),
+                    max=w.amax(),
+                    entropy=mean_over_anchors_with_negatives(n.squeeze(1).log() - w_log_w / n.squeeze(1), plain.count),
+                )
+            return loss, weights, metrics
+        # the synthetic negatives mix the unweighted logits s / t (`logits`, masked by the unweighted bias): an
+        # explicit negative's weight multiplies its own term of the negative sum only (in plain.lse)
+        synthetic = self._synthetic_logits(
+            logits, negative_mask, hardness, usable, context, targets, targets.negative_bias
+        )  # (M, K)
         # InfoNCE's denominator plus the synthetic negatives: the plain part is the fallback's own reduction
-        log_denominator = torch.logaddexp(torch.logaddexp(plain.pos, plain.lse), torch.logsumexp(synthetic, dim=1))
+        log_denominator = torch.logaddexp(torch.logaddexp(plain.pos, plain.lse), masked_logsumexp(synthetic))
         return log_denominator - plain.pos, None, metrics
 
     def fit_hardness(
@@ -299,29 +381,25 @@ class ProGCLLoss(ContrastiveLoss):
         dtype: torch.dtype = torch.float64,
         square: bool = False,
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """(Re)fit the mixture if the schedule says so and score the negatives (in float64).
+        """(Re)fit the mixture if the schedule says so and score the negatives.
         -> B (M, N) in `dtype`, detached, 0 outside N(i) and 0 when the fit is not usable; whether it is (valid and
         separated) (); the bmm metrics.
 
-        `square`: sim is the candidates' own similarity matrix (targets.anchors_are_candidates, one process), so every
-        unordered pair is fitted and scored once, from the upper triangle, counted once per direction in which it is
-        a negative: the same moments, fit and B as over the full matrix, for half the work (s_ji is taken to be s_ij,
-        which the matrix product may compute with another rounding). A sampled fit draws from the same pairs."""
+        The fit is float64, on the pairs drawn from the fitted ones (`fit_pairs`), gathered from sim, or on all of
+        them. `square`: sim is the candidates' own similarity matrix (targets.anchors_are_candidates, one process), so
+        the fitted pairs are the unordered ones, each from the upper triangle and counted once per direction in which
+        it is a negative: the same moments and fit as over the full matrix (s_ji is taken to be s_ij, which the
+        matrix product may compute with another rounding). The posteriors are evaluated on the full matrix in
+        `dtype` (`hardness_scores`): ~20 elementwise passes, cheaper than gathering the triangle and scattering it
+        back (two index_put over (M, N) cost more than the posterior itself at 2N = 1024). The metric
+        `est_false_neg_frac` is the mean p(false) over the drawn pairs (every pair when they are all fitted), in
+        float64; between refits the pairs are drawn all the same."""
         context = LossContext() if context is None else context
-        s, data = sim.detach().reshape(-1), negative_mask.reshape(-1)  # (M*N,)
-        if square:
-            upper, lower = self._triangles(sim.shape[0], sim.device)  # (P,) flat indices of (i, j) and (j, i), i < j
-            s, data = s[upper], data[upper].to(torch.float64) + data[lower]  # (P,): 0, 1 or 2 directions
-        x = ((s.to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)
-        x = torch.where(data > 0, x, 0.5)  # non-pairs (self, positive) are not data: keep their densities tame
-        features = _features(x)  # shared by the fit and the posterior
+        s = sim.detach()
+        fit_x, fit_data = self._fit_sample(s, negative_mask, context, square)  # (K,) each
+        fit_features = _features(fit_x)
         if self.refits(context.step, context.max_steps):
             init = self.stored_fit()[:3] if self.warm_start else None
-            fit_x, fit_features, fit_data = x, features, data
-            if self.fit_pairs is not None and self.fit_pairs < x.shape[0]:
-                index = shared_sample(x.shape[0], self.fit_pairs, x.device, context.all_reduce)  # (fit_pairs,)
-                fit_x, fit_data = x[index], data[index]
-                fit_features = (features[0][index], features[1][index])
             fit = _em(fit_x, fit_features, fit_data, self.em_iters, init, context.all_reduce)
             with torch.no_grad():  # the buffers keep the last valid fit, so they never hold NaN
                 for buffer, value in zip((self.bmm_alpha, self.bmm_beta, self.bmm_pi), fit[:3]):
@@ -332,19 +410,41 @@ class ProGCLLoss(ContrastiveLoss):
 
         _, separated = identify_components(fit)
         usable = fit.valid & separated
-        p_true, p_false = negative_posteriors(x, fit, features)  # like x each
-        hardness = (p_true * x).to(dtype)
-        if square:  # back to (M, N): the triangle and its mirror image (the diagonal is never a negative)
-            full = torch.zeros(sim.numel(), dtype=dtype, device=sim.device)
-            hardness = full.index_put_((upper,), hardness).index_put_((lower,), hardness)
-        hardness = hardness.reshape(sim.shape)
+        hardness = hardness_scores(s.to(dtype), fit)  # (M, N)
         # A degenerate fit may hold NaN: replace B before it touches anything with a gradient.
         hardness = torch.where(usable & negative_mask, hardness, 0.0)  # B, (M, N)
-        data = data.to(torch.float64)
-        est_false = (p_false * data).sum() / data.sum().clamp_min(1)
+        data = fit_data.to(torch.float64)
+        est_false = (negative_posteriors(fit_x, fit, fit_features)[1] * data).sum() / data.sum().clamp_min(1)
         est_false = torch.where(usable, est_false, 0.0)
         metrics = self._metrics(self.stored_fit(), est_false, (~usable).float(), (fit.valid & ~separated).float())
         return hardness, usable, metrics
+
+    def _fit_sample(
+        self, s: Tensor, negative_mask: Tensor, context: LossContext, square: bool
+    ) -> tuple[Tensor, Tensor]:
+        """The pairs the mixture is fitted on: x = (s + 1) / 2 in float64, clamped, (K,), and their data weights (K,)
+        (bool: a negative or not; with `square`, float: in how many directions the pair is a negative)."""
+        flat_s, flat_mask = s.reshape(-1), negative_mask.reshape(-1)
+        if square:
+            upper, lower = self._triangles(s.shape[0], s.device)  # (P,) flat indices of (i, j) and (j, i), i < j
+            population = upper.shape[0]
+        else:
+            population = flat_s.shape[0]
+        if self.fit_pairs is not None and self.fit_pairs < population:
+            index = shared_sample(population, self.fit_pairs, s.device, context.all_reduce)  # (fit_pairs,)
+            if square:
+                upper, lower = upper.index_select(0, index), lower.index_select(0, index)
+        elif not square:
+            index = None
+        if square:  # index_select: advanced indexing is several times slower on a CPU
+            fit_s = flat_s.index_select(0, upper)
+            data = flat_mask.index_select(0, upper).to(torch.float64) + flat_mask.index_select(0, lower)
+        elif index is None:
+            fit_s, data = flat_s, flat_mask
+        else:
+            fit_s, data = flat_s.index_select(0, index), flat_mask.index_select(0, index)
+        x = ((fit_s.to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)
+        return torch.where(data > 0, x, 0.5), data  # non-pairs (self, positive) are not data: tame densities
 
     def _triangles(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """Flat indices of the pairs i < j of an (n, n) matrix, i * n + j and j * n + i, cached per size and device.
@@ -364,26 +464,33 @@ class ProGCLLoss(ContrastiveLoss):
             noise = context.all_reduce(noise)
         return torch.argsort(noise, stable=True)
 
-    def _synthetic_logits(self, logits, negative_mask, hardness, usable, context: LossContext) -> Tensor:
+    def _synthetic_logits(
+        self, logits, negative_mask, hardness, usable, context: LossContext, targets=None, bias=None
+    ) -> Tensor:
         """Mix mode's synthetic logits m / t = (B_k l_k + B_sk l_sk) / (B_k + B_sk + 1e-12), -inf where there is none.
-        -> (M, K)"""
+        `targets`: their standard negatives give the pairing in closed form (`standard_partners`); `bias`: their
+        negative_bias, which masks by an addition. -> (M, K)"""
         rows, num_candidates = logits.shape
         k = self.mix_size(num_candidates)
         permutation = self._permutation(k, logits.device, context)  # (K,)
         if k == num_candidates:
             # Every negative takes part: pair them in candidate order. Row i's sigma is the permutation's entries that
-            # are its negatives, in order (rho_i); its t-th negative is paired with rho_i[t]. One gather of the mask,
-            # two cumulative sums, a scatter and a gather: no (M, N) sort.
-            keep = negative_mask.index_select(1, permutation)  # (M, N): is sigma_t a negative of row i
-            slot = torch.where(keep, keep.cumsum(dim=1) - 1, num_candidates)  # (M, N), others to a spare column
-            rho = torch.zeros((rows, num_candidates + 1), dtype=torch.long, device=logits.device)
-            rho = rho.scatter_(1, slot, permutation.expand_as(slot))  # (M, N + 1): rho_i, then junk
-            rank = (negative_mask.cumsum(dim=1) - 1).clamp_min_(0)  # (M, N): t of candidate j among N(i)
-            partner = rho.gather(1, rank)  # (M, N), meaningful on N(i)
+            # are its negatives, in order (rho_i); its t-th negative is paired with rho_i[t].
+            if targets is not None and targets.standard_negatives:
+                partner = standard_partners(permutation, targets.anchor_index, targets.positive_index)
+            else:  # one gather of the mask, two cumulative sums, a scatter and a gather: no (M, N) sort
+                keep = negative_mask.index_select(1, permutation)  # (M, N): is sigma_t a negative of row i
+                slot = torch.where(keep, keep.cumsum(dim=1) - 1, num_candidates)  # (M, N), others to a spare column
+                rho = torch.zeros((rows, num_candidates + 1), dtype=torch.long, device=logits.device)
+                rho = rho.scatter_(1, slot, permutation.expand_as(slot))  # (M, N + 1): rho_i, then junk
+                rank = (negative_mask.cumsum(dim=1) - 1).clamp_min_(0)  # (M, N): t of candidate j among N(i)
+                partner = rho.gather(1, rank)  # (M, N), meaningful on N(i)
             b = hardness.to(logits.dtype)
-            b_partner, l_partner = b.gather(1, partner), logits.gather(1, partner)
-            mixed = (b * logits + b_partner * l_partner) / (b + b_partner + EPS)  # (M, N)
-            return torch.where(negative_mask & usable, mixed, NEG_INF)
+            if bias is None:
+                b_partner, l_partner = b.gather(1, partner), logits.gather(1, partner)
+                mixed = (b * logits + b_partner * l_partner) / (b + b_partner + EPS)  # (M, N)
+                return torch.where(negative_mask & usable, mixed, NEG_INF)
+            return _MixedLogits.apply(logits, b, partner, bias, usable)
 
         key = torch.where(negative_mask, hardness, NEG_INF)
         sorted_b, order = torch.sort(key, dim=1, descending=True, stable=True)

@@ -11,9 +11,10 @@ from torch import Tensor, nn
 from simcse_hn.losses.base import (
     NEG_INF,
     ContrastiveLoss,
+    NegativeWeights,
     debiased_from_log_r,
     drop_nonfinite_grad,
-    log_normalised_weights,
+    mean_over_anchors_with_negatives,
 )
 from simcse_hn.losses.hcl import check_tau_plus
 from simcse_hn.targets import ContrastiveTargets
@@ -120,6 +121,19 @@ def centre(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return dev, torch.linalg.vector_norm(dev, dim=-1, keepdim=True) / n.sqrt()
 
 
+def centre_standard(x: Tensor, targets: ContrastiveTargets) -> tuple[Tensor, Tensor]:
+    """`centre` under standard negatives (N(i) is every candidate but anchor_index[i] and positive_index[i]), in
+    place on x (3, M, N): the two excluded entries of each row are set to the mean over N(i), so that after
+    subtracting it they are 0 and the std is the norm of the whole row; no (M, N) mask or copy is made.
+    -> dev (x itself, 0 outside N(i)), std (3, M, 1)."""
+    excluded = torch.stack([targets.anchor_index, targets.positive_index], dim=1).expand(x.shape[0], -1, -1)
+    n = targets.negative_count.to(x.dtype)[:, None]  # (M, 1)
+    x.scatter_(2, excluded, 0.0)
+    mean = x.sum(dim=-1, keepdim=True) / n  # (3, M, 1)
+    dev = x.scatter_(2, excluded, mean.expand(-1, -1, 2)).sub_(mean)
+    return dev, torch.linalg.vector_norm(dev, dim=-1, keepdim=True) / n.sqrt()
+
+
 def standardise(x: Tensor, mask: Tensor) -> Tensor:
     """(x - mean) / (std + 1e-6) over the True entries of each row (population std); 0 elsewhere.
     x (..., M, N), mask (M, N) -> (..., M, N)"""
@@ -192,17 +206,37 @@ class UnReMixLoss(ContrastiveLoss):
         metrics = {"lambda_A": lam[0], "lambda_U": lam[1], "lambda_R": lam[2]}
         metrics["u_from_head"] = torch.full((), float(use_head), device=sim.device)
 
-        log_weights, log_r = None, plain.lse
+        weights, log_r = None, plain.lse
         if self.beta > 0:
-            with torch.no_grad(), torch.autocast(device_type=sim.device.type, enabled=False):
+            unguarded = self.plain_reductions(logits, targets, guarded=False)
+            with torch.no_grad():
                 features = (anchor_features, candidate_features) if use_head else (None, None)
-                raw = self.raw_scores(sim, anchors, candidates, targets, *features)
-                dev, std = centre(raw, negative_mask)  # (3, M, N), (3, M, 1)
+                # the anchors' pseudo-posteriors run over the positive and the negatives: the masked logits with the
+                # positive put back
+                positives = targets.positive_index[:, None]
+                # (unweighted: an explicit negative's weight c_ij, in the masked logits, is not a similarity)
+                masked = unguarded.masked if targets.negative_log_weights is None else logits + targets.negative_bias
+                others = masked.detach().scatter(1, positives, plain.pos.detach()[:, None])
+                raw = self.raw_scores(sim, anchors, candidates, targets, *features, logits=others)
+                if targets.standard_negatives:
+                    dev, std = centre_standard(raw, targets)  # in place
+                else:
+                    dev, std = centre(raw, negative_mask)  # (3, M, N), (3, M, 1)
             # C = sum_c lambda_c dev_c / (std_c + 1e-6): the standardised scores are never materialised
             kappa = lam[:, None, None] / (std + STD_EPS)  # (3, M, 1)
             combined = (dev[0] * kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # (M, N)
-            log_weights = log_normalised_weights(self.beta * combined, negative_mask)
-            log_r = torch.logsumexp(plain.masked + log_weights, dim=1)  # (M,), -inf + -inf outside N(i)
+            # w = n softmax_{N(i)}(beta C): mean one over N(i), 0 elsewhere
+            n = plain.count[:, None]  # (M, 1)
+            w = torch.softmax(combined.mul_(self.beta).add_(targets.negative_bias.to(combined.dtype)), dim=1) * n
+            if not targets.standard_negatives:  # an anchor may have no negatives (a guide): 0, not softmax's NaN
+                w = torch.where(n > 0, w, 0.0)
+            # sum_j w_ij e^{l_ij} from the fallback's own exponentials, guarded as an (M,) result
+            log_r = drop_nonfinite_grad(unguarded.weighted_lse(w))
+            with torch.no_grad():
+                w = w.detach()
+                w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,), sum_j w_ij = n_i
+                entropy = mean_over_anchors_with_negatives(n.squeeze(1).log() - w_log_w / n.squeeze(1), plain.count)
+                weights = NegativeWeights(make=lambda rows=slice(None): w[rows], max=w.amax(), entropy=entropy)
         loss, clamped = debiased_from_log_r(plain.pos, log_r, plain.count, self.tau_plus, self.temperature)
         metrics["clamp_frac"] = clamped.float().mean()
         if self.learn_mixture and self.mixture_entropy > 0:
@@ -210,7 +244,7 @@ class UnReMixLoss(ContrastiveLoss):
             p = torch.softmax(theta, dim=0)
             entropy = -(p * p.log()).sum()
             loss = loss + self.mixture_entropy * (entropy.detach() - entropy)
-        return loss, log_weights, metrics
+        return loss, weights, metrics
 
     def component_scores(
         self,
@@ -233,8 +267,10 @@ class UnReMixLoss(ContrastiveLoss):
         targets: ContrastiveTargets,
         anchor_features: Tensor | None = None,
         candidate_features: Tensor | None = None,
+        logits: Tensor | None = None,
     ) -> Tensor:
-        """(A, U, R) before standardisation, stacked. -> (3, M, N), detached.
+        """(A, U, R) before standardisation, stacked. -> (3, M, N), detached, a fresh tensor (the caller may change
+        it in place). `logits`: sim / t on each anchor's positive and negatives and -inf elsewhere, when known.
 
         With `targets.anchors_are_candidates` the candidates' similarities are sim; with `standard_negatives` as well,
         their pseudo-posteriors are the anchors' and R needs no matrix product."""
@@ -248,8 +284,10 @@ class UnReMixLoss(ContrastiveLoss):
             same = targets.anchors_are_candidates
             c = a if same else candidates.detach().to(dtype)
             c_hat, c_norm = _unit(c)
-            other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
-            logits = torch.where(other_mask, sim / self.temperature, NEG_INF)
+            if logits is None:
+                other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
+                logits = torch.where(other_mask, sim / self.temperature, NEG_INF)
+            logits = logits.detach()
             anchor_delta = _embedding_gradients(a_hat, a_norm, logits, c_hat, self.temperature)  # (M, D)
             cand_sim = sim if same else c_hat @ c_hat.T  # (N, N)
             if same and targets.standard_negatives:  # every anchor's pseudo-posterior already runs over all other rows
@@ -269,9 +307,9 @@ class UnReMixLoss(ContrastiveLoss):
 
             # R_ij = (n_i - sum_{k in N(i)} s_jk - (1 - s_jj)) / (n_i - 1), s symmetric. The sum is mask @ S (M N^2
             # flops) or (mask @ C) @ C^T (2 M N D), whichever is cheaper.
-            mask = negative_mask.to(dtype)
-            n = mask.sum(dim=1, keepdim=True)  # (M, 1)
+            n = targets.negative_count.to(dtype)[:, None]  # (M, 1)
             self_sim = c_hat.square().sum(dim=1)  # (N,), 1 (0 for a zero-norm row)
+            mask = None if same and targets.standard_negatives else negative_mask.to(dtype)
             if same and targets.standard_negatives:
                 # sum_{k in N(i)} s_jk = sum_k s_jk - s_ji - s_{j,p(i)}, and s is symmetric: O(N^2), no product
                 torch.sub(sim.sum(dim=1)[None, :], sim, out=scores[2]).sub_(sim.index_select(0, positive_index))
