@@ -234,8 +234,9 @@ def measure_train_step(rounds: int, batch_size: int, max_length: int, work_dir: 
     corpus = shuffled_corpus(work_dir / "corpus_shuffled.txt").read_text(encoding="utf-8").splitlines()
     collator = SimCSECollator(tokenizer, max_length)
     batches = [collator(corpus[i * batch_size:(i + 1) * batch_size]) for i in range(4)]
-    for batch in batches:
+    for batch in batches:  # the collator's bookkeeping, which the trainer pops before the forward
         batch.pop("num_truncated")
+        batch.pop("text_ids", None)
     runs = train_step_runs(batches, model, optimizer)
     runs["infonce"]()  # warm-up: the losses share the model and optimizer; a loss's own first call is ms
     times = interleaved(runs, rounds, warmup=0)
