@@ -298,30 +298,37 @@ def encoder_backend(name_or_path: str, pooler: str | None = None) -> str:
 
 
 def token_length_batches(
-    encode_batch: EncodeFn,
+    encode_batch: Callable[[object], Tensor],
     tokenizer,
     batch_size: int,
     max_length: int | None = None,
     show_progress_bar: bool = False,
+    prepare: Callable[[list[str]], object] | None = None,
+    device: str | torch.device = "cpu",
 ) -> EncodeFn:
     """An encoder that feeds `encode_batch` batches of equal token length, longest first, and restores the order.
 
     Encoders sort by character count (SentenceTransformer.encode); on the STS suite that leaves a third of the tokens
     in a batch as padding (MiniLM's tokenizer, batch 32), token counts under 1 %. Tokenising twice costs a few
     seconds on the whole suite.
+
+    With `prepare` (a batch of sentences -> the model's features, e.g. its tokenizer), every batch is prepared first,
+    in this thread, and `encode_batch` gets the features; it must then be safe to call from several threads, as the
+    batches run side by side on a CPU's cores (`modeling.map_batches`). Without it, one batch after the other.
     """
-    from simcse_hn.modeling import token_length_order
+    from simcse_hn.modeling import map_batches, token_length_order
 
     def encode(sentences: list[str]) -> Tensor:
         if not sentences:
-            return encode_batch(sentences)
+            return encode_batch(prepare(sentences) if prepare else sentences)
         _, batches = token_length_order(tokenizer, sentences, batch_size, max_length)
         order = [i for batch in batches for i in batch]
-        if show_progress_bar:
-            from tqdm.auto import tqdm
-
-            batches = tqdm(batches, desc="encoding", unit="batch")
-        embeddings = torch.cat([encode_batch([sentences[i] for i in batch]) for batch in batches])  # (n, D), sorted
+        texts = [[sentences[i] for i in batch] for batch in batches]
+        if prepare is None:  # one batch after the other
+            pieces = map_batches(encode_batch, texts, None, show_progress_bar)
+        else:
+            pieces = map_batches(encode_batch, [prepare(batch) for batch in texts], device, show_progress_bar)
+        embeddings = torch.cat(pieces)  # (n, D), sorted
         out = torch.empty_like(embeddings)
         out[torch.tensor(order)] = embeddings
         return out
@@ -340,7 +347,26 @@ def simcse_encode_fn(
     return encode
 
 
-def sentence_transformers_encode_fn(model, batch_size: int = 128, show_progress_bar: bool = False) -> EncodeFn:
+def _plain_sentence_transformer(model) -> bool:
+    """A text model whose `encode` is its modules' forward over its tokenizer's features: no default prompt, no
+    truncated dimension, no prompt-aware pooling."""
+    prompts = getattr(model, "prompts", None) or {}
+    default = getattr(model, "default_prompt_name", None)
+    return (
+        callable(getattr(model, "tokenize", None))
+        and not (default and prompts.get(default))
+        and getattr(model, "truncate_dim", None) is None
+    )
+
+
+def sentence_transformers_encode_fn(
+    model, batch_size: int = 128, show_progress_bar: bool = False, side_by_side: bool = True
+) -> EncodeFn:
+    """A SentenceTransformer's embeddings in batches of equal token length. A plain text model (`_plain_sentence_
+    transformer`) runs its own modules' forward on features its tokenizer made in this thread, so the batches can
+    run side by side on a CPU's cores (unless `side_by_side` is False); anything else goes through `encode`, one
+    batch after the other."""
+
     def encode_batch(sentences: list[str]) -> Tensor:
         embeddings = model.encode(
             sentences, batch_size=max(len(sentences), 1), show_progress_bar=False, convert_to_tensor=True
@@ -354,7 +380,25 @@ def sentence_transformers_encode_fn(model, batch_size: int = 128, show_progress_
             .float()
             .cpu()
         )
-    return token_length_batches(encode_batch, tokenizer, batch_size, model.max_seq_length, show_progress_bar)
+    if not _plain_sentence_transformer(model):
+        return token_length_batches(encode_batch, tokenizer, batch_size, model.max_seq_length, show_progress_bar)
+
+    from sentence_transformers.util import batch_to_device
+
+    def forward(features: dict[str, Tensor]) -> Tensor:
+        with torch.inference_mode():
+            return model(batch_to_device(features, model.device))["sentence_embedding"].float().cpu()  # (n, D)
+
+    batched = token_length_batches(forward, tokenizer, batch_size, model.max_seq_length, show_progress_bar,
+                                   prepare=model.tokenize, device=model.device if side_by_side else None)  # fmt: skip
+
+    def encode(sentences: list[str]) -> Tensor:
+        if not sentences:
+            return encode_batch(sentences)
+        model.eval()
+        return batched(sentences)
+
+    return encode
 
 
 def load_encoder(

@@ -295,6 +295,33 @@ def inference_max_length(name_or_path: str, config, tokenizer=None) -> int | Non
 _ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
+def map_batches(fn, batches: list, device=None, show_progress_bar: bool = False, desc: str = "encoding") -> list:
+    """[fn(batch) for batch in batches], in order. On a CPU where torch runs n > 1 intra-op threads, the batches go to
+    n Python threads with one intra-op thread each (the caller's thread count is restored after): at inference
+    batch sizes a transformer layer's small products and element-wise kernels parallelise badly inside one op, and
+    whole batches side by side keep both cores busy (MiniLM on the STS suite, 2 cores: bench/results/eval_speed.md).
+    `fn` must be safe to call from several threads at once: a module's forward under inference mode is; a tokenizer
+    is not, so callers tokenise before. `device` None: one batch after the other."""
+    threads = torch.get_num_threads()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        threads = 1  # a sharded module's forward runs collectives, which must come in the same order on every rank
+    if show_progress_bar:
+        from tqdm.auto import tqdm
+    if device is None or torch.device(device).type != "cpu" or threads < 2 or len(batches) < 2:
+        return [fn(batch) for batch in (tqdm(batches, desc=desc, unit="batch") if show_progress_bar else batches)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="simcse-hn-encode") as pool:
+            results = pool.map(fn, batches)
+            if show_progress_bar:
+                results = tqdm(results, desc=desc, unit="batch", total=len(batches))
+            return list(results)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def token_length_order(
     tokenizer, sentences: list[str], batch_size: int, max_length: int | None = None
 ) -> tuple[dict, list[list[int]]]:
@@ -418,26 +445,26 @@ class SimCSEModel(nn.Module):
 
         The sentences are tokenised once, together, and fed in batches of equal token length, longest first
         (`token_length_order`): batches sorted by character count leave a third of a batch's tokens as padding on the
-        STS suite (MiniLM's tokenizer, batch 32), these under 1 %. The embeddings stay on the device until the end:
-        one copy to the CPU."""
+        STS suite (MiniLM's tokenizer, batch 32), these under 1 %. On a CPU the batches run side by side on the cores
+        (`map_batches`). The embeddings stay on the device until the end: one copy to the CPU."""
         if not sentences:
             return torch.empty(0, self.config.hidden_size)
-        was_training = self.training
-        self.eval()
         device = next(self.parameters()).device
         encoded, batches = token_length_order(tokenizer, sentences, batch_size, max_length)
         order = torch.tensor([i for index in batches for i in index])  # batch rows -> positions in `sentences`
-        if show_progress_bar:
-            from tqdm.auto import tqdm
-
-            batches = tqdm(batches, desc="encoding", unit="batch")
         keys = [k for k in _ENCODER_INPUTS if k in encoded]
-        pieces = []
+        features = [  # tokenizer.pad pads on the tokenizer's side; the poolers read the mask
+            tokenizer.pad({k: [encoded[k][i] for i in index] for k in keys}, return_tensors="pt") for index in batches
+        ]
+
+        def forward(batch) -> Tensor:
+            with torch.inference_mode():  # a worker thread does not inherit the caller's mode
+                return self(**{k: v.to(device) for k, v in batch.items() if k in _ENCODER_INPUTS}).embeddings
+
+        was_training = self.training
+        self.eval()
         try:
-            for index in batches:  # tokenizer.pad pads on the tokenizer's side; the poolers read the mask
-                features = tokenizer.pad({k: [encoded[k][i] for i in index] for k in keys}, return_tensors="pt")
-                inputs = {k: v.to(device) for k, v in features.items() if k in _ENCODER_INPUTS}
-                pieces.append(self(**inputs).embeddings)
+            pieces = map_batches(forward, features, device, show_progress_bar)
         finally:
             self.train(was_training)
         embeddings = torch.cat(pieces).float().cpu()  # (n, D), in batch order

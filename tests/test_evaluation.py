@@ -458,3 +458,83 @@ def test_encoder_backend(tmp_path, st_folder, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
     assert encoder_backend("user/st-model") == "sentence-transformers"
     assert encoder_backend("princeton-nlp/unsup-simcse-bert-base-uncased") == "simcse"
+
+
+@pytest.fixture
+def two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_map_batches_runs_batches_side_by_side_on_a_cpu_and_restores_the_thread_count(two_threads):
+    import threading
+
+    from simcse_hn.modeling import map_batches
+
+    barrier = threading.Barrier(2, timeout=30)  # passes only when two batches run at the same time
+    seen = []
+
+    def fn(batch):
+        seen.append((threading.get_ident(), torch.get_num_threads()))
+        barrier.wait()
+        return batch * 2
+
+    assert map_batches(fn, list(range(6)), "cpu") == [0, 2, 4, 6, 8, 10]  # in order
+    assert len({ident for ident, _ in seen}) == 2 and {threads for _, threads in seen} == {1}
+    assert torch.get_num_threads() == 2
+    seen.clear()
+    assert map_batches(lambda b: (seen.append(threading.get_ident()), b)[1], [1, 2, 3], None) == [1, 2, 3]
+    assert set(seen) == {threading.get_ident()}  # device None: one after the other, in the caller's thread
+
+
+def test_map_batches_restores_the_thread_count_when_a_batch_fails(two_threads):
+    from simcse_hn.modeling import map_batches
+
+    def fn(batch):
+        if batch == 3:
+            raise ValueError("batch 3")
+        return batch
+
+    with pytest.raises(ValueError, match="batch 3"):
+        map_batches(fn, [1, 2, 3, 4], "cpu")
+    assert torch.get_num_threads() == 2
+
+
+def test_encoders_side_by_side_equal_one_batch_after_the_other(st_folder, tasks, two_threads):
+    """Both backends on two threads (batches side by side) give what they give on one thread (one after the other),
+    in the caller's order."""
+    from sentence_transformers import SentenceTransformer
+
+    sentences = list(dict.fromkeys(s for t in tasks for p in t.subsets.values() for s in p.sentence1 + p.sentence2))
+    from simcse_hn.evaluation import _plain_sentence_transformer
+
+    st = SentenceTransformer(st_folder, device="cpu")
+    assert _plain_sentence_transformer(st)  # its forward on features made beforehand: the side-by-side path
+    encoder, tokenizer = build_tiny_bert(seed=6)
+    model = SimCSEModel(encoder, pooler="cls", mlp_only_train=False)
+    encoders = {"st": sentence_transformers_encode_fn(st, 4), "simcse": simcse_encode_fn(model, tokenizer, 4)}
+    side_by_side = {name: encode(sentences) for name, encode in encoders.items()}
+    torch.set_num_threads(1)
+    for name, encode in encoders.items():
+        torch.testing.assert_close(side_by_side[name], encode(sentences), rtol=0, atol=1e-6, msg=name)
+    expected = st.encode(sentences, batch_size=len(sentences), convert_to_tensor=True)
+    torch.testing.assert_close(side_by_side["st"], expected, rtol=0, atol=1e-5)
+
+
+def test_a_sentence_transformer_with_a_default_prompt_keeps_its_own_encode(st_folder, tasks):
+    """A default prompt (or a truncated dimension) changes what `encode` feeds the modules: such a model goes through
+    its own `encode`, batch after batch, and gets the prompt."""
+    from sentence_transformers import SentenceTransformer
+
+    from simcse_hn.evaluation import _plain_sentence_transformer
+
+    sentences = ["a man plays a guitar", "the cat sat", "x"]
+    st = SentenceTransformer(st_folder, device="cpu", prompts={"query": "query: "}, default_prompt_name="query")
+    assert not _plain_sentence_transformer(st)
+    expected = st.encode(sentences, convert_to_tensor=True)
+    unprompted = st.encode(sentences, convert_to_tensor=True, prompt="")
+    assert not torch.allclose(expected, unprompted, atol=1e-4)  # the prompt does change the embeddings
+    got = sentence_transformers_encode_fn(st, batch_size=2)(sentences)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
