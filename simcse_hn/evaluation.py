@@ -347,13 +347,18 @@ def simcse_encode_fn(
     return encode
 
 
+# Modules whose forward is all `encode` adds to the tokenizer's features (no routing by task, no prompt handling)
+PLAIN_MODULES = frozenset({"Transformer", "Pooling", "Normalize", "Dense", "LayerNorm", "Dropout"})
+
+
 def _plain_sentence_transformer(model) -> bool:
-    """A text model whose `encode` is its modules' forward over its tokenizer's features: no default prompt, no
-    truncated dimension, no prompt-aware pooling."""
+    """A text model whose `encode` is its modules' forward over its tokenizer's features: only PLAIN_MODULES, no
+    default prompt, no truncated dimension."""
     prompts = getattr(model, "prompts", None) or {}
     default = getattr(model, "default_prompt_name", None)
     return (
         callable(getattr(model, "tokenize", None))
+        and all(type(module).__name__ in PLAIN_MODULES for module in model)
         and not (default and prompts.get(default))
         and getattr(model, "truncate_dim", None) is None
     )

@@ -524,8 +524,8 @@ def test_encoders_side_by_side_equal_one_batch_after_the_other(st_folder, tasks,
 
 
 def test_a_sentence_transformer_with_a_default_prompt_keeps_its_own_encode(st_folder, tasks):
-    """A default prompt (or a truncated dimension) changes what `encode` feeds the modules: such a model goes through
-    its own `encode`, batch after batch, and gets the prompt."""
+    """A default prompt or a truncated dimension changes what `encode` gives: such a model goes through its own
+    `encode`, batch after batch, and gets the prompt (the dimension)."""
     from sentence_transformers import SentenceTransformer
 
     from simcse_hn.evaluation import _plain_sentence_transformer
@@ -538,3 +538,8 @@ def test_a_sentence_transformer_with_a_default_prompt_keeps_its_own_encode(st_fo
     assert not torch.allclose(expected, unprompted, atol=1e-4)  # the prompt does change the embeddings
     got = sentence_transformers_encode_fn(st, batch_size=2)(sentences)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    for truncated in (SentenceTransformer(st_folder, device="cpu", truncate_dim=8),):
+        assert not _plain_sentence_transformer(truncated)
+        got = sentence_transformers_encode_fn(truncated, batch_size=2)(sentences)
+        assert got.shape == (3, 8)
+        torch.testing.assert_close(got, truncated.encode(sentences, convert_to_tensor=True), rtol=0, atol=1e-5)
