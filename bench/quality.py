@@ -53,6 +53,12 @@ SWEEP = [
     ("progcl-fitall", "progcl", ["--progcl_fit_pairs", "0"]),
     ("unremix-beta0.5", "unremix", ["--unremix_beta", "0.5"]),
     ("unremix-beta2", "unremix", ["--unremix_beta", "2.0"]),
+    # DCL's clamp (docs/losses.md section 3): at t = 0.05 the trained space clamps nearly every anchor (the seed-42
+    # arm: clamp_frac 0.99 and no gradient by step 150), so the sweep tries a smaller prior and the paper's own
+    # temperature, against InfoNCE at that temperature
+    ("dcl-tau1e-6", "dcl", ["--dcl_tau_plus", "1e-6"]),
+    ("dcl-t0.5-tau0.1", "dcl", ["--temperature", "0.5", "--dcl_tau_plus", "0.1"]),
+    ("infonce-t0.5", "infonce", ["--temperature", "0.5"]),
 ]
 DIAGNOSTICS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_weight_share", "neg_weight_max",
                "clamp_frac", "est_false_neg_frac", "bmm_fallback", "nonfinite_fallback")  # fmt: skip
