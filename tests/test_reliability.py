@@ -54,3 +54,26 @@ def test_overlong_lines_are_truncated_and_counted(tiny_args, tmp_path, caplog):
         trainer = train.run(tiny_args + extra)
     assert (trainer.truncated_sentences, trainer.trained_sentences) == (32, 32)
     assert "32 of the 32 sentences trained on were longer than 32 tokens and were truncated" in caplog.text
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf"), None])
+def test_the_gradient_guard_skips_exactly_the_steps_with_a_nonfinite_gradient(poison):
+    """One NaN or inf anywhere in one gradient skips the step (gradients dropped, counted); finite gradients, however
+    large, pass untouched."""
+    from types import SimpleNamespace
+
+    from simcse_hn.trainer import _NonFiniteGradientGuard
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 3e38)  # finite, and its square overflows float32
+    if poison is not None:
+        model[1].bias.grad[1] = poison
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(), is_fsdp_enabled=False, model=model, skipped_steps=0)
+    guard = _NonFiniteGradientGuard(trainer)
+    guard.on_pre_optimizer_step(SimpleNamespace(device="cpu"), SimpleNamespace(global_step=0), None)
+    grads = [p.grad for p in model.parameters()]
+    if poison is None:
+        assert trainer.skipped_steps == 0 and all(g is not None and (g == 3e38).all() for g in grads)
+    else:
+        assert trainer.skipped_steps == 1 and all(g is None for g in grads)
