@@ -241,11 +241,12 @@ def product_seconds(m: int, k: int, n: int, kind: str = "forward", dtype=None, d
 
 def side_by_side_gflops(m: int, k: int, n: int, dtype=None, rounds: int = 5, min_seconds: float = 0.5) -> float:
     """CPU only: the reference product run by as many Python threads as torch has intra-op threads, one intra-op
-    thread each, at once (total FLOPs / wall time, best round). On a small machine this beats one product split over
-    the threads (simcse_hn.modeling.map_batches runs inference batches this way), so it belongs in the limit."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    thread each, at once (total FLOPs / wall time, best round), through simcse_hn.modeling.map_batches, the way
+    inference batches run. On a small machine this can beat one product split over the threads, so it belongs in
+    the limit."""
     import torch
+
+    from simcse_hn.modeling import map_batches
 
     threads = torch.get_num_threads()
     dtype = dtype or torch.float32
@@ -258,18 +259,13 @@ def side_by_side_gflops(m: int, k: int, n: int, dtype=None, rounds: int = 5, min
         for _ in range(per_round):
             torch.nn.functional.linear(*pair)
 
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(work, pairs))  # warm-up
-            best, total, runs = float("inf"), 0.0, 0
-            while runs < rounds or total < min_seconds:
-                start = time.perf_counter()
-                list(pool.map(work, pairs))
-                seconds = time.perf_counter() - start
-                best, total, runs = min(best, seconds), total + seconds, runs + 1
-    finally:
-        torch.set_num_threads(threads)
+    map_batches(work, pairs, "cpu")  # warm-up
+    best, total, runs = float("inf"), 0.0, 0
+    while runs < rounds or total < min_seconds:
+        start = time.perf_counter()
+        map_batches(work, pairs, "cpu")
+        seconds = time.perf_counter() - start
+        best, total, runs = min(best, seconds), total + seconds, runs + 1
     return 2 * m * k * n * per_round * threads / best / 1e9
 
 
