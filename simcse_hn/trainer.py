@@ -116,8 +116,8 @@ class _NonFiniteGradientGuard(TrainerCallback):
             return
         # a tensor holds a NaN/inf iff its largest magnitude is NaN/inf: one reduction per gradient (isfinite + any
         # per gradient took 3-4 % of a MiniLM step on a CPU, bench/results/step_profile.md)
-        largest = torch._foreach_norm(grads, math.inf) if grads else []
-        bad = ~torch.isfinite(torch.stack(largest)).all() if grads else torch.tensor(False)
+        largest = torch.stack(torch._foreach_norm(grads, math.inf)) if grads else torch.zeros(0)
+        bad = ~torch.isfinite(largest).all()
         if sharded:
             bad = distributed.all_reduce_sum(bad.float().to(args.device)) > 0
         if bool(bad):  # one host synchronisation per optimizer step, outside the loss
