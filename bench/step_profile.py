@@ -4,7 +4,7 @@ rest, and the allocator's share.
 
 One process, train.py's `run()` (SimCSE's unsupervised recipe: pooler `cls` with the MLP head, InfoNCE, symmetric
 form, batch 64, max length 32, AdamW), on all-MiniLM-L6-v2 by default, 1 torch thread (as bench/train_throughput.py
-section 2). Phases are wall-clock intervals taken around the Trainer's own calls, over the steps after the warm-up:
+section 2). Phases are wall-clock intervals around the Trainer's own calls, means over the steps after the warm-up:
 * collate: the data collator (the loader calls it one batch ahead, in this process: num_workers 0);
 * forward: the encoder's forward inside compute_loss (a forward pre-hook and hook on the model);
 * loss: the rest of compute_loss (the contrastive loss, its metrics and diagnostics);
@@ -139,10 +139,12 @@ def run(model: str, corpus: Path, steps: int, warmup: int, profile_steps: int, t
             train.SimCSETrainer = base
 
     step_times = [b - a for a, b in zip(step_ends[warmup - 1 :], step_ends[warmup:])][: steps - warmup - profile_steps]
-    phases = {name: statistics.median(values) for name, values in marks.items() if values and name != "between_steps"}
-    step = statistics.median(step_times)
+    # means, which add up (medians of the phases need not sum to the median step)
+    phases = {name: statistics.mean(values) for name, values in marks.items() if values and name != "between_steps"}
+    step = statistics.mean(step_times)
     phases["between_steps"] = step - sum(phases.values())
-    out = {"median_step_s": step, "step_seconds": step_times, "phases_s": phases,
+    out = {"mean_step_s": step, "median_step_s": statistics.median(step_times), "step_seconds": step_times,
+           "phases_s": phases,
            "phase_samples": {k: len(v) for k, v in marks.items()}}  # fmt: skip
     if "profiler" in profiler_box:
         out["profile"] = operator_table(profiler_box["profiler"], profile_steps)
@@ -167,14 +169,14 @@ def operator_table(profiler, steps: int, rows: int = 20) -> dict:
 
 def markdown(report: dict) -> str:
     r = report["result"]
-    step = r["median_step_s"]
+    step = r["mean_step_s"]
     lines = ["# Where a training step's time goes", "", environment_line(report["environment"]), "",
              f"Model {report['model_label']}, pooler cls + MLP head, InfoNCE (symmetric form), batch 64 sentences "
              f"(128 rows), max length 32, AdamW, {report['threads']} torch thread(s); {report['steps']} steps, "
              f"{report['warmup']} warm-up, the last {report['profile_steps']} under torch.profiler (not in the "
-             "phases). Medians over the timed steps.", "",
-             f"Median step: **{step:.3f} s**.", "",
-             "| phase | median s | share of the step |", "|---|---|---|"]  # fmt: skip
+             "phases). Means over the timed steps (they add up).", "",
+             f"Mean step: **{step:.3f} s** (median {r['median_step_s']:.3f} s).", "",
+             "| phase | mean s | share of the step |", "|---|---|---|"]  # fmt: skip
     for name in PHASES:
         if name in r["phases_s"]:
             seconds = r["phases_s"][name]
