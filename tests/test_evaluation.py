@@ -17,6 +17,7 @@ from simcse_hn.evaluation import (
     encoder_backend,
     load_encoder,
     parse_tasks,
+    prepared_batches,
     score_sts_tasks,
     sentence_transformers_encode_fn,
     simcse_encode_fn,
@@ -222,6 +223,65 @@ def test_token_length_batches_group_equal_lengths_and_restore_order(tasks):
     assert [len(b) for b in batches[:-1]] == [16] * (len(batches) - 1) and 0 < len(batches[-1]) <= 16
     lengths = [len(tokenizer(s)["input_ids"]) for b in batches for s in b]
     assert lengths == sorted(lengths, reverse=True)  # longest first, so each batch pads to almost nothing
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_prepared_batches_equal_the_models_own_features_for_each_batch(st_folder, side):
+    """Each text tokenised once, in groups; every batch cut out of its group is exactly what the model's own
+    `preprocess` gives for that batch's texts alone, on either padding side, and the batches are of equal token
+    length within a group."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(st_folder, device="cpu")
+    st.tokenizer.padding_side = side
+    prepare = getattr(st, "preprocess", None) or st.tokenize
+    rng = random.Random(3)
+    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(1, 14))) for _ in range(53)] + ["", "a"]
+    calls = []
+
+    def counted(texts):
+        calls.append(len(texts))
+        return prepare(texts)
+
+    order, batches = prepared_batches(counted, sentences, batch_size=4, group_size=13)
+    assert sorted(order) == list(range(len(sentences)))
+    assert sum(calls) == len(sentences) and len(calls) == -(-len(sentences) // 12)  # once each, 12 at a time
+    start = 0
+    for features in batches:
+        texts = [sentences[i] for i in order[start : start + len(features["input_ids"])]]
+        start += len(texts)
+        alone = prepare(texts)
+        assert set(features) == set(alone)
+        for key, value in alone.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(features[key], value), key
+            else:
+                assert features[key] == value, key
+    assert start == len(sentences)
+    lengths = [int(features["attention_mask"].sum(1).min()) for features in batches]
+    widths = [features["attention_mask"].shape[1] for features in batches]
+    assert len(set(widths)) > 3  # the groups do differ in length, and each batch is cut to its own
+    group = [features["attention_mask"].sum(1).tolist() for features in batches[:3]]
+    flat = [n for rows in group for n in rows]
+    assert flat == sorted(flat, reverse=True) and min(lengths) >= 1  # sorted by token count within a group
+
+
+def test_prepared_batches_prepare_a_group_again_when_its_mask_cannot_be_cut():
+    """A mask with a hole (or none) is not padding on one side: that group goes to `prepare` batch by batch."""
+    sentences = [f"s{i}" * (i + 1) for i in range(10)]
+    calls = []
+
+    def prepare(texts):
+        calls.append(list(texts))
+        mask = torch.ones(len(texts), 5, dtype=torch.long)
+        mask[:, 1] = 0  # a hole
+        return {"input_ids": torch.arange(len(texts) * 5).view(len(texts), 5), "attention_mask": mask}
+
+    order, batches = prepared_batches(prepare, sentences, batch_size=3, group_size=6)
+    by_chars = sorted(range(10), key=lambda i: -len(sentences[i]))
+    assert order == by_chars
+    assert [len(c) for c in calls] == [6, 3, 3, 4, 3, 1]  # each group once, then again batch by batch
+    assert [b["input_ids"].shape[0] for b in batches] == [3, 3, 3, 1]
 
 
 @pytest.mark.parametrize("pooler", ["cls", "avg", "avg_top2"])
