@@ -12,6 +12,12 @@ untrained model is scored once, with its CLS vector and with mean pooling (MiniL
     python bench/quality.py --arms infonce,hcl --batch_size 512 --cache_minibatch_size 64 --seeds 42   # GradCache
     python bench/quality.py --sweep                               # the one-seed sensitivity sweep
     python bench/quality.py --report                              # rebuild the report from what is there
+    python bench/quality.py --seeds 43,44 --jobs 2                # two runs at once, one torch thread each
+
+`--jobs N` runs N trainings at once with cores / N torch threads each. On the 2-core machine a MiniLM step gains only
+~1.3x from its second thread, so two one-thread runs side by side finish more runs per hour than one two-thread run
+after the other; each run records its thread count, the jobs beside it and its load (the report's times are wall
+seconds under that sharing). The numbers of a run depend on its thread count only through float rounding.
 
 Runs accumulate: each finished run (its folder under --work_dir and an entry in bench/results/quality/runs.json with
 its time and machine load) is kept and never recomputed, so the study can be spread over sittings; an interrupted run
@@ -24,6 +30,8 @@ training curves of the first seed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import json
 import os
 import statistics
@@ -92,16 +100,36 @@ def load_index() -> dict:
     return json.loads(path.read_text()) if path.is_file() else {"runs": {}}
 
 
-def save_index(index: dict) -> None:
+@contextlib.contextmanager
+def locked_index():
+    """runs.json read, changed by the caller and written back under an exclusive lock, so that several sittings (or
+    --jobs) adding runs at once keep each other's entries."""
+    import fcntl
+
     OUT.mkdir(parents=True, exist_ok=True)
-    write_json(OUT / "runs.json", index)
+    with open(OUT / "runs.json.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            index = load_index()
+            yield index
+            write_json(OUT / "runs.json", index)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def run(command: list[str], log: Path) -> float:
+def save_entry(key: str, entry: dict, work_dir: str) -> None:
+    with locked_index() as index:
+        index["runs"][key] = entry
+        index["work_dir"] = work_dir
+
+
+def run(command: list[str], log: Path, threads: int | None = None) -> float:
     start = time.time()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op threads in the child
     with open(log, "a", encoding="utf-8") as f:
-        subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=True,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})  # fmt: skip
+        subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=True, env=env)
     return time.time() - start
 
 
@@ -118,9 +146,9 @@ def last_window(folder: Path) -> dict:
 
 
 def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: int | None, work: Path,
-                    corpus: Path, index: dict) -> None:  # fmt: skip
+                    corpus: Path, threads: int | None = None, jobs: int = 1) -> None:  # fmt: skip
     key = f"{name}-b{batch}-s{seed}"
-    if key in index["runs"]:
+    if key in load_index()["runs"]:
         return
     folder = work / key
     load_before = os.getloadavg()
@@ -138,28 +166,29 @@ def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: i
     train_seconds = eval_seconds = None
     if not (folder / "simcse_files.json").is_file():  # no final save yet
         print(f"{key}: training", flush=True)
-        train_seconds = run(command, work / f"{key}.log")
+        train_seconds = run(command, work / f"{key}.log", threads)
     if not (report / "results.json").is_file():
         eval_seconds = run([sys.executable, "eval/sts.py", "--model", str(folder), "--data_dir",
                             str(SHARED_DATA / "sts"), "--output", str(report), "--no_progress_bar"],
-                           work / f"{key}.log")  # fmt: skip
+                           work / f"{key}.log", threads)  # fmt: skip
     results = json.loads((report / "results.json").read_text())
-    index["runs"][key] = {
+    entry = {
         "arm": name, "seed": seed, "batch_size": batch, "cache_minibatch_size": cache, "flags": flags,
         "results": _rel(report), "average": results["average"],
         "train_seconds": train_seconds and round(train_seconds, 1),
         "eval_seconds": eval_seconds and round(eval_seconds, 1),
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
+        "torch_threads": threads, "jobs": jobs,
         "diagnostics": last_window(folder), "environment": environment(),
     }  # fmt: skip
-    save_index(index)
+    save_entry(key, entry, str(work))
     print(f"{key}: STS average {results['average']:.2f}", flush=True)
 
 
-def references(work: Path, index: dict) -> None:
+def references(work: Path) -> None:
     for key, pooler in (("before-cls", "cls_before_pooler"), ("before-avg", "avg")):
-        if key in index["runs"]:
+        if key in load_index()["runs"]:
             continue
         report = work / f"{key}-sts"
         seconds = None
@@ -168,10 +197,9 @@ def references(work: Path, index: dict) -> None:
                            "--data_dir", str(SHARED_DATA / "sts"), "--output", str(report), "--no_progress_bar"],
                           work / f"{key}.log")  # fmt: skip
         results = json.loads((report / "results.json").read_text())
-        index["runs"][key] = {"arm": key, "seed": None, "results": _rel(report),
-                              "average": results["average"], "eval_seconds": seconds and round(seconds, 1),
-                              "environment": environment()}  # fmt: skip
-        save_index(index)
+        entry = {"arm": key, "seed": None, "results": _rel(report), "average": results["average"],
+                 "eval_seconds": seconds and round(seconds, 1), "environment": environment()}  # fmt: skip
+        save_entry(key, entry, str(work))
 
 
 def report(index: dict) -> None:
@@ -195,16 +223,19 @@ def report(index: dict) -> None:
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     lines = ["# Quality study: the runs", "",
              "Each row is one run; diagnostics are the last logging window (25 steps) of training. Times are wall "
-             "seconds with the 1-minute load average before and after.", "",
-             "| run | STS avg | train s | eval s | load | " + " | ".join(DIAGNOSTICS) + " |",
-             "|:--|--:|--:|--:|:--|" + "--:|" * len(DIAGNOSTICS)]  # fmt: skip
+             "seconds with the 1-minute load average before and after; jobs: trainings run at once (--jobs), with "
+             "their torch threads.", "",
+             "| run | STS avg | train s | eval s | load | jobs | " + " | ".join(DIAGNOSTICS) + " |",
+             "|:--|--:|--:|--:|:--|:--|" + "--:|" * len(DIAGNOSTICS)]  # fmt: skip
     for key, entry in sorted(runs.items()):
         load = entry.get("load_average")
         load = f"{load['before'][0]:.1f} / {load['after'][0]:.1f}" if load else "–"
         diagnostics = entry.get("diagnostics", {})
         cells = " | ".join(f"{diagnostics[d]:.4g}" if d in diagnostics else "–" for d in DIAGNOSTICS)
+        threads = entry.get("torch_threads") or "all"
+        jobs = f"{entry.get('jobs', 1)} x {threads} threads" if "train_seconds" in entry else "–"
         lines.append(f"| {key} | {entry['average']:.2f} | {entry.get('train_seconds', '–')} | "
-                     f"{entry.get('eval_seconds', '–')} | {load} | {cells} |")  # fmt: skip
+                     f"{entry.get('eval_seconds', '–')} | {load} | {jobs} | {cells} |")  # fmt: skip
     arms_seen = sorted({e["arm"] for e in runs.values() if e.get("seed") is not None})
     lines += ["", "## Diagnostics per arm (mean over its runs)", "",
               "| arm | runs | " + " | ".join(DIAGNOSTICS) + " |", "|:--|--:|" + "--:|" * len(DIAGNOSTICS)]  # fmt: skip
@@ -237,6 +268,7 @@ def main() -> None:  # noqa: C901
     parser.add_argument("--report", action="store_true", help="only rebuild the report")
     parser.add_argument("--work_dir", default=str(ROOT / "outputs" / "quality"))
     parser.add_argument("--max_steps", type=int, default=None, help="smoke test only: stop every run early")
+    parser.add_argument("--jobs", type=int, default=1, help="trainings at once, cores / jobs torch threads each")
     parser.add_argument("--results_dir", default=None, help="where runs.json and the report go (default: " +
                         str(OUT.relative_to(ROOT)) + ")")  # fmt: skip
     args = parser.parse_args()
@@ -245,25 +277,32 @@ def main() -> None:  # noqa: C901
     if args.max_steps:
         RECIPE.extend(["--max_steps", str(args.max_steps)])
 
-    index = load_index()
-    index["work_dir"] = args.work_dir
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     if not args.report:
         corpus = work / "wiki_shuffled.txt"
         if not corpus.is_file():
             shuffled_corpus(corpus)
-        references(work, index)
+        references(work)
         if args.sweep:
-            for name, arm, changes in SWEEP:
-                train_and_score(name, arm_flags(arm) + changes, 42, 64, None, work, corpus, index)
+            todo = [(name, arm_flags(arm) + changes, 42, 64, None) for name, arm, changes in SWEEP]
         else:
-            for seed in (int(s) for s in args.seeds.split(",")):
-                for arm in args.arms.split(","):
-                    train_and_score(arm, arm_flags(arm), seed, args.batch_size, args.cache_minibatch_size, work,
-                                    corpus, index)  # fmt: skip
-    save_index(index)
-    report(index)
+            todo = [(arm, arm_flags(arm), seed, args.batch_size, args.cache_minibatch_size)
+                    for seed in (int(s) for s in args.seeds.split(",")) for arm in args.arms.split(",")]  # fmt: skip
+        threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [pool.submit(train_and_score, *run_args, work, corpus, threads, args.jobs) for run_args in todo]
+            failed = [(run_args[0], run_args[2], future.exception()) for run_args, future in zip(todo, futures)
+                      if future.exception() is not None]  # waits for each; a failed run does not stop the others
+        for arm, seed, error in failed:
+            print(f"{arm} seed {seed} failed: {error}", flush=True)
+        if failed:
+            raise SystemExit(f"{len(failed)} run(s) failed; their logs are under {work}")
+    with locked_index() as index:
+        index["work_dir"] = args.work_dir
+    report(load_index())
     print(f"report: {OUT}", flush=True)
 
 
