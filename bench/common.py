@@ -94,8 +94,29 @@ def load_average() -> list[float]:
         return []
 
 
+def cpu_counters() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat (Linux), None elsewhere. Steal is time the hypervisor gave
+    this machine's virtual CPUs to someone else: a load average of 1 on an idle-looking machine can hide a 50 %
+    steal, which slows every bench alike (session 5 saw the same STS suite take 1.8x as long at 57 % steal)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_percent(start: tuple[int, int] | None, end: tuple[int, int] | None = None) -> float | None:
+    """The share of CPU time stolen between two `cpu_counters` readings (end: now), in percent."""
+    end = cpu_counters() if end is None else end
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return round(100.0 * (end[0] - start[0]) / (end[1] - start[1]), 1)
+
+
 def environment() -> dict:
-    """Commit (with +dirty for uncommitted changes to tracked files), machine, load, package versions, threads."""
+    """Commit (with +dirty for uncommitted changes to tracked files), machine, load, CPU steal (a one-second sample
+    now, and the counters, so that a bench can report the steal over its whole run), package versions, threads."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -119,9 +140,13 @@ def environment() -> dict:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores ({cpu_model()}), "
         f"{platform.python_implementation()} {platform.python_version()}",
         "load_average": load_average(),
+        "cpu_counters": cpu_counters(),
         "versions": versions,
         "malloc": {k: os.environ[k] for k in MALLOC_TUNED if k in os.environ} or "glibc defaults",
     }
+    before = cpu_counters()
+    time.sleep(1.0)
+    env["cpu_steal_percent"] = steal_percent(before)  # a one-second sample at the start
     try:
         import torch
 
@@ -137,8 +162,10 @@ def environment_line(env: dict) -> str:
     """One line for a results file: commit, machine, load, versions."""
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
     load = env.get("load_average") or ["?"]
+    steal = env.get("cpu_steal_percent")
+    steal = f", CPU steal {steal} % (one second)" if steal is not None else ""
     return (f"Commit {env['commit']}, {env['machine']}, {env.get('torch_threads', '?')} torch thread(s), 1-minute "
-            f"load average {load[0]} at the start, malloc {env.get('malloc', '?')}; {versions}; {env['date']}.")
+            f"load average {load[0]} at the start{steal}, malloc {env.get('malloc', '?')}; {versions}; {env['date']}.")
 
 
 # --- memory: the kernel's resident-set counters (torch's CPU allocations are invisible to tracemalloc) ---

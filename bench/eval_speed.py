@@ -56,6 +56,7 @@ from common import (  # noqa: E402
     peak_rss_mib,
     reset_peak_rss,
     rss_mib,
+    steal_percent,
     sts_data_dir,
     write_json,
 )
@@ -201,7 +202,8 @@ def markdown(record: dict) -> str:
     lines = [
         "# STS suite evaluation speed",
         "",
-        environment_line(env) + f" Load average after: {record['load_average_after'][0]}.",
+        environment_line(env) + f" Load average after: {record['load_average_after'][0]}; CPU steal over the run: "
+        f"{record.get('cpu_steal_percent_over_run', '?')} %.",
         "",
         f"Model: {record['model_name']}; batch size {record['batch_size']} (ours {record['our_batch_size']}); "
         f"device {record['device']}; suite: {record['suite']} ({record['pairs']:,} pairs, "
@@ -348,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         "same_scores": same_scores(ours, cosines, theirs, tasks), "scores": scores,
         "average_ours_all": ours["average"], "environment": env,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "cpu_steal_percent_over_run": steal_percent(env.get("cpu_counters")),
     }  # fmt: skip
     stem = Path(args.output) if args.output else RESULTS / ("eval_speed_quick" if args.quick else "eval_speed")
     stem.parent.mkdir(parents=True, exist_ok=True)
