@@ -310,7 +310,7 @@ def token_length_batches(
     in a batch as padding (MiniLM's tokenizer, batch 32), token counts under 1 %. This tokenises once for the order,
     and `encode_batch` tokenises again: the price of calling an encoder that takes text.
     """
-    from simcse_hn.modeling import map_batches, token_length_order
+    from simcse_hn.modeling import map_batches, restore_order, token_length_order
 
     def encode(sentences: list[str]) -> Tensor:
         if not sentences:
@@ -321,13 +321,6 @@ def token_length_batches(
         return restore_order(torch.cat(pieces), [i for batch in batches for i in batch])
 
     return encode
-
-
-def restore_order(embeddings: Tensor, order: Sequence[int]) -> Tensor:
-    """Rows computed in `order` (row k is sentence order[k]) put back in the caller's order. (n, D) -> (n, D)"""
-    out = torch.empty_like(embeddings)
-    out[torch.tensor(list(order), dtype=torch.long)] = embeddings
-    return out
 
 
 def trim_padding(features: dict, rows: Tensor, width: int, side: str, group: int, padded: int) -> dict:
@@ -454,7 +447,7 @@ def sentence_transformers_encode_fn(
 
     from sentence_transformers.util import batch_to_device
 
-    from simcse_hn.modeling import map_batches
+    from simcse_hn.modeling import map_batches, restore_order
 
     prepare = getattr(model, "preprocess", None) or model.tokenize  # sentence-transformers < 6: `tokenize`
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -332,6 +333,13 @@ def token_length_order(
     return encoded, [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
+def restore_order(embeddings: Tensor, order: Sequence[int]) -> Tensor:
+    """Rows computed in `order` (row k is sentence order[k]) put back in the caller's order. (n, D) -> (n, D)"""
+    out = torch.empty_like(embeddings)
+    out[torch.as_tensor(order, dtype=torch.long)] = embeddings
+    return out
+
+
 class MLPHead(nn.Module):
     """SimCSE's MLPLayer: dense + tanh over the CLS vector."""
 
@@ -451,7 +459,6 @@ class SimCSEModel(nn.Module):
             return torch.empty(0, self.config.hidden_size)
         device = next(self.parameters()).device
         encoded, batches = token_length_order(tokenizer, sentences, batch_size, max_length)
-        order = torch.tensor([i for index in batches for i in index])  # batch rows -> positions in `sentences`
         keys = [k for k in _ENCODER_INPUTS if k in encoded]
         features = [  # tokenizer.pad pads on the tokenizer's side; the poolers read the mask
             tokenizer.pad({k: [encoded[k][i] for i in index] for k in keys}, return_tensors="pt") for index in batches
@@ -468,9 +475,7 @@ class SimCSEModel(nn.Module):
         finally:
             self.train(was_training)
         embeddings = torch.cat(pieces).float().cpu()  # (n, D), in batch order
-        out = torch.empty_like(embeddings)
-        out[order] = embeddings
-        return out
+        return restore_order(embeddings, [i for index in batches for i in index])
 
     # --- saving and loading ---
 
