@@ -12,6 +12,7 @@ untrained model is scored once, with its CLS vector and with mean pooling (MiniL
     python bench/quality.py --arms infonce,hcl --batch_size 512 --cache_minibatch_size 64 --seeds 42   # GradCache
     python bench/quality.py --sweep                               # the one-seed sensitivity sweep
     python bench/quality.py --report                              # rebuild the report from what is there
+    python bench/quality.py --resume --jobs 2                     # finish every run a sitting started and left
     python bench/quality.py --seeds 43,44 --jobs 2                # two runs at once, one torch thread each
 
 `--jobs N` runs N trainings at once with cores / N torch threads each. On the 2-core machine a MiniLM step gains only
@@ -21,10 +22,12 @@ seconds under that sharing). The numbers of a run depend on its thread count onl
 
 Runs accumulate: each finished run (its folder under --work_dir and an entry in bench/results/quality/runs.json with
 its time and machine load) is kept and never recomputed, so the study can be spread over sittings; an interrupted run
-restarts from its newest complete checkpoint. The report (bench/results/quality/) goes through eval/compare.py:
-per-task and average means with 95 % t-intervals over seeds, paired tests against symmetric InfoNCE, alignment and
-uniformity, plus a table of each arm's training diagnostics (the last logging window, mean over seeds) and the
-training curves of the first seed.
+restarts from its newest complete checkpoint. `--resume` adds to the runs asked for (none unless --seeds or --sweep
+ask) every run started under --work_dir that runs.json lacks, with its own arm, flags, seed and batch: each
+run leaves <key>.args.json beside its folder when it starts. The report (bench/results/quality/) goes through
+eval/compare.py: per-task and average means with 95 % t-intervals over seeds, paired tests against symmetric InfoNCE,
+alignment and uniformity, plus a table of each arm's training diagnostics (the last logging window, mean over seeds)
+and the training curves of the first seed.
 """
 
 from __future__ import annotations
@@ -145,11 +148,47 @@ def last_window(folder: Path) -> dict:
     return {key: series[key][max(series[key])] for key in DIAGNOSTICS if series.get(key)}
 
 
+def run_key(name: str, seed: int, batch: int) -> str:
+    return f"{name}-b{batch}-s{seed}"
+
+
+def started_runs(work: Path) -> list[tuple]:
+    """The runs a sitting started under `work` that runs.json does not hold, from the <key>.args.json each run
+    writes when it starts, in key order. -> [(name, flags, seed, batch, cache), ...]"""
+    done = load_index()["runs"]
+    pending = {}
+    for path in sorted(work.glob("*.args.json")):
+        args = json.loads(path.read_text(encoding="utf-8"))
+        key = run_key(args["name"], args["seed"], args["batch_size"])
+        if key not in done:
+            fields = ("name", "flags", "seed", "batch_size", "cache_minibatch_size")
+            pending[key] = tuple(args[field] for field in fields)
+    # runs started before the markers existed: a batch-64 folder of a known arm or sweep entry is enough to rebuild
+    # its arguments (a larger batch's GradCache setting is not recorded anywhere else, so such a run is reported)
+    sweep = {name: (arm, changes) for name, arm, changes in SWEEP}
+    for folder in sorted(p for p in work.glob("*-b*-s*") if (p / "simcse_run.json").is_file()):
+        name, _, rest = folder.name.rpartition("-b")
+        batch, _, seed = rest.partition("-s")
+        if folder.name in done or folder.name in pending or not (batch.isdigit() and seed.isdigit()):
+            continue
+        if name in sweep or name in arms():
+            if int(batch) == 64:
+                flags = arm_flags(sweep[name][0]) + sweep[name][1] if name in sweep else arm_flags(name)
+                pending[folder.name] = (name, flags, int(seed), 64, None)
+                continue
+        print(f"{folder}: started, but its arguments are not recorded; rerun it with its own flags", flush=True)
+    return [pending[key] for key in sorted(pending)]
+
+
 def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: int | None, work: Path,
                     corpus: Path, threads: int | None = None, jobs: int = 1) -> None:  # fmt: skip
-    key = f"{name}-b{batch}-s{seed}"
+    key = run_key(name, seed, batch)
     if key in load_index()["runs"]:
         return
+    marker = work / f"{key}.args.json"  # what --resume needs to finish this run if the sitting stops
+    if not marker.is_file():
+        write_json(marker, {"name": name, "flags": flags, "seed": seed, "batch_size": batch,
+                            "cache_minibatch_size": cache})  # fmt: skip
     folder = work / key
     load_before = os.getloadavg()
     every = str(max(1, round(125 * 64 / batch)))  # the recipe's evaluation every 8,000 sentences, at any batch size
@@ -261,16 +300,18 @@ def report(index: dict) -> None:
 def main() -> None:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default=",".join(arms()), help="comma-separated subset of " + ",".join(arms()))
-    parser.add_argument("--seeds", default="42", help="comma-separated seeds")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 42, or none with --resume)")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--cache_minibatch_size", type=int, default=None, help="GradCache for large batches")
     parser.add_argument("--sweep", action="store_true", help="the one-seed sensitivity sweep (seed 42)")
     parser.add_argument("--report", action="store_true", help="only rebuild the report")
+    parser.add_argument("--resume", action="store_true", help="also finish every run started under --work_dir that "
+                        "runs.json lacks (with its own arm, seed and batch)")  # fmt: skip
     parser.add_argument("--work_dir", default=str(ROOT / "outputs" / "quality"))
     parser.add_argument("--max_steps", type=int, default=None, help="smoke test only: stop every run early")
     parser.add_argument("--jobs", type=int, default=1, help="trainings at once, cores / jobs torch threads each")
     parser.add_argument("--results_dir", default=None, help="where runs.json and the report go (default: " +
-                        str(OUT.relative_to(ROOT)) + ")")  # fmt: skip
+                        str((RESULTS / "quality").relative_to(ROOT)) + ")")  # fmt: skip
     args = parser.parse_args()
     if args.results_dir:
         globals()["OUT"] = Path(args.results_dir)
@@ -286,11 +327,17 @@ def main() -> None:  # noqa: C901
         if not corpus.is_file():
             shuffled_corpus(corpus)
         references(work)
+        todo = started_runs(work) if args.resume else []
         if args.sweep:
-            todo = [(name, arm_flags(arm) + changes, 42, 64, None) for name, arm, changes in SWEEP]
-        else:
-            todo = [(arm, arm_flags(arm), seed, args.batch_size, args.cache_minibatch_size)
-                    for seed in (int(s) for s in args.seeds.split(",")) for arm in args.arms.split(",")]  # fmt: skip
+            todo += [(name, arm_flags(arm) + changes, 42, 64, None) for name, arm, changes in SWEEP]
+        elif args.seeds is not None or not args.resume:
+            seeds = [int(s) for s in (args.seeds or "42").split(",")]
+            todo += [(arm, arm_flags(arm), seed, args.batch_size, args.cache_minibatch_size)
+                     for seed in seeds for arm in args.arms.split(",")]  # fmt: skip
+        keys = [run_key(name, seed, batch) for name, _, seed, batch, _ in todo]
+        todo = [run_args for i, run_args in enumerate(todo) if keys[i] not in keys[:i]]  # each run once
+        if args.resume:
+            print(f"runs to do: {len(todo)}", flush=True)
         threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             futures = [pool.submit(train_and_score, *run_args, work, corpus, threads, args.jobs) for run_args in todo]
