@@ -4,8 +4,9 @@ Every arm continues training all-MiniLM-L6-v2 (the pip package's copy) with SimC
 objective of one shipped config, `configs/unsup_bert_base_<arm>.yaml` (its loss keys only: the sweep is fair by
 construction, tests/test_objectives_e2e.py checks the configs), on the 21k-sentence wiki slice (shuffled, seed 0):
 `cls` pooler with the MLP head in training, batch 64, lr 3e-5, max length 32, one epoch (334 steps), STS-B dev every
-125 steps and the best checkpoint kept, then the full STS suite (eval/sts.py: results.json, predictions.npz). The
-untrained model is scored once, with its CLS vector and with mean pooling (MiniLM's own), as references.
+125 steps and the best checkpoint kept, logging every 25 (at a larger batch both every as many sentences), then the
+full STS suite (eval/sts.py: results.json, predictions.npz). The untrained model is scored once, with its CLS vector
+and with mean pooling (MiniLM's own), as references.
 
     python bench/quality.py --seeds 42,43,44                      # every arm, three seeds
     python bench/quality.py --arms infonce,hcl --seeds 45,46      # more seeds where they are needed
@@ -192,9 +193,10 @@ def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: i
     folder = work / key
     load_before = os.getloadavg()
     every = str(max(1, round(125 * 64 / batch)))  # the recipe's evaluation every 8,000 sentences, at any batch size
+    log_every = str(max(1, round(25 * 64 / batch)))  # and its logging every 1,600 (the diagnostics' windows)
     command = [sys.executable, "train.py", *RECIPE, "--train_file", str(corpus), "--output_dir", str(folder),
                "--per_device_train_batch_size", str(batch), "--seed", str(seed), "--eval_steps", every,
-               "--save_steps", every, *flags]  # fmt: skip
+               "--save_steps", every, "--logging_steps", log_every, *flags]  # fmt: skip
     if cache:
         command += ["--cache_minibatch_size", str(cache)]
     if (folder / "simcse_run.json").is_file():  # an interrupted run: continue from its newest complete checkpoint
@@ -261,7 +263,8 @@ def report(index: dict) -> None:
                         "--output", str(folder), "--title", f"Quality study, batch {batch}"],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     lines = ["# Quality study: the runs", "",
-             "Each row is one run; diagnostics are the last logging window (25 steps) of training. Times are wall "
+             "Each row is one run; diagnostics are the last logging window of training (1,600 sentences: 25 steps "
+             "at batch 64). Times are wall "
              "seconds with the 1-minute load average before and after; jobs: trainings run at once (--jobs), with "
              "their torch threads.", "",
              "| run | STS avg | train s | eval s | load | jobs | " + " | ".join(DIAGNOSTICS) + " |",
