@@ -167,17 +167,17 @@ def started_runs(work: Path) -> list[tuple]:
     # runs started before the markers existed: a batch-64 folder of a known arm or sweep entry is enough to rebuild
     # its arguments (a larger batch's GradCache setting is not recorded anywhere else, so such a run is reported)
     sweep = {name: (arm, changes) for name, arm, changes in SWEEP}
+    known = set(arms()) | set(sweep)
     for folder in sorted(p for p in work.glob("*-b*-s*") if (p / "simcse_run.json").is_file()):
         name, _, rest = folder.name.rpartition("-b")
         batch, _, seed = rest.partition("-s")
         if folder.name in done or folder.name in pending or not (batch.isdigit() and seed.isdigit()):
             continue
-        if name in sweep or name in arms():
-            if int(batch) == 64:
-                flags = arm_flags(sweep[name][0]) + sweep[name][1] if name in sweep else arm_flags(name)
-                pending[folder.name] = (name, flags, int(seed), 64, None)
-                continue
-        print(f"{folder}: started, but its arguments are not recorded; rerun it with its own flags", flush=True)
+        if name not in known or int(batch) != 64:
+            print(f"{folder}: started, but its arguments are not recorded; rerun it with its own flags", flush=True)
+            continue
+        flags = arm_flags(sweep[name][0]) + sweep[name][1] if name in sweep else arm_flags(name)
+        pending[folder.name] = (name, flags, int(seed), 64, None)
     return [pending[key] for key in sorted(pending)]
 
 
