@@ -13,7 +13,9 @@ and with mean pooling (MiniLM's own), as references.
     python bench/quality.py --arms infonce,hcl --batch_size 512 --cache_minibatch_size 64 --seeds 42   # GradCache
     python bench/quality.py --sweep                               # the one-seed sensitivity sweep
     python bench/quality.py --report                              # rebuild the report from what is there
-    python bench/quality.py --resume --jobs 2                     # finish every run a sitting started and left
+    python bench/quality.py --resume --jobs 2                     # what the study still lacks, started runs first
+    python bench/quality.py --resume --start_within 40            # start no run after 40 minutes: end at a boundary
+    python bench/quality.py --resume --dry_run                    # list those runs and stop
     python bench/quality.py --seeds 43,44 --jobs 2                # two runs at once, one torch thread each
 
 `--jobs N` runs N trainings at once with cores / N torch threads each. On the 2-core machine a MiniLM step gains only
@@ -24,8 +26,11 @@ seconds under that sharing). The numbers of a run depend on its thread count onl
 Runs accumulate: each finished run (its folder under --work_dir and an entry in bench/results/quality/runs.json with
 its time and machine load) is kept and never recomputed, so the study can be spread over sittings; an interrupted run
 restarts from its newest complete checkpoint. `--resume` adds to the runs asked for (none unless --seeds or --sweep
-ask) every run started under --work_dir that runs.json lacks, with its own arm, flags, seed and batch: each
-run leaves <key>.args.json beside its folder when it starts. The report (bench/results/quality/) goes through
+ask) first every run started under --work_dir that runs.json lacks, with its own arm, flags, seed and batch (each
+run leaves <key>.args.json beside its folder when it starts), then every batch-64 run the study's seed rule still
+needs: seeds 42-44 of every arm, seeds 45-46 of the baseline and of every arm whose mean over 42-44 beats the
+baseline's, and the sweep. So the same `--resume` line, repeated each sitting, finishes the study. A run another
+sitting is training (its <key>.lock held) is skipped, never trained twice into one folder. The report (bench/results/quality/) goes through
 eval/compare.py: per-task and average means with 95 % t-intervals over seeds, paired tests against symmetric InfoNCE,
 alignment and uniformity, plus a table of each arm's training diagnostics (the last logging window, mean over seeds)
 and the training curves of the first seed.
@@ -181,11 +186,60 @@ def started_runs(work: Path) -> list[tuple]:
     return [pending[key] for key in sorted(pending)]
 
 
+FIRST_SEEDS = (42, 43, 44)  # every arm
+MORE_SEEDS = (45, 46)  # the baseline, and every arm its first three seeds put ahead of the baseline
+
+
+def ahead_of_baseline(index: dict, arm: str) -> bool | None:
+    """Whether `arm`'s mean STS average over the first three seeds (batch 64) beats the baseline's over the same
+    seeds; None until both have all three."""
+    scores = {(e["arm"], e["seed"]): e["average"] for e in index["runs"].values()
+              if e.get("seed") in FIRST_SEEDS and e.get("batch_size") == 64}  # fmt: skip
+    if not all((name, seed) in scores for name in (arm, BASELINE) for seed in FIRST_SEEDS):
+        return None
+    return statistics.mean(scores[arm, s] for s in FIRST_SEEDS) > statistics.mean(scores[BASELINE, s] for s in
+                                                                                  FIRST_SEEDS)  # fmt: skip
+
+
+def study_plan(index: dict) -> list[tuple]:
+    """The batch-64 runs the study still lacks by its own rule, in the order they settle most: the first three seeds
+    of every arm, then seeds 45-46 of the baseline and of every arm ahead of it after three, then the one-seed sweep.
+    An arm whose first three seeds are not all in yet gets its later seeds from a later sitting's plan.
+    -> [(name, flags, seed, batch, cache), ...]"""
+    done = index["runs"]
+    first = [(arm, seed) for seed in FIRST_SEEDS for arm in arms()]
+    more = [(arm, seed) for seed in MORE_SEEDS for arm in arms()
+            if arm == BASELINE or ahead_of_baseline(index, arm)]  # fmt: skip
+    todo = [(arm, arm_flags(arm), seed, 64, None) for arm, seed in first + more
+            if run_key(arm, seed, 64) not in done]  # fmt: skip
+    todo += [(name, arm_flags(arm) + changes, 42, 64, None) for name, arm, changes in SWEEP
+             if run_key(name, 42, 64) not in done]  # fmt: skip
+    return todo
+
+
 def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: int | None, work: Path,
-                    corpus: Path, threads: int | None = None, jobs: int = 1) -> None:  # fmt: skip
+                    corpus: Path, threads: int | None = None, jobs: int = 1,
+                    deadline: float | None = None) -> None:  # fmt: skip
+    import fcntl
+
     key = run_key(name, seed, batch)
     if key in load_index()["runs"]:
         return
+    if deadline is not None and time.time() > deadline:
+        print(f"{key}: not started, --start_within has passed; left for the next sitting", flush=True)
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / f"{key}.lock", "w") as lock:  # released when this sitting ends, however it ends
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{key}: another sitting is running it; skipped here", flush=True)
+            return
+        _train_and_score(key, name, flags, seed, batch, cache, work, corpus, threads, jobs)
+
+
+def _train_and_score(key: str, name: str, flags: list[str], seed: int, batch: int, cache: int | None, work: Path,
+                     corpus: Path, threads: int | None, jobs: int) -> None:  # fmt: skip
     marker = work / f"{key}.args.json"  # what --resume needs to finish this run if the sitting stops
     if not marker.is_file():
         write_json(marker, {"name": name, "flags": flags, "seed": seed, "batch_size": batch,
@@ -278,16 +332,19 @@ def report(index: dict) -> None:
         jobs = f"{entry.get('jobs', 1)} x {threads} threads" if "train_seconds" in entry else "–"
         lines.append(f"| {key} | {entry['average']:.2f} | {entry.get('train_seconds', '–')} | "
                      f"{entry.get('eval_seconds', '–')} | {load} | {jobs} | {cells} |")  # fmt: skip
-    arms_seen = sorted({e["arm"] for e in runs.values() if e.get("seed") is not None})
-    lines += ["", "## Diagnostics per arm (mean over its runs)", "",
-              "| arm | runs | " + " | ".join(DIAGNOSTICS) + " |", "|:--|--:|" + "--:|" * len(DIAGNOSTICS)]  # fmt: skip
-    for arm in arms_seen:
-        members = [e for e in runs.values() if e["arm"] == arm and e.get("diagnostics")]
+    # one row per arm and batch size: a batch-512 run's loss is ten times a batch-64 run's, so they are not averaged
+    arms_seen = sorted({(e["arm"], e["batch_size"]) for e in runs.values() if e.get("seed") is not None})
+    lines += ["", "## Diagnostics per arm and batch size (mean over its runs)", "",
+              "| arm | batch | runs | " + " | ".join(DIAGNOSTICS) + " |",
+              "|:--|--:|--:|" + "--:|" * len(DIAGNOSTICS)]  # fmt: skip
+    for arm, batch in arms_seen:
+        members = [e for e in runs.values()
+                   if e["arm"] == arm and e.get("batch_size") == batch and e.get("diagnostics")]  # fmt: skip
         cells = []
         for d in DIAGNOSTICS:
             values = [e["diagnostics"][d] for e in members if d in e["diagnostics"]]
             cells.append(f"{statistics.mean(values):.4g}" if values else "–")
-        lines.append(f"| {arm} | {len(members)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {arm} | {batch} | {len(members)} | " + " | ".join(cells) + " |")
     (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     first = {}
     for key, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") or 0)):
@@ -309,7 +366,12 @@ def main() -> None:  # noqa: C901
     parser.add_argument("--sweep", action="store_true", help="the one-seed sensitivity sweep (seed 42)")
     parser.add_argument("--report", action="store_true", help="only rebuild the report")
     parser.add_argument("--resume", action="store_true", help="also finish every run started under --work_dir that "
-                        "runs.json lacks (with its own arm, seed and batch)")  # fmt: skip
+                        "runs.json lacks (with its own arm, seed and batch), then every run the study's seed rule "
+                        "still needs (3 seeds per arm, 5 for the baseline and every arm ahead of it, the sweep)")
+    parser.add_argument("--start_within", type=float, default=None, metavar="MINUTES",
+                        help="start no run later than this many minutes into the sitting (the rest wait for the "
+                        "next one), so a sitting can end at a run boundary")  # fmt: skip
+    parser.add_argument("--dry_run", action="store_true", help="print the runs that would be done, and stop")
     parser.add_argument("--work_dir", default=str(ROOT / "outputs" / "quality"))
     parser.add_argument("--max_steps", type=int, default=None, help="smoke test only: stop every run early")
     parser.add_argument("--jobs", type=int, default=1, help="trainings at once, cores / jobs torch threads each")
@@ -326,11 +388,7 @@ def main() -> None:  # noqa: C901
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        corpus = work / "wiki_shuffled.txt"
-        if not corpus.is_file():
-            shuffled_corpus(corpus)
-        references(work)
-        todo = started_runs(work) if args.resume else []
+        todo = started_runs(work) + study_plan(load_index()) if args.resume else []
         if args.sweep:
             todo += [(name, arm_flags(arm) + changes, 42, 64, None) for name, arm, changes in SWEEP]
         elif args.seeds is not None or not args.resume:
@@ -339,11 +397,21 @@ def main() -> None:  # noqa: C901
                      for seed in seeds for arm in args.arms.split(",")]  # fmt: skip
         keys = [run_key(name, seed, batch) for name, _, seed, batch, _ in todo]
         todo = [run_args for i, run_args in enumerate(todo) if keys[i] not in keys[:i]]  # each run once
-        if args.resume:
+        if args.resume or args.dry_run:
             print(f"runs to do: {len(todo)}", flush=True)
+        if args.dry_run:
+            for name, _, seed, batch, _ in todo:
+                print(f"  {run_key(name, seed, batch)}", flush=True)
+            return
+        corpus = work / "wiki_shuffled.txt"
+        if not corpus.is_file():
+            shuffled_corpus(corpus)
+        references(work)
         threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+        deadline = time.time() + 60 * args.start_within if args.start_within is not None else None
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(train_and_score, *run_args, work, corpus, threads, args.jobs) for run_args in todo]
+            futures = [pool.submit(train_and_score, *run_args, work, corpus, threads, args.jobs, deadline)
+                       for run_args in todo]  # fmt: skip
             failed = [(run_args[0], run_args[2], future.exception()) for run_args, future in zip(todo, futures)
                       if future.exception() is not None]  # waits for each; a failed run does not stop the others
         for arm, seed, error in failed:

@@ -1,0 +1,121 @@
+"""bench/quality.py's bookkeeping, with stand-ins for training and scoring: which runs the study's seed rule still
+needs, what `--resume` finishes, and that two sittings never train the same run at once."""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def quality(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "bench" / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "OUT", tmp_path / "results")
+    calls = []
+
+    def stand_in(command, log, threads=None):  # train.py makes the folder; eval/sts.py the report
+        calls.append(command)
+        if command[1] == "train.py":
+            folder = Path(command[command.index("--output_dir") + 1])
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "simcse_run.json").write_text("{}")
+            (folder / "simcse_files.json").write_text("{}")
+        else:
+            report = Path(command[command.index("--output") + 1])
+            report.mkdir(parents=True, exist_ok=True)
+            (report / "results.json").write_text(json.dumps({"average": 77.0}))
+        return 1.0
+
+    monkeypatch.setattr(module, "run", stand_in)
+    monkeypatch.setattr(module, "last_window", lambda folder: {"loss": 0.01})
+    module.calls = calls
+    return module
+
+
+def index_with(scores: dict[tuple[str, int], float]) -> dict:
+    return {"runs": {f"{arm}-b64-s{seed}": {"arm": arm, "seed": seed, "batch_size": 64, "average": average}
+                     for (arm, seed), average in scores.items()}}  # fmt: skip
+
+
+def keys(quality, todo) -> list[str]:
+    return [quality.run_key(name, seed, batch) for name, _, seed, batch, _ in todo]
+
+
+def test_the_plan_of_an_empty_study_is_three_seeds_per_arm_five_for_the_baseline_and_the_sweep(quality):
+    todo = keys(quality, quality.study_plan({"runs": {}}))
+    arms = quality.arms()
+    assert todo[: 3 * len(arms)] == [f"{arm}-b64-s{seed}" for seed in (42, 43, 44) for arm in arms]
+    assert todo[3 * len(arms): 3 * len(arms) + 2] == ["infonce-b64-s45", "infonce-b64-s46"]
+    assert todo[3 * len(arms) + 2:] == [f"{name}-b64-s42" for name, _, _ in quality.SWEEP]
+    assert len(set(todo)) == len(todo)
+
+
+def test_an_arm_ahead_after_three_seeds_gets_five_and_one_behind_keeps_three(quality):
+    scores = {("infonce", s): 77.0 for s in (42, 43, 44)}
+    scores |= {("hcl", 42): 77.5, ("hcl", 43): 76.9, ("hcl", 44): 77.0}  # mean 77.13: ahead
+    scores |= {("dcl", s): 76.5 for s in (42, 43, 44)}  # behind
+    scores |= {("unremix", 42): 78.0, ("unremix", 43): 78.0}  # ahead so far, but only two seeds: not yet decided
+    index = index_with(scores)
+    assert quality.ahead_of_baseline(index, "hcl") is True
+    assert quality.ahead_of_baseline(index, "dcl") is False
+    assert quality.ahead_of_baseline(index, "unremix") is None
+    todo = keys(quality, quality.study_plan(index))
+    assert "hcl-b64-s45" in todo and "hcl-b64-s46" in todo
+    assert not any(k.startswith(("dcl-b64-s4", "hcl-b64-s42", "hcl-b64-s43", "hcl-b64-s44")) for k in todo)
+    assert "unremix-b64-s44" in todo and "unremix-b64-s45" not in todo
+    assert "infonce-b64-s45" in todo and "infonce-b64-s42" not in todo
+
+
+def test_a_batch_512_run_does_not_count_for_the_batch_64_rule(quality):
+    index = index_with({("infonce", s): 77.0 for s in (42, 43, 44)} | {("hcl", s): 78.0 for s in (42, 43)})
+    index["runs"]["hcl-b512-s44"] = {"arm": "hcl", "seed": 44, "batch_size": 512, "average": 80.0}
+    assert quality.ahead_of_baseline(index, "hcl") is None
+    assert "hcl-b64-s44" in keys(quality, quality.study_plan(index))
+
+
+def test_resume_dry_run_lists_started_runs_first_then_the_plan_and_writes_nothing(quality, tmp_path, monkeypatch,
+                                                                                   capsys):  # fmt: skip
+    work = tmp_path / "work"
+    work.mkdir()
+    quality.write_json(work / "hcl-b512-s42.args.json", {"name": "hcl", "flags": [], "seed": 42, "batch_size": 512,
+                                                         "cache_minibatch_size": 64})  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["quality.py", "--resume", "--dry_run", "--work_dir", str(work)])
+    quality.main()
+    out = capsys.readouterr().out.split()
+    listed = out[out.index("do:") + 2:]
+    assert listed[0] == "hcl-b512-s42" and listed[1] == "infonce-b64-s42"
+    assert int(out[out.index("do:") + 1]) == len(listed) == 1 + len(quality.study_plan({"runs": {}}))
+    assert quality.calls == [] and sorted(p.name for p in work.iterdir()) == ["hcl-b512-s42.args.json"]
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_run_another_sitting_holds_is_skipped_and_then_trained_once_free(quality, tmp_path, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ("infonce", ["--loss", "infonce"], 42, 64, None, work, tmp_path / "corpus.txt")
+    with open(work / "infonce-b64-s42.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other sitting
+        quality.train_and_score(*args)
+        assert quality.calls == [] and "another sitting" in capsys.readouterr().out
+    quality.train_and_score(*args)
+    assert [c[1] for c in quality.calls] == ["train.py", "eval/sts.py"]
+    entry = quality.load_index()["runs"]["infonce-b64-s42"]
+    assert entry["average"] == 77.0 and entry["diagnostics"] == {"loss": 0.01}
+    quality.train_and_score(*args)  # recorded: never recomputed
+    assert len(quality.calls) == 2
+
+
+def test_a_run_after_the_start_within_deadline_is_left_for_the_next_sitting(quality, tmp_path, capsys):
+    work = tmp_path / "work"
+    quality.train_and_score("infonce", [], 42, 64, None, work, tmp_path / "corpus.txt", deadline=0.0)
+    assert quality.calls == [] and "next sitting" in capsys.readouterr().out
+    assert not (work / "infonce-b64-s42.args.json").exists()
