@@ -30,9 +30,10 @@ ask) first every run started under --work_dir that runs.json lacks, with its own
 run leaves <key>.args.json beside its folder when it starts), then every batch-64 run the study's seed rule still
 needs: seeds 42-44 of every arm, seeds 45-46 of the baseline and of every arm whose mean over 42-44 beats the
 baseline's, and the sweep. So the same `--resume` line, repeated each sitting, finishes the study. A run another
-sitting is training (its <key>.lock held) is skipped, never trained twice into one folder. The report (bench/results/quality/) goes through
-eval/compare.py: per-task and average means with 95 % t-intervals over seeds, paired tests against symmetric InfoNCE,
-alignment and uniformity, plus a table of each arm's training diagnostics (the last logging window, mean over seeds)
+sitting is training (its <key>.lock held) is skipped, never trained twice into one folder. The report
+(bench/results/quality/) goes through eval/compare.py: per-task and average means with 95 % t-intervals over seeds,
+paired tests against symmetric InfoNCE, alignment and uniformity, plus a table of each arm's training diagnostics
+(the last logging window, mean over seeds), SICK-R's test pairs by entailment label (`sick_by_label`),
 and the training curves of the first seed.
 """
 
@@ -297,6 +298,62 @@ def references(work: Path) -> None:
         save_entry(key, entry, str(work))
 
 
+SICK_LABELS = ("ENTAILMENT", "NEUTRAL", "CONTRADICTION")
+
+
+def sick_by_label(results: Path, sick: Path | None = None) -> dict | None:
+    """How a scored model places SICK-R's test pairs by their entailment label, from its predictions.npz: the mean
+    cosine of each label's pairs and the AUC of telling entailment (a paraphrase: what an unsupervised batch holds as
+    a false negative) from contradiction (a lexically close but opposite sentence: a hard true negative) by cosine
+    alone. An objective that pushes false negatives away lowers the first; one that separates hard true negatives
+    raises the AUC. None when the predictions or the labels are missing or do not line up with the test split."""
+    import numpy as np
+    from scipy.stats import mannwhitneyu
+
+    sick = SHARED_DATA / "sts" / "sickr.jsonl" if sick is None else sick
+    if not (results / "predictions.npz").is_file() or not sick.is_file():
+        return None
+    rows = [json.loads(line) for line in sick.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("split") == "test"]
+    with np.load(results / "predictions.npz") as predictions:
+        if "SICK-R/cosine" not in predictions.files:
+            return None
+        cosine, gold = predictions["SICK-R/cosine"], predictions["SICK-R/gold"]
+    if len(rows) != len(cosine) or not np.allclose(gold, [r["score"] for r in rows]):
+        print(f"{results}: SICK-R predictions do not match {sick}'s test split; no label table", flush=True)
+        return None
+    labels = np.array([r.get("entailment") for r in rows])
+    out = {f"cos_{label.lower()}": float(cosine[labels == label].mean()) for label in SICK_LABELS}
+    entail, contra = cosine[labels == "ENTAILMENT"], cosine[labels == "CONTRADICTION"]
+    out["auc_entailment_vs_contradiction"] = float(mannwhitneyu(entail, contra).statistic / (len(entail) *
+                                                                                            len(contra)))  # fmt: skip
+    return out
+
+
+def sick_label_table(runs: dict) -> list[str]:
+    """The report's SICK-R-by-label section: one row per arm and batch (mean over its runs), the references first."""
+    groups: dict[tuple, list[dict]] = {}
+    for _, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") is not None, kv[1]["arm"],
+                                                         str(kv[1].get("batch_size")), kv[1].get("seed") or 0)):
+        values = sick_by_label(ROOT / entry["results"])
+        if values is not None:
+            groups.setdefault((entry["arm"], entry.get("batch_size", "–")), []).append(values)
+    if not groups:
+        return []
+    names = [f"cos_{label.lower()}" for label in SICK_LABELS] + ["auc_entailment_vs_contradiction"]
+    lines = ["", "## SICK-R test pairs by entailment label (mean over each arm's runs)", "",
+             "Mean cosine of the 1,414 entailment, 2,793 neutral and 720 contradiction pairs, and the AUC of telling "
+             "entailment (a paraphrase, which an unsupervised batch treats as a negative: a false negative) from "
+             "contradiction (lexically close, opposite in meaning: a hard true negative) by cosine alone.", "",
+             "| arm | batch | runs | " + " | ".join(names) + " | AUC of each run, by seed |",
+             "|:--|--:|--:|" + "--:|" * len(names) + ":--|"]  # fmt: skip
+    for (arm, batch), members in groups.items():
+        cells = " | ".join(f"{statistics.mean(m[n] for m in members):.4f}" for n in names)
+        each = ", ".join(f"{m['auc_entailment_vs_contradiction']:.4f}" for m in members)
+        lines.append(f"| {arm} | {batch} | {len(members)} | {cells} | {each} |")
+    return lines
+
+
 def report(index: dict) -> None:
     """eval/compare.py over the runs of batch 64 (the larger batches apart), the diagnostics table, the curves."""
     runs = index["runs"]
@@ -345,6 +402,7 @@ def report(index: dict) -> None:
             values = [e["diagnostics"][d] for e in members if d in e["diagnostics"]]
             cells.append(f"{statistics.mean(values):.4g}" if values else "–")
         lines.append(f"| {arm} | {batch} | {len(members)} | " + " | ".join(cells) + " |")
+    lines += sick_label_table(runs)
     (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     first = {}
     for key, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") or 0)):

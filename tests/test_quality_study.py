@@ -119,3 +119,24 @@ def test_a_run_after_the_start_within_deadline_is_left_for_the_next_sitting(qual
     quality.train_and_score("infonce", [], 42, 64, None, work, tmp_path / "corpus.txt", deadline=0.0)
     assert quality.calls == [] and "next sitting" in capsys.readouterr().out
     assert not (work / "infonce-b64-s42.args.json").exists()
+
+
+def test_sick_by_label_reads_the_predictions_against_the_labels_and_refuses_a_mismatch(quality, tmp_path):
+    import numpy as np
+
+    labels = ["ENTAILMENT", "ENTAILMENT", "NEUTRAL", "CONTRADICTION", "CONTRADICTION"]
+    rows = [{"split": "train", "score": 1.0, "entailment": "NEUTRAL"}]  # not in the test split: skipped
+    rows += [{"split": "test", "score": float(i), "entailment": label} for i, label in enumerate(labels)]
+    sick = tmp_path / "sickr.jsonl"
+    sick.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    results = tmp_path / "run-sts"
+    results.mkdir()
+    cosine = np.array([0.9, 0.5, 0.4, 0.7, 0.3])
+    np.savez(results / "predictions.npz", **{"SICK-R/cosine": cosine, "SICK-R/gold": np.arange(5.0)})
+    values = quality.sick_by_label(results, sick)
+    assert values["cos_entailment"] == pytest.approx(0.7) and values["cos_neutral"] == pytest.approx(0.4)
+    assert values["cos_contradiction"] == pytest.approx(0.5)
+    # pairs (entailment, contradiction): 0.9 > 0.7, 0.9 > 0.3, 0.5 < 0.7, 0.5 > 0.3 -> 3 of 4
+    assert values["auc_entailment_vs_contradiction"] == pytest.approx(0.75)
+    np.savez(results / "predictions.npz", **{"SICK-R/cosine": cosine, "SICK-R/gold": np.arange(5.0)[::-1]})
+    assert quality.sick_by_label(results, sick) is None  # another order than the file's test split
