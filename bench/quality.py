@@ -331,26 +331,41 @@ def sick_by_label(results: Path, sick: Path | None = None) -> dict | None:
 
 
 def sick_label_table(runs: dict) -> list[str]:
-    """The report's SICK-R-by-label section: one row per arm and batch (mean over its runs), the references first."""
-    groups: dict[tuple, list[dict]] = {}
+    """The report's SICK-R-by-label section: one row per arm and batch (mean over its runs), the references first,
+    with each arm's AUC paired over seeds against the baseline's at the same batch (a t-test over the shared seeds)."""
+    from scipy.stats import ttest_rel
+
+    groups: dict[tuple, dict] = {}  # (arm, batch) -> {seed: values}
     for _, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") is not None, kv[1]["arm"],
                                                          str(kv[1].get("batch_size")), kv[1].get("seed") or 0)):
         values = sick_by_label(ROOT / entry["results"])
         if values is not None:
-            groups.setdefault((entry["arm"], entry.get("batch_size", "–")), []).append(values)
+            groups.setdefault((entry["arm"], entry.get("batch_size", "–")), {})[entry.get("seed")] = values
     if not groups:
         return []
-    names = [f"cos_{label.lower()}" for label in SICK_LABELS] + ["auc_entailment_vs_contradiction"]
+    auc = "auc_entailment_vs_contradiction"
+    names = [f"cos_{label.lower()}" for label in SICK_LABELS] + [auc]
     lines = ["", "## SICK-R test pairs by entailment label (mean over each arm's runs)", "",
              "Mean cosine of the 1,414 entailment, 2,793 neutral and 720 contradiction pairs, and the AUC of telling "
              "entailment (a paraphrase, which an unsupervised batch treats as a negative: a false negative) from "
-             "contradiction (lexically close, opposite in meaning: a hard true negative) by cosine alone.", "",
-             "| arm | batch | runs | " + " | ".join(names) + " | AUC of each run, by seed |",
-             "|:--|--:|--:|" + "--:|" * len(names) + ":--|"]  # fmt: skip
+             "contradiction (lexically close, opposite in meaning: a hard true negative) by cosine alone. The last "
+             f"column pairs the AUC with {BASELINE}'s at the same batch over the seeds both have.", "",
+             "| arm | batch | runs | " + " | ".join(names) + " | AUC of each run, by seed | AUC vs baseline |",
+             "|:--|--:|--:|" + "--:|" * len(names) + ":--|:--|"]  # fmt: skip
     for (arm, batch), members in groups.items():
-        cells = " | ".join(f"{statistics.mean(m[n] for m in members):.4f}" for n in names)
-        each = ", ".join(f"{m['auc_entailment_vs_contradiction']:.4f}" for m in members)
-        lines.append(f"| {arm} | {batch} | {len(members)} | {cells} | {each} |")
+        cells = " | ".join(f"{statistics.mean(m[n] for m in members.values()):.4f}" for n in names)
+        each = ", ".join(f"{m[auc]:.4f}" for m in members.values())
+        base = groups.get((BASELINE, batch), {})
+        shared = [seed for seed in members if seed is not None and seed in base]
+        versus = ""
+        if arm != BASELINE and shared:
+            diffs = [members[seed][auc] - base[seed][auc] for seed in shared]
+            versus = f"{statistics.mean(diffs):+.4f} ({len(shared)} seed{'s' * (len(shared) > 1)}"
+            if len(shared) > 1:
+                test = ttest_rel([members[seed][auc] for seed in shared], [base[seed][auc] for seed in shared])
+                versus += f", p {test.pvalue:.2g}"
+            versus += ")"
+        lines.append(f"| {arm} | {batch} | {len(members)} | {cells} | {each} | {versus} |")
     return lines
 
 

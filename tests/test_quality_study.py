@@ -140,3 +140,15 @@ def test_sick_by_label_reads_the_predictions_against_the_labels_and_refuses_a_mi
     assert values["auc_entailment_vs_contradiction"] == pytest.approx(0.75)
     np.savez(results / "predictions.npz", **{"SICK-R/cosine": cosine, "SICK-R/gold": np.arange(5.0)[::-1]})
     assert quality.sick_by_label(results, sick) is None  # another order than the file's test split
+
+
+def test_the_sick_table_pairs_each_arm_with_the_baseline_over_their_shared_seeds(quality, monkeypatch):
+    auc = {"infonce-42": 0.60, "infonce-43": 0.70, "hcl-42": 0.61, "hcl-43": 0.72, "hcl-44": 0.99}
+    monkeypatch.setattr(quality, "sick_by_label", lambda results: {
+        "cos_entailment": 0.9, "cos_neutral": 0.6, "cos_contradiction": 0.8,
+        "auc_entailment_vs_contradiction": auc[results.name]})  # fmt: skip
+    runs = {f"{k}-b64": {"arm": k.split("-")[0], "seed": int(k.split("-")[1]), "batch_size": 64, "results": k}
+            for k in auc}  # fmt: skip
+    rows = {line.split(" | ")[0]: line for line in quality.sick_label_table(runs) if line.startswith("| ")}
+    assert rows["| hcl"].endswith("| 0.6100, 0.7200, 0.9900 | +0.0150 (2 seeds, p 0.2) |")  # seed 44 unpaired
+    assert rows["| infonce"].endswith("| 0.6000, 0.7000 |  |")
