@@ -48,7 +48,8 @@ METHOD = (
     "{resamples} resamples of the STS pairs with replacement, within each sub-file (numpy seed 0), every run scored "
     "on the same resamples under the task's aggregation; percentile 95% interval of the difference, two-sided "
     "p = 2 x min share of resamples on either side of 0, (k + 1) / (B + 1). The mean over seeds uses one resample "
-    "for all seeds."
+    "for all seeds. Holm: the average's t-test p-values, step-down adjusted over every group tested against the "
+    "baseline (the k-th smallest of m times m - k + 1, monotone, at most 1), for a family-wise error rate."
 )
 
 
@@ -207,6 +208,10 @@ def compare(runs: list[dict], baseline: str | None, resamples: int) -> dict:
         elif resamples > 0 and not paired:
             out["notes"].append(f"{name}: no seed with predictions.npz in both it and {baseline}; no bootstrap")
         out["tests"][name] = test
+    # the average is the primary endpoint: its t-test p-values adjusted over every group tested against the baseline
+    adjusted = stats.holm({name: test["t_test"]["Avg."]["p"] for name, test in out["tests"].items()})
+    for name, p_holm in adjusted.items():
+        out["tests"][name]["t_test"]["Avg."]["p_holm"] = p_holm
     return out
 
 
@@ -270,6 +275,14 @@ def markdown(runs: list[dict], comparison: dict, resamples: int) -> str:
                 boot = (f"[{fmt(b['low'])}, {fmt(b['high'])}] | {p_value(b['p'])}" if b else "– | –")
                 lines.append(f"| {name} | {c} | {t['n']} | {fmt(t['difference'])} | [{fmt(t['low'])}, "
                              f"{fmt(t['high'])}] | {fmt(t['t'])} | {p_value(t['p'])} | {boot} |")  # fmt: skip
+        family = [(name, test["t_test"]["Avg."]) for name, test in comparison["tests"].items()
+                  if "p_holm" in test["t_test"]["Avg."]]  # fmt: skip
+        if family:
+            lines += ["", f"Average over tasks, the primary endpoint: the t-test's p adjusted by Holm over the "
+                      f"{len(family)} group{'s' * (len(family) > 1)} tested against {baseline} (family-wise).", "",
+                      "| Group | Seeds | Δ Avg. | p (t-test) | p (Holm) |", "|:---|---:|---:|---:|---:|"]  # fmt: skip
+            lines += [f"| {name} | {t['n']} | {fmt(t['difference'])} | {p_value(t['p'])} | {p_value(t['p_holm'])} |"
+                      for name, t in family]  # fmt: skip
         per_seed = [(name, s, b) for name, test in comparison["tests"].items()
                     for s, b in test["bootstrap_per_seed"].get("Avg.", {}).items()]  # fmt: skip
         if per_seed:

@@ -4,6 +4,8 @@
   over the seeds of one objective.
 * `paired_t_test`: scipy.stats.ttest_rel of two objectives' scores paired by seed, with the t-interval of the mean
   difference.
+* `holm`: Holm's step-down adjustment of the p-values of several groups tested against one baseline, so that a
+  study of many objectives keeps its family-wise error at the level read (a p of 0.012 is one of seven chances).
 * `bootstrap_draws` / `bootstrap_scores` / `bootstrap_difference`: the test set resampled with replacement within
   each sub-file (B resamples, one seed), every run scored on the same resamples, so that differences are paired by
   pair and a mean over seeds uses one resample for all of them. A task's score on a resample follows its
@@ -47,6 +49,18 @@ def paired_t_test(a: Sequence[float], b: Sequence[float], confidence: float = 0.
         return out | {"t": float("nan"), "p": float("nan")}
     result = stats.ttest_rel(a, b)
     return out | {"t": float(result.statistic), "p": float(result.pvalue)}
+
+
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm-Bonferroni adjusted p-values, {name: p} -> {name: adjusted p}, over the finite ones (the others are left
+    out). The k-th smallest of m is multiplied by m - k + 1, kept monotone and capped at 1: an adjusted p below a is
+    a rejection at family-wise level a, with no assumption on how the tests depend on each other."""
+    finite = sorted((p, name) for name, p in p_values.items() if np.isfinite(p))
+    adjusted, running = {}, 0.0
+    for k, (p, name) in enumerate(finite):
+        running = max(running, min(1.0, (len(finite) - k) * p))
+        adjusted[name] = running
+    return adjusted
 
 
 def same_pairs(a: Predictions, b: Predictions) -> bool:

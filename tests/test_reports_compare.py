@@ -43,6 +43,14 @@ def test_paired_t_test_gives_students_sleep_numbers():
     assert (out["t"], out["p"]) == (pytest.approx(reference.statistic), pytest.approx(reference.pvalue))
 
 
+def test_holm_adjusts_step_down_keeps_order_and_leaves_out_untested_groups():
+    adjusted = stats.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": float("nan"), "e": 0.5})
+    # m = 4 finite: 0.01 x 4, 0.03 x 3, 0.04 x 2 -> 0.09 (monotone), 0.5 x 1 -> 0.5
+    assert adjusted == pytest.approx({"a": 0.04, "c": 0.09, "b": 0.09, "e": 0.5})
+    assert stats.holm({"only": 0.02}) == {"only": 0.02} and stats.holm({}) == {}
+    assert stats.holm({"x": 0.6, "y": 0.7}) == {"x": 1.0, "y": 1.0}
+
+
 def fake_predictions(rng, noise: float, base=None):
     """Two sub-files for STS12 (so aggregations differ), one file for STS-B; gold scores with ties."""
     layout = {"STS12": {"MSRpar": 25, "OnWN": 18}, "STS-B": {"test": 30}}
@@ -157,10 +165,15 @@ def test_compare_groups_by_objective_pairs_by_seed_and_tests_against_the_baselin
     assert test["t_test"]["STS-B"]["t"] == pytest.approx(reference.statistic)
     assert test["t_test"]["STS-B"]["p"] == pytest.approx(reference.pvalue)
     assert record["tests"]["hcl (beta 2.0)"]["t_test"]["Avg."]["n"] == 1  # one seed: a difference, no test
+    # the only tested group is a family of one: Holm leaves its p as it is, and the untested ones get none
+    avg = test["t_test"]["Avg."]
+    assert avg["p_holm"] == pytest.approx(avg["p"])
+    assert "p_holm" not in record["tests"]["hcl (beta 2.0)"]["t_test"]["Avg."]
     assert record["tests"]["minilm"]["seeds"] == []
 
     text = (out / "comparison.md").read_text()
     assert "95% t-interval over seeds" in text and "scipy.stats.ttest_rel" in text
+    assert f"| hcl (beta 0.1) | 3 | {avg['difference']:.2f} | {avg['p']:.3f} | {avg['p_holm']:.3f} |" in text
     sts12 = [r["tasks"]["STS12"]["spearman"] for key, r in results.items() if key[0] == "hcl"]
     assert f"| hcl (beta 0.1) | 4 | {np.mean(sts12):.2f} ± {np.std(sts12, ddof=1):.2f} |" in text
     assert "hcl-s42 | hcl (beta 0.1) | 42 |" in text  # runs labelled by their model's folder, not "results"
