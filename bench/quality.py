@@ -11,6 +11,8 @@ and with mean pooling (MiniLM's own), as references.
     python bench/quality.py --seeds 42,43,44                      # every arm, three seeds
     python bench/quality.py --arms infonce,hcl --seeds 45,46      # more seeds where they are needed
     python bench/quality.py --arms infonce,hcl --batch_size 512 --cache_minibatch_size 64 --seeds 42   # GradCache
+    python bench/quality.py --arms infonce,progcl_mix --batch_size 512 --cache_minibatch_size 64 --learning_rate 8.5e-5
+                                                                  # ... at sqrt(8) x the lr: runs <arm>-lr8.5e-05
     python bench/quality.py --sweep                               # the one-seed sensitivity sweep
     python bench/quality.py --report                              # rebuild the report from what is there
     python bench/quality.py --resume --jobs 2                     # what the study still lacks, started runs first
@@ -436,6 +438,9 @@ def main() -> None:  # noqa: C901
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 42, or none with --resume)")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--cache_minibatch_size", type=int, default=None, help="GradCache for large batches")
+    parser.add_argument("--learning_rate", type=float, default=None,
+                        help="another learning rate than the recipe's 3e-5 (e.g. scaled with --batch_size); the "
+                        "runs are named <arm>-lr<value>, apart from the recipe's")  # fmt: skip
     parser.add_argument("--sweep", action="store_true", help="the one-seed sensitivity sweep (seed 42)")
     parser.add_argument("--report", action="store_true", help="only rebuild the report")
     parser.add_argument("--resume", action="store_true", help="also finish every run started under --work_dir that "
@@ -466,7 +471,9 @@ def main() -> None:  # noqa: C901
             todo += [(name, arm_flags(arm) + changes, 42, 64, None) for name, arm, changes in SWEEP]
         elif args.seeds is not None or not args.resume:
             seeds = [int(s) for s in (args.seeds or "42").split(",")]
-            todo += [(arm, arm_flags(arm), seed, args.batch_size, args.cache_minibatch_size)
+            lr = [] if args.learning_rate is None else ["--learning_rate", f"{args.learning_rate:g}"]
+            suffix = f"-lr{args.learning_rate:g}" if lr else ""
+            todo += [(arm + suffix, arm_flags(arm) + lr, seed, args.batch_size, args.cache_minibatch_size)
                      for seed in seeds for arm in args.arms.split(",")]  # fmt: skip
         keys = [run_key(name, seed, batch) for name, _, seed, batch, _ in todo]
         todo = [run_args for i, run_args in enumerate(todo) if keys[i] not in keys[:i]]  # each run once

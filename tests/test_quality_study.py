@@ -152,3 +152,22 @@ def test_the_sick_table_pairs_each_arm_with_the_baseline_over_their_shared_seeds
     rows = {line.split(" | ")[0]: line for line in quality.sick_label_table(runs) if line.startswith("| ")}
     assert rows["| hcl"].endswith("| 0.6100, 0.7200, 0.9900 | +0.0150 (2 seeds, p 0.2) |")  # seed 44 unpaired
     assert rows["| infonce"].endswith("| 0.6000, 0.7000 |  |")
+
+
+def test_a_learning_rate_override_names_its_runs_apart_and_reaches_train_py_last(quality, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    monkeypatch.setattr(quality, "shuffled_corpus", lambda path: path.write_text("a\nb\n"))
+    monkeypatch.setattr(quality, "report", lambda index: None)
+    monkeypatch.setattr(sys, "argv", ["quality.py", "--arms", "infonce", "--seeds", "42", "--batch_size", "512",
+                                      "--cache_minibatch_size", "64", "--learning_rate", "8.5e-5",
+                                      "--work_dir", str(work)])  # fmt: skip
+    quality.main()
+    train = next(c for c in quality.calls if c[1] == "train.py")
+    assert train[train.index("--output_dir") + 1] == str(work / "infonce-lr8.5e-05-b512-s42")
+    rates = [train[i + 1] for i, flag in enumerate(train) if flag == "--learning_rate"]
+    assert rates == ["3e-5", "8.5e-05"]  # the recipe's, then the override, which argparse keeps
+    assert train[train.index("--cache_minibatch_size") + 1] == "64"
+    entry = quality.load_index()["runs"]["infonce-lr8.5e-05-b512-s42"]
+    assert entry["arm"] == "infonce-lr8.5e-05" and entry["batch_size"] == 512
+    assert json.loads((work / "infonce-lr8.5e-05-b512-s42.args.json").read_text())["flags"][-2:] == [
+        "--learning_rate", "8.5e-05"]
