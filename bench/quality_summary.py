@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_json  # noqa: E402
-from quality import TASKS  # noqa: E402
+
+from simcse_hn.data import STS_TASKS as TASKS  # noqa: E402
 
 
 def load_studies(steps: int) -> list[dict]:
