@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import RESULTS, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
 
-from simcse_hn.data import SimCSECollator  # noqa: E402
+from simcse_hn.data import SimCSECollator, model_inputs  # noqa: E402
 from simcse_hn.losses import DCLLoss  # noqa: E402
 from simcse_hn.losses.base import cosine_similarities  # noqa: E402
 from simcse_hn.modeling import SimCSEModel, load_tokenizer  # noqa: E402
@@ -54,7 +54,7 @@ def dropout_views(model, tokenizer, sentences: list[str], max_length: int = 32, 
     """Rows [a, a', b, b', ...] of one forward pass in train mode (two dropout masks per sentence). -> (2B, D)"""
     model.train()
     torch.manual_seed(seed)
-    return model(**SimCSECollator(tokenizer, max_length)(sentences)).embeddings.float()
+    return model(**model_inputs(SimCSECollator(tokenizer, max_length)(sentences))).embeddings.float()
 
 
 def debias_stats(z: torch.Tensor, tau_plus: float, temperature: float) -> dict:

@@ -48,7 +48,7 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from simcse_hn.data import SimCSECollator, contrastive_targets  # noqa: E402
+from simcse_hn.data import SimCSECollator, contrastive_targets, model_inputs  # noqa: E402
 from simcse_hn.losses import build_loss  # noqa: E402
 from simcse_hn.targets import LossContext  # noqa: E402
 from simcse_hn.trainer import contrastive_loss  # noqa: E402
@@ -233,10 +233,7 @@ def measure_train_step(rounds: int, batch_size: int, max_length: int, work_dir: 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-5)
     corpus = shuffled_corpus(work_dir / "corpus_shuffled.txt").read_text(encoding="utf-8").splitlines()
     collator = SimCSECollator(tokenizer, max_length)
-    batches = [collator(corpus[i * batch_size:(i + 1) * batch_size]) for i in range(4)]
-    for batch in batches:  # the collator's bookkeeping, which the trainer pops before the forward
-        batch.pop("num_truncated")
-        batch.pop("text_ids", None)
+    batches = [model_inputs(collator(corpus[i * batch_size:(i + 1) * batch_size])) for i in range(4)]
     runs = train_step_runs(batches, model, optimizer)
     runs["infonce"]()  # warm-up: the losses share the model and optimizer; a loss's own first call is ms
     times = interleaved(runs, rounds, warmup=0)

@@ -70,14 +70,13 @@ def weigh_batch(model, tokenizer, sentences: list[str], names: list[str], temper
     {objective: its diagnostics on the batch}"""
     import torch
 
-    from simcse_hn.data import SimCSECollator
+    from simcse_hn.data import SimCSECollator, model_inputs
     from simcse_hn.losses import build_loss
     from simcse_hn.targets import build_targets
     from simcse_hn.trainer import contrastive_loss
 
     batch = SimCSECollator(tokenizer, max_length)(sentences)
-    text_ids = batch.pop("text_ids")
-    batch.pop("num_truncated")
+    text_ids, batch = batch["text_ids"], model_inputs(batch)
     model.train()  # the two dropout views training sees
     needs_head = any(name == "unremix" for name in names) and model.mlp is not None
     with torch.no_grad():

@@ -333,6 +333,16 @@ def text_id(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
+BOOKKEEPING = ("num_truncated", "text_ids")  # collator outputs that are not model inputs (the trainer pops them)
+
+
+def model_inputs(batch: dict) -> dict:
+    """A collator's batch (SimCSECollator, simcse_hn.pairs.PairCollator) as `SimCSEModel(**...)` takes it: without
+    its bookkeeping (`BOOKKEEPING`) and a guide model's `guide_*` features, which the trainer pops before the
+    forward. For code that runs the encoder on a batch outside the trainer (benches, eval/negatives.py)."""
+    return {key: value for key, value in batch.items() if key not in BOOKKEEPING and not key.startswith(GUIDE_PREFIX)}
+
+
 class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
     gives two dropout views of every sentence.

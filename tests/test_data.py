@@ -7,7 +7,15 @@ import torch
 from conftest import FIXTURES
 
 from simcse_hn.config import ConfigError
-from simcse_hn.data import DataError, SimCSECollator, contrastive_targets, load_sentences, load_sts_pairs, text_id
+from simcse_hn.data import (
+    DataError,
+    SimCSECollator,
+    contrastive_targets,
+    load_sentences,
+    load_sts_pairs,
+    model_inputs,
+    text_id,
+)
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
 
 
@@ -26,6 +34,34 @@ def test_collator_emits_each_sentence_twice_with_identical_tokens(tokenizer):
     single = tokenizer(texts[1], max_length=16, truncation=True)["input_ids"]
     assert batch["input_ids"][2, : len(single)].tolist() == single
     assert batch["input_ids"].shape[1] <= 16
+
+
+def test_model_inputs_drop_the_collators_bookkeeping_so_the_encoder_takes_the_batch(tokenizer):
+    collator = SimCSECollator(tokenizer, 16, guide_tokenize=lambda texts: dict(tokenizer(texts, return_tensors="pt",
+                                                                                         padding=True)))  # fmt: skip
+    batch = collator(["first sentence here", "second one"])
+    model = SimCSEModel(build_tiny_bert()[0], pooler="cls")
+    with pytest.raises(TypeError, match="num_truncated"):
+        model(**{k: v for k, v in batch.items() if not k.startswith("guide_")})  # what the benches once did
+    inputs = model_inputs(batch)
+    assert sorted(inputs) == sorted(k for k in batch if k not in ("num_truncated", "text_ids")
+                                    and not k.startswith("guide_"))  # fmt: skip
+    assert "input_ids" in inputs and "num_truncated" in batch  # the batch itself is left as it was
+    assert model(**inputs).embeddings.shape[0] == 4
+
+
+def test_the_benches_dropout_views_run_the_encoder_on_a_collated_batch(tokenizer, monkeypatch):
+    import importlib.util
+
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # dcl_clamp imports bench/common
+    spec = importlib.util.spec_from_file_location("bench_dcl_clamp", ROOT / "bench" / "dcl_clamp.py")
+    dcl_clamp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dcl_clamp)
+    model = SimCSEModel(build_tiny_bert()[0], pooler="cls")
+    z = dcl_clamp.dropout_views(model, tokenizer, ["one sentence", "another one", "a third"])
+    assert z.shape[0] == 6 and not torch.allclose(z[0], z[1])  # two dropout views of each sentence
 
 
 def test_collator_rejects_a_batch_without_negatives(tokenizer):
