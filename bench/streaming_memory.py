@@ -94,7 +94,11 @@ def write_report(record: dict) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--report"]:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", action="store_true", help="only write the Markdown again from the JSON")
+    if parser.parse_args().report:
         write_report(json.loads((RESULTS / "streaming_memory.json").read_text(encoding="utf-8")))
     else:
         main()
