@@ -463,8 +463,10 @@ def main() -> None:  # noqa: C901
 
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.learning_rate is not None and (args.sweep or args.report or (args.resume and args.seeds is None)):
+        parser.error("--learning_rate applies to the runs --arms and --seeds ask for (not to --sweep, --report or "
+                     "what --resume finishes, which keep their own)")  # fmt: skip
     work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
     if not args.report:
         todo = started_runs(work) + study_plan(load_index()) if args.resume else []
         if args.sweep:
@@ -483,6 +485,7 @@ def main() -> None:  # noqa: C901
             for name, _, seed, batch, _ in todo:
                 print(f"  {run_key(name, seed, batch)}", flush=True)
             return
+        work.mkdir(parents=True, exist_ok=True)
         corpus = work / "wiki_shuffled.txt"
         if not corpus.is_file():
             shuffled_corpus(corpus)

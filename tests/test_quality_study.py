@@ -98,6 +98,18 @@ def test_resume_dry_run_lists_started_runs_first_then_the_plan_and_writes_nothin
     assert not (tmp_path / "results").exists()
 
 
+def test_a_dry_run_makes_no_work_dir_and_an_ignored_learning_rate_is_refused(quality, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    monkeypatch.setattr(sys, "argv", ["quality.py", "--seeds", "42", "--dry_run", "--work_dir", str(work)])
+    quality.main()
+    assert not work.exists()
+    for extra in (["--sweep"], ["--resume"], ["--report"]):
+        monkeypatch.setattr(sys, "argv", ["quality.py", *extra, "--learning_rate", "1e-4", "--work_dir", str(work)])
+        with pytest.raises(SystemExit) as error:
+            quality.main()
+        assert error.value.code == 2
+
+
 def test_a_run_another_sitting_holds_is_skipped_and_then_trained_once_free(quality, tmp_path, capsys):
     work = tmp_path / "work"
     work.mkdir()
