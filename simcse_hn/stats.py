@@ -5,7 +5,8 @@
 * `paired_t_test`: scipy.stats.ttest_rel of two objectives' scores paired by seed, with the t-interval of the mean
   difference.
 * `holm`: Holm's step-down adjustment of the p-values of several groups tested against one baseline, so that a
-  study of many objectives keeps its family-wise error at the level read (a p of 0.012 is one of seven chances).
+  study of many objectives keeps its family-wise error at the level read (with six arms, a p of 0.012 is one of six
+  chances at 0.05).
 * `bootstrap_draws` / `bootstrap_scores` / `bootstrap_difference`: the test set resampled with replacement within
   each sub-file (B resamples, one seed), every run scored on the same resamples, so that differences are paired by
   pair and a mean over seeds uses one resample for all of them. A task's score on a resample follows its
