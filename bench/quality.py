@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -303,6 +304,14 @@ def references(work: Path) -> None:
 SICK_LABELS = ("ENTAILMENT", "NEUTRAL", "CONTRADICTION")
 
 
+@functools.lru_cache(maxsize=4)
+def sick_test_rows(sick: Path) -> list[dict]:
+    """SICK's test-split rows with their entailment labels, read once per report (simcse_hn.data's STS reader keeps
+    only the pair and its score)."""
+    rows = [json.loads(line) for line in sick.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r for r in rows if r.get("split") == "test"]
+
+
 def sick_by_label(results: Path, sick: Path | None = None) -> dict | None:
     """How a scored model places SICK-R's test pairs by their entailment label, from its predictions.npz: the mean
     cosine of each label's pairs and the AUC of telling entailment (a paraphrase: what an unsupervised batch holds as
@@ -315,8 +324,7 @@ def sick_by_label(results: Path, sick: Path | None = None) -> dict | None:
     sick = SHARED_DATA / "sts" / "sickr.jsonl" if sick is None else sick
     if not (results / "predictions.npz").is_file() or not sick.is_file():
         return None
-    rows = [json.loads(line) for line in sick.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("split") == "test"]
+    rows = sick_test_rows(sick)
     with np.load(results / "predictions.npz") as predictions:
         if "SICK-R/cosine" not in predictions.files:
             return None
@@ -335,7 +343,7 @@ def sick_by_label(results: Path, sick: Path | None = None) -> dict | None:
 def sick_label_table(runs: dict) -> list[str]:
     """The report's SICK-R-by-label section: one row per arm and batch (mean over its runs), the references first,
     with each arm's AUC paired over seeds against the baseline's at the same batch (a t-test over the shared seeds)."""
-    from scipy.stats import ttest_rel
+    from simcse_hn.stats import paired_t_test
 
     groups: dict[tuple, dict] = {}  # (arm, batch) -> {seed: values}
     for _, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") is not None, kv[1]["arm"],
@@ -361,12 +369,9 @@ def sick_label_table(runs: dict) -> list[str]:
         shared = [seed for seed in members if seed is not None and seed in base]
         versus = ""
         if arm != BASELINE and shared:
-            diffs = [members[seed][auc] - base[seed][auc] for seed in shared]
-            versus = f"{statistics.mean(diffs):+.4f} ({len(shared)} seed{'s' * (len(shared) > 1)}"
-            if len(shared) > 1:
-                test = ttest_rel([members[seed][auc] for seed in shared], [base[seed][auc] for seed in shared])
-                versus += f", p {test.pvalue:.2g}"
-            versus += ")"
+            test = paired_t_test([members[seed][auc] for seed in shared], [base[seed][auc] for seed in shared])
+            versus = f"{test['difference']:+.4f} ({len(shared)} seed{'s' * (len(shared) > 1)}"
+            versus += f", p {test['p']:.2g})" if len(shared) > 1 else ")"
         lines.append(f"| {arm} | {batch} | {len(members)} | {cells} | {each} | {versus} |")
     return lines
 
