@@ -74,16 +74,27 @@ class NegativeWeights(NamedTuple):
 class PlainReductions(NamedTuple):
     """Plain InfoNCE's pieces of one loss call, which the hard-negative objectives share.
 
-    pos (M,) = l_ip; masked (M, N) = l_ij on N(i), -inf elsewhere; lse (M,) = log sum_{j in N(i)} e^{l_ij};
-    count (M,) = n_i = |N(i)| in the logits' dtype; exp (M, N) = e^{masked - shift} and shift (M, 1) the row maxima
-    (without gradient; None when not kept), which `weighted_lse` reuses."""
+    pos (M,) = l_ip; lse (M,) = log sum_{j in N(i)} e^{l_ij}; count (M,) = n_i = |N(i)| in the logits' dtype;
+    exp (M, N) = e^{masked - shift} and shift (M, 1) the row maxima (without gradient; None when not kept), which
+    `weighted_lse` reuses; logits (M, N) and offset (M, N) (0 or log c_ij on N(i), -inf elsewhere), from which
+    `masked` = l_ij on N(i), -inf elsewhere, is made when an objective asks for it (most never do: one (M, N) pass
+    and allocation saved)."""
 
     pos: Tensor
-    masked: Tensor
     lse: Tensor
     count: Tensor
+    logits: Tensor
+    offset: Tensor | None = None
     exp: Tensor | None = None
     shift: Tensor | None = None
+    mask: Tensor | None = None
+
+    @property
+    def masked(self) -> Tensor:
+        """(M, N) l_ij (+ log c_ij) on N(i), -inf elsewhere; a new tensor per read."""
+        if self.offset is None:
+            return torch.where(self.mask, self.logits, NEG_INF)
+        return self.logits + self.offset.to(self.logits.dtype)
 
     def loss(self) -> Tensor:
         """Plain InfoNCE per anchor: log(e^{l_ip} + sum_{j in N(i)} e^{l_ij}) - l_ip. (M,)"""
@@ -92,10 +103,10 @@ class PlainReductions(NamedTuple):
     def weighted_lse(self, weights: Tensor) -> Tensor:
         """log sum_{j in N(i)} w_ij e^{l_ij} (M,) for weights (M, N) >= 0, finite everywhere (their values outside
         N(i) do not count). From the kept exponentials: one (M, N) pass in the forward, two in the backward (to the
-        masked logits and, when they need it, to the weights)."""
+        logits and, when they need it, to the weights); e is 0 outside N(i), so the logits' gradient is too."""
         if self.exp is None:
             return torch.logsumexp(self.masked + weights.log(), dim=1)
-        return _WeightedLogSumExp.apply(self.masked, weights, self.exp, self.shift)
+        return _WeightedLogSumExp.apply(self.logits, weights, self.exp, self.shift)
 
 
 def plain_reductions(
@@ -109,51 +120,59 @@ def plain_reductions(
     """(M, N) logits, (M,) positive_index, (M, N) negative_mask -> PlainReductions. Known pieces make it cheaper:
     count (M,) = |N(i)|, bias (M, N) = 0 on N(i) and -inf elsewhere (`ContrastiveTargets.negative_bias`), pos (M,)
     the positives' logits (computed from the embeddings, they need no (M, N) gather and its backward)."""
-    if bias is None:
-        masked = torch.where(negative_mask, logits, NEG_INF)  # (M, N)
-    else:
-        masked = logits + bias.to(logits.dtype)  # (M, N), -inf outside N(i); the addition's backward is free
     count = (negative_mask.sum(dim=1) if count is None else count).to(logits.dtype)  # (M,)
     pos = positive_logits(logits, positive_index) if pos is None else pos
-    lse, e, shift = masked_logsumexp(masked, keep_exp=True)
-    return PlainReductions(pos, masked, lse, count, e, shift)
+    if bias is None:
+        masked = torch.where(negative_mask, logits, NEG_INF)  # (M, N)
+        lse, e, shift = _MaskedLogSumExp.apply(masked, None)
+        return PlainReductions(pos, lse, count, logits, None, e, shift, negative_mask)
+    bias = bias if bias.dtype == logits.dtype else bias.to(logits.dtype)
+    lse, e, shift = _MaskedLogSumExp.apply(logits, bias)  # logits + bias is made inside, in e's memory
+    return PlainReductions(pos, lse, count, logits, bias, e, shift, negative_mask)
 
 
 class _MaskedLogSumExp(torch.autograd.Function):
-    """logsumexp over dim 1 of (M, N) masked logits (-inf outside N(i)) -> (M,), and without gradient e^{x - max}
-    (M, N) and the max (M, 1). It keeps e for the backward, softmax = e / sum: one (M, N) pass there, where
-    torch.logsumexp's backward makes three (x - result, exp, times grad) and allocates each."""
+    """logsumexp over dim 1 of (M, N) masked logits x + offset (-inf outside N(i); offset None: x is masked) -> (M,),
+    and without gradient e^{x + offset - max} (M, N) and the max (M, 1). The sum, the shift and the exponential are
+    made in place in one (M, N) buffer, and e is kept for the backward, softmax = e / sum: one (M, N) pass there,
+    where torch.logsumexp's backward makes three (x - result, exp, times grad) and allocates each. The gradient of
+    the offset (a constant) is not computed; the non-differentiable outputs' zero gradients are not made
+    (`set_materialize_grads(False)`: an (M, N) fill per call)."""
 
     @staticmethod
-    def forward(ctx, masked: Tensor):
+    def forward(ctx, x: Tensor, offset: Tensor | None):
+        ctx.set_materialize_grads(False)
+        masked = x if offset is None else x + offset  # (M, N); with an offset, a fresh buffer: e is made in it
         shift = masked.amax(dim=1, keepdim=True)  # (M, 1)
         shift = torch.where(torch.isfinite(shift), shift, 0.0)  # a row without negatives: -inf, as logsumexp
-        e = (masked - shift).exp_()  # (M, N)
+        e = (x - shift if offset is None else masked.sub_(shift)).exp_()  # (M, N)
         total = e.sum(dim=1)  # (M,)
         ctx.save_for_backward(e, total)
         ctx.mark_non_differentiable(e, shift)
         return total.log() + shift.squeeze(1), e, shift
 
     @staticmethod
-    def backward(ctx, grad: Tensor, *_):
+    def backward(ctx, grad: Tensor | None, *_):
+        if grad is None:
+            return None, None
         e, total = ctx.saved_tensors
         # a row without any finite entry (e = 0) gets 0, not 0 * inf = NaN
-        return e * torch.where(total > 0, grad / total, 0.0)[:, None]
+        return e * torch.where(total > 0, grad / total, 0.0)[:, None], None
 
 
 def masked_logsumexp(masked: Tensor, keep_exp: bool = False):
     """log sum_j e^{masked_ij} (M,) of (M, N) logits that are -inf outside each row's set: torch.logsumexp's value,
     with a cheaper backward (`_MaskedLogSumExp`). `keep_exp`: -> (lse, e^{masked - shift} (M, N), shift (M, 1))."""
-    lse, e, shift = _MaskedLogSumExp.apply(masked)
+    lse, e, shift = _MaskedLogSumExp.apply(masked, None)
     return (lse, e, shift) if keep_exp else lse
 
 
 class _WeightedLogSumExp(torch.autograd.Function):
-    """log sum_j w_ij e^{m_ij} = log(sum_j w_ij e_ij) + shift_i from e = e^{m - shift} (`_MaskedLogSumExp`'s).
-    Gradient: to m, w e / S; to w, e / S."""
+    """log sum_j w_ij e^{m_ij} = log(sum_j w_ij e_ij) + shift_i from e = e^{m - shift} (`_MaskedLogSumExp`'s), m the
+    masked logits. Gradient: to the logits (those of m; e is 0 outside N(i)), w e / S; to w, e / S."""
 
     @staticmethod
-    def forward(ctx, masked: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> Tensor:
+    def forward(ctx, logits: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> Tensor:
         total = torch.linalg.vecdot(e, weights.to(e.dtype))  # (M,)
         ctx.save_for_backward(e, weights, total)
         return total.log() + shift.squeeze(1)
@@ -242,6 +261,30 @@ def _masked_weight_stats(
     total = w.sum(dim=1)  # (M,)
     entropy = mean_over_anchors_with_negatives(total.log() - torch.xlogy(w, w).sum(dim=1) / total, count)
     return w, {"neg_weight_max": w.max().float(), "neg_weight_entropy": entropy}
+
+
+class _SelfLogits(torch.autograd.Function):
+    """The logits of unit rows against themselves, x (N, D) -> (x / t) x^T (N, N), and x / t (N, D) (for the
+    positives' logits). Backward: (G + G^T)(x / t) (+ the second output's gradient / t): one (N, N, D) matrix product
+    where autograd through the two factors makes two; G + G^T costs a transposed copy and an addition (N, N)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, temperature: float):
+        ctx.set_materialize_grads(False)
+        scaled = x / temperature  # (N, D)
+        ctx.temperature = temperature
+        ctx.save_for_backward(scaled)
+        return scaled @ x.T, scaled
+
+    @staticmethod
+    def backward(ctx, grad_logits: Tensor | None, grad_scaled: Tensor | None):
+        (scaled,) = ctx.saved_tensors
+        grad = None
+        if grad_logits is not None:
+            grad = grad_logits.T.contiguous().add_(grad_logits) @ scaled  # (N, D)
+        if grad_scaled is not None:
+            grad = grad_scaled / ctx.temperature if grad is None else grad.add_(grad_scaled, alpha=1 / ctx.temperature)
+        return grad, None
 
 
 class _DropNonFiniteGrad(torch.autograd.Function):
@@ -373,16 +416,21 @@ class ContrastiveLoss(nn.Module):
         positive_index, negative_mask, count = targets.positive_index, targets.negative_mask, targets.negative_count
         dtype = torch.float64 if anchors.dtype == torch.float64 else torch.float32
         c_hat = unit_rows(candidates, dtype)  # (N, D)
-        a_hat = c_hat if anchors is candidates else unit_rows(anchors, dtype)  # (M, D)
-        scaled = a_hat / self.temperature  # (M, D): logits = scaled c^T, no (M, N) division
-        logits = scaled @ c_hat.T  # (M, N)
+        if anchors is candidates:
+            a_hat = c_hat
+            logits, scaled = _SelfLogits.apply(c_hat, self.temperature)  # (N, N), (N, D)
+        else:
+            a_hat = unit_rows(anchors, dtype)  # (M, D)
+            scaled = a_hat / self.temperature  # (M, D): logits = scaled c^T, no (M, N) division
+            logits = scaled @ c_hat.T  # (M, N)
         pos = (scaled * c_hat.index_select(0, positive_index)).sum(dim=1)  # (M,) the positives' logits
         sim = logits * self.temperature if self.needs_sim else None  # (M, N); its backward runs only if used
         # the masked logits carry the targets' negative_log_weights (`negative_offset`); `logits` do not
         plain = plain_reductions(logits, positive_index, negative_mask, count, targets.negative_offset, pos)
         if self.has_fallback:
             guarded = drop_nonfinite_grad(logits)
-            shared = plain._replace(**{k: drop_nonfinite_grad(getattr(plain, k)) for k in ("pos", "masked", "lse")})
+            shared = plain._replace(pos=drop_nonfinite_grad(plain.pos), lse=drop_nonfinite_grad(plain.lse),
+                                    logits=guarded)  # fmt: skip
             sim_arg = None if sim is None else drop_nonfinite_grad(sim)
         else:
             guarded, shared, sim_arg = logits, plain, sim
