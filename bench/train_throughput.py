@@ -9,18 +9,20 @@ warm-up; sentences/s = timed steps x batch / their time.
 FLOPs (common.encoder_flops), per step and forward batch: 3 x (2 x matrix weights x tokens + attention's two T x T
 products, 4 T^2 H per sequence and layer) + the MLP head's rows, i.e. "6 x non-embedding matrix parameters x tokens
 + attention"; embeddings, biases, norms, softmax, GELU, dropout and the loss are not counted. *Useful* counts the
-sentences' own tokens (the attention mask), *computed* the padded batches the kernels ran on (the padding share is
-reported); GradCache's extra no-grad forward is not useful work. The limit (common.matmul_rates): measured in the
-same worker process, on its threads, device and dtype, before and after its runs (the better kept): the reference
-product and the model's own products at the batch's token count (forward and both backward products). Fraction =
-useful FLOP/s / limit.
+sentences' own tokens (the attention mask), *computed* the padded positions the forwards ran on: the collated batch,
+or with length groups (ours' default on a CPU, SimCSEModel.length_groups) each group cut to its longest row (the
+padding share is reported); GradCache's extra no-grad forward is not useful work. The limit (common.matmul_rates):
+measured in the same worker process, on its threads, device and dtype, before and after its runs (the better kept):
+the reference product and the model's own products at the batch's token count (forward and both backward products).
+Fraction = useful FLOP/s / limit.
 
 1. *ours vs sentence-transformers*, whole processes (a fresh one per configuration and round; rounds interleaved,
    order rotated): st-mnrl (SentenceTransformerTrainer + MultipleNegativesRankingLoss(scale=20), the unsupervised
    SimCSE recipe of its docs: (anchor, positive) = (sentence, same sentence), two forwards of B rows, mean pooling),
    ours-avg (InfoNCE, `simcse` form, temperature 0.05, one forward of 2B rows, mean pooling: the same model
-   function), ours-cls (SimCSE's recipe: `cls` with its MLP head), ours-cls-gradcache (ours-cls with
-   --cache_minibatch_size). Ratios: per round, median.
+   function), ours-cls (SimCSE's recipe: `cls` with its MLP head), ours-cls-1group (ours-cls in one padded forward
+   per batch, --length_groups 1: what length groups gain), ours-cls-gradcache (ours-cls with --cache_minibatch_size).
+   Ours run with the trainer's default length groups (8 on a CPU). Ratios: per round, median.
 2. *every objective vs InfoNCE*, same-process alternation: one process runs `run()` for each objective in turn,
    round after round (order rotated), pooler `cls`, symmetric form (the hard-negative objectives' form; InfoNCE too);
    ratio of each run's median step time to the same round's InfoNCE run, median over rounds.
@@ -88,7 +90,7 @@ OBJECTIVES = {
     "unremix-embedding": ["--loss", "unremix", "--unremix_gradient", "embedding"],
     "unremix-head": ["--loss", "unremix", "--unremix_gradient", "head"],
 }
-VERSUS = ("st-mnrl", "ours-avg", "ours-cls", "ours-cls-gradcache")
+VERSUS = ("st-mnrl", "ours-avg", "ours-cls", "ours-cls-1group", "ours-cls-gradcache")
 SECTIONS = ("versus", "objectives", "compile")
 OBJECTIVE_TARGET = 1.03  # issue 15: every objective within 3 % of InfoNCE per step
 
@@ -99,6 +101,8 @@ def versus_spec(name: str, base: dict, cache_minibatch: int = CACHE_MINIBATCH) -
         spec["args"] = ["--pooler", "avg", "--loss", "infonce", "--contrast_form", "simcse"]
     elif name.startswith("ours-cls"):
         spec["args"] = ["--pooler", "cls", "--loss", "infonce", "--contrast_form", "simcse"]
+        if name.endswith("1group"):  # one padded forward per batch, as before length groups
+            spec["args"] += ["--length_groups", "1"]
         if name.endswith("gradcache"):
             spec["args"] += ["--cache_minibatch_size", str(cache_minibatch)]
             spec["cache_minibatch"] = cache_minibatch
@@ -240,12 +244,43 @@ def run_sentence_transformers(spec: dict, corpus: Path, output_dir: str, callbac
     return model
 
 
-def step_flops(batch: dict, shape: EncoderShape, head: bool) -> dict:
-    """encoder_flops of one step's forward inputs (training: 3 x forward), useful and computed."""
+def length_groups(spec: dict, device: str) -> int:
+    """The length groups a run of ours trains with (SimCSETrainer.length_groups: its argument, else 8 on a CPU
+    without compilation, else 1); sentence-transformers' forwards: 1."""
+    if spec["kind"] != "ours":
+        return 1
+    if "--length_groups" in spec["args"]:
+        return int(spec["args"][spec["args"].index("--length_groups") + 1])
+    return 8 if device == "cpu" and not spec.get("compile") else 1
+
+
+def forward_pieces(lengths: list[int], width: int, groups: int, rows: int | None) -> list[tuple[list[int], int]]:
+    """The (lengths, width) of each encoder forward a batch of (lengths, width) runs as: GradCache's mini-batches of
+    `rows` rows (each as wide as the batch), each in its length groups (SimCSEModel.length_groups_of)."""
+    import torch
+
+    from simcse_hn.modeling import length_groups_of
+
+    pieces = []
+    for start in range(0, len(lengths), rows or len(lengths)):
+        chunk = lengths[start : start + (rows or len(lengths))]
+        mask = (torch.arange(width) < torch.tensor(chunk)[:, None]).long()  # right padding, as the collators pad
+        parts = length_groups_of(mask, groups) if groups > 1 else None
+        if parts is None:
+            pieces.append((chunk, width))
+        else:
+            pieces += [([chunk[i] for i in part.tolist()], part_width) for part, part_width in parts]
+    return pieces
+
+
+def step_flops(batch: dict, shape: EncoderShape, head: bool, groups: int = 1, rows: int | None = None) -> dict:
+    """encoder_flops of one step's forward inputs (training: 3 x forward), useful and computed: "computed" counts
+    the positions the forwards ran on (`forward_pieces`: length groups cut padding)."""
     total = {"useful": 0, "computed": 0, "tokens": 0, "padded_tokens": 0}
     for lengths, width in batch.values():
-        counted = encoder_flops(shape, lengths, width, training=True, head_rows=len(lengths) if head else 0)
-        total = {k: total[k] + counted[k] for k in total}
+        for piece, piece_width in forward_pieces(lengths, width, groups, rows):
+            counted = encoder_flops(shape, piece, piece_width, training=True, head_rows=len(piece) if head else 0)
+            total = {k: total[k] + counted[k] for k in total}
     return total
 
 
@@ -270,13 +305,16 @@ def run_spec(spec: dict, corpus: Path, shape: EncoderShape, states: dict) -> dic
     seconds = timed[-1] - timed[0]
     head = spec["kind"] == "ours" and "cls" in spec["args"]
     flops = {"useful": 0, "computed": 0, "tokens": 0, "padded_tokens": 0}
+    groups = length_groups(spec, "cuda" if torch.cuda.is_available() else "cpu")
+    rows = 2 * spec["cache_minibatch"] if "cache_minibatch" in spec else None
     for batch in batches[warmup:steps]:  # the loader collates one batch ahead: batches[i] is step i's
-        counted = step_flops(batch, shape, head)
+        counted = step_flops(batch, shape, head, groups, rows)
         flops = {k: flops[k] + counted[k] for k in flops}
     flops["padding_share"] = 1 - flops["tokens"] / max(flops["padded_tokens"], 1)
     step_seconds = [b - a for a, b in zip(timed, timed[1:])]
     result = {
         "name": spec["name"], "sentences_per_s": (steps - warmup) * spec["batch"] / seconds, "timed_seconds": seconds,
+        "length_groups": groups,
         "median_step_s": statistics.median(step_seconds), "step_seconds": [round(s, 5) for s in step_seconds],
         "flops": flops, "memory": memory, "process_seconds": time.perf_counter() - start,
         "losses": [float(x) for x in torch.stack(losses).float().cpu()] if losses else None,
@@ -399,10 +437,12 @@ def objectives_specs(base: dict, rounds: int, names=tuple(OBJECTIVES)) -> list[d
 
 
 def compile_specs(base: dict, backend: str, names=tuple(OBJECTIVES)) -> list[dict]:
-    """Section 4: per objective an eager run, then a --torch_compile run compared with it."""
+    """Section 4: per objective an eager run, then a --torch_compile run compared with it; both in one forward per
+    batch (a compiled run has no length groups, and grouped forwards draw other dropout masks)."""
     specs = []
     for name in names:
-        spec = {**objective_spec(name, base), "section": "compile"}
+        spec = objective_spec(name, base)
+        spec = {**spec, "args": [*spec["args"], "--length_groups", "1"], "section": "compile"}
         specs += [{**spec, "name": f"{name}/eager", "keep_weights": True},
                   {**spec, "name": f"{name}/compiled", "compile": backend, "compare_with": f"{name}/eager",
                    "may_fail": True}]  # fmt: skip
@@ -518,7 +558,8 @@ def markdown(report: dict) -> str:
         f"{LEARNING_RATE}, seed {SEED}, {base['steps']} steps of which {base['warmup']} warm-up, device "
         f"{report.get('device', 'cpu')}{', bf16' if base.get('bf16') else ''}, {base['threads']} torch thread(s). "
         "FLOPs: 3 x (2 x matrix weights x tokens + 4 T^2 H per sequence and layer) per forward batch + the MLP "
-        "head; useful = the sentences' own tokens, the padding share is what the kernels computed beyond them. "
+        "head; useful = the sentences' own tokens, the padding share is what the forwards computed beyond them "
+        "(ours: in length groups, 8 on a CPU, unless the name says 1group). "
         "Fraction = useful FLOP/s / the matmul limit measured in the same process (bench/train_throughput.py's "
         "docstring).",
     ]

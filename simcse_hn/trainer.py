@@ -204,12 +204,23 @@ class SimCSETrainer(Trainer):
         self.guide = None
         if args.guide_model not in (None, SELF):
             self.guide = (guide if guide is not None else load_guide(args.guide_model)).to(args.device)
+        if hasattr(self.model, "length_groups"):  # a SimCSEModel (tests may train other modules)
+            self.model.length_groups = self.length_groups
         requested = args.sharding_engine()  # what the configuration asked for; accelerate decides what runs
         if requested and not (self.is_fsdp_enabled or self.is_deepspeed_enabled):
             logger.warning(
                 "%s was requested, but accelerate runs it on GPUs (or other accelerators) only: this run on %s is "
                 "plain data parallel (same results, unsharded memory)", requested, args.device.type
             )
+
+    @property
+    def length_groups(self) -> int:
+        """Length groups of the training forward (SimCSEModel.length_groups): the argument, or by default 8 on a
+        CPU without sharding or compilation, else 1 (bench/results/train_throughput.md measures it)."""
+        if self.args.length_groups is not None:
+            return self.args.length_groups
+        plain = not (self.args.sharding_engine() or self.args.torch_compile)
+        return 8 if plain and self.args.device.type == "cpu" else 1
 
     @property
     def gather_across_devices(self) -> bool:
