@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import square_targets, symmetric_targets
 
-from simcse_hn.losses import LOSSES, DCLLoss, HCLLoss, InfoNCELoss, LossContext, base, build_loss
+from simcse_hn.losses import LOSSES, DCLLoss, HCLLoss, InfoNCELoss, LossContext, base, build_loss, progcl
 from simcse_hn.losses.base import weighted_loss
 
 
@@ -294,7 +294,7 @@ def test_plain_infonce_is_computed_once_per_call(name, reductions, monkeypatch):
     loss_fn = build_loss("infonce", temperature=0.05) if name == "infonce" else EDGE_LOSSES[name]()
     counter = CountCalls(torch.logsumexp)
     masked_calls = []  # base.masked_logsumexp (a log-sum-exp with a cheaper backward) and weighted_lse (its reuse)
-    for function in (base._MaskedLogSumExp, base._WeightedLogSumExp):
+    for function in (base._MaskedLogSumExp, base._WeightedLogSumExp, progcl._MixedLogSumExp):
         original = function.apply
         monkeypatch.setattr(function, "apply", staticmethod(lambda *a, f=original: masked_calls.append(1) or f(*a)))
     with counter:

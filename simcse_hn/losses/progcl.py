@@ -176,18 +176,38 @@ def hardness_scores(s: Tensor, fit: BetaMixture) -> Tensor:
     1 / (1 + L_f / L_t + 1e-12 / L_t) from two fused multiply-adds each of log x and log(1 - x) = log((1 - s) / 2)
     (exact in float32 too, where 1 - x is not); the constants are float64. An overflow of either ratio gives
     p_true = 0 (its value is below e^-88 then), never NaN. -> B, like s."""
+    return _hardness(s, fit)
+
+
+def _hardness(
+    s: Tensor, fit: BetaMixture, scale: float = 1.0, bias: Tensor | None = None, usable: Tensor | None = None
+) -> Tensor:
+    """`hardness_scores` of the similarities scale * s (s: the logits, scale: the temperature), and with `bias`
+    (0 on N(i), -inf elsewhere) and `usable` () bool, B = 0 outside N(i) and everywhere when not usable: +inf enters
+    the exponent of L_f / L_t (so p_true = 0), and the constants of an unusable fit (NaN, maybe) are replaced by ones
+    that give 1e-12 / L_t = inf. Three (M, N) buffers, each pass in place: this is most of ProGCL's elementwise work.
+    -> B, like s"""
     order, _ = identify_components(fit)
     alpha, beta, pi = (p.index_select(0, order) for p in fit[:3])  # (2,) [true, false], float64
     log_norm = torch.lgamma(alpha) + torch.lgamma(beta) - torch.lgamma(alpha + beta) - pi.log()  # (2,)
     # log L_f - log L_t = c0 + c1 log x + c2 log(1-x);  log(1e-12) - log L_t = d0 + d1 log x + d2 log(1-x)
-    c = torch.stack([log_norm[0] - log_norm[1], alpha[1] - alpha[0], beta[1] - beta[0]]).to(s.dtype)
-    d = torch.stack([LOG_EPS + log_norm[0], 1 - alpha[0], 1 - beta[0]]).to(s.dtype)
-    x = torch.mul(s, 0.5).add_(0.5).clamp_(EPS, 1 - EPS)
-    log_x = x.log()
-    log_1mx = torch.mul(s, -0.5).add_(0.5).clamp_min_(EPS).log_()
-    ratio = torch.mul(log_x, c[1]).addcmul_(log_1mx, c[2]).add_(c[0]).exp_()  # L_f / L_t
-    floor = log_1mx.mul_(d[2]).addcmul_(log_x, d[1]).add_(d[0]).exp_()  # 1e-12 / L_t, in log_1mx's memory
-    return x.div_(floor.add_(ratio).add_(1))
+    c = torch.stack([log_norm[0] - log_norm[1], alpha[1] - alpha[0], beta[1] - beta[0]])
+    d = torch.stack([LOG_EPS + log_norm[0], 1 - alpha[0], 1 - beta[0]])
+    if usable is not None:  # unusable: c = 0, d = (inf, 0, 0)
+        c = torch.where(usable, c, 0.0)
+        d = torch.stack([torch.where(usable, d[0], math.inf), torch.where(usable, d[1], 0.0),
+                         torch.where(usable, d[2], 0.0)])  # fmt: skip
+    c, d = c.to(s.dtype), d.to(s.dtype)
+    half = torch.full((), 0.5, dtype=s.dtype, device=s.device)
+    log_x = torch.add(half, s, alpha=0.5 * scale).clamp_(EPS, 1 - EPS).log_()  # (M, N)
+    log_1mx = torch.add(half, s, alpha=-0.5 * scale).clamp_min_(EPS).log_()
+    ratio = torch.addcmul(c[0], log_x, c[1]).addcmul_(log_1mx, c[2])  # log(L_f / L_t)
+    if bias is not None:
+        ratio.sub_(bias if bias.dtype == s.dtype else bias.to(s.dtype))  # +inf outside N(i)
+    ratio.exp_()
+    denominator = log_1mx.mul_(d[2]).addcmul_(log_x, d[1]).add_(d[0]).exp_().add_(ratio).add_(1)  # log_1mx's memory
+    x = torch.add(half, s, alpha=0.5 * scale, out=ratio).clamp_(EPS, 1 - EPS)  # in ratio's memory
+    return x.div_(denominator)
 
 
 class _MixedLogits(torch.autograd.Function):
@@ -213,6 +233,37 @@ class _MixedLogits(torch.autograd.Function):
         return torch.mul(grad, lam).scatter_add_(1, partner, grad * mu), None, None, None, None
 
 
+class _MixedLogSumExp(torch.autograd.Function):
+    """log sum_j e^{m_ij / t} (M,) over mix mode's synthetic logits over all candidates, m / t = lambda l + mu l_p
+    (`_MixedLogits`), in one node: the synthetic logits, their shift and exponential share one (M, N) buffer, and the
+    backward is g e (lambda + mu scattered to the partners), g = grad / sum. b (M, N), detached, is consumed: its
+    memory becomes lambda. Two (M, N) buffers in the forward and two in the backward, where `_MixedLogits` and a
+    masked log-sum-exp make seven."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, b: Tensor, partner: Tensor, bias: Tensor, usable: Tensor) -> Tensor:
+        mu = b.gather(1, partner)  # B_p
+        buffer = torch.add(b, mu).add_(EPS)  # B + B_p + 1e-12
+        lam = b.div_(buffer)
+        mu.div_(buffer)
+        mixed = torch.gather(logits, 1, partner, out=buffer).mul_(mu).addcmul_(lam, logits)  # (M, N)
+        mixed.add_(bias.to(mixed.dtype)).add_(torch.where(usable, 0.0, NEG_INF).to(mixed.dtype))
+        shift = mixed.amax(dim=1, keepdim=True)  # (M, 1)
+        shift = torch.where(torch.isfinite(shift), shift, 0.0)  # no synthetic negative: the sum is 0, log -inf
+        e = mixed.sub_(shift).exp_()  # (M, N)
+        total = e.sum(dim=1)  # (M,)
+        ctx.save_for_backward(e, lam, mu, partner, total)
+        return total.log() + shift.squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        e, lam, mu, partner, total = ctx.saved_tensors
+        scale = torch.where(total > 0, grad / total, 0.0)[:, None]  # (M, 1); 0 for a row without any, not NaN
+        grad_mixed = e * scale  # (M, N)
+        grad_logits = torch.mul(grad_mixed, lam)
+        return grad_logits.scatter_add_(1, partner, grad_mixed.mul_(mu)), None, None, None, None
+
+
 def standard_partners(permutation: Tensor, anchor_index: Tensor, positive_index: Tensor) -> Tensor:
     """Mix mode's pairing over all candidates when N(i) is every candidate but e = {anchor_index[i],
     positive_index[i]}: candidate j's rank among N(i) is t = j - #{e < j}, and rho_i (the permutation without e's two
@@ -227,8 +278,12 @@ def standard_partners(permutation: Tensor, anchor_index: Tensor, positive_index:
     e_high = torch.maximum(anchor_index, positive_index).int()[:, None]
     q_a, q_p = inverse[anchor_index], inverse[positive_index]
     q_low, q_high = torch.minimum(q_a, q_p)[:, None], torch.maximum(q_a, q_p)[:, None]  # (M, 1)
-    t = (columns - e_low).clamp_(0, 1).add_((columns - e_high).clamp_(0, 1)).neg_().add_(columns)  # (M, N)
-    u = (t - q_low).add_(1).clamp_(0, 1).add_((t - q_high).add_(2).clamp_(0, 1)).add_(t)
+    # two (M, N) int32 buffers, every step in place: t, then v = t + [t >= q_1] (so that [t >= q_2 - 1] = [v >= q_2],
+    # as q_1 < q_2), then u = v + [v >= q_2]
+    step = torch.sub(columns, e_high).clamp_(0, 1)  # (M, N)
+    t = torch.sub(columns, e_low).clamp_(0, 1).add_(step).neg_().add_(columns)  # (M, N)
+    u = t.add_(torch.sub(t, q_low, out=step).add_(1).clamp_(0, 1))
+    u.add_(torch.sub(u, q_high, out=step).add_(1).clamp_(0, 1))
     # index_select takes int32 indices (no int64 copy) and is several times faster than take on a CPU
     return permutation.index_select(0, u.clamp_max_(n - 1).view(-1)).view(u.shape)
 
@@ -332,26 +387,32 @@ class ProGCLLoss(ContrastiveLoss):
     def mix_size(self, num_candidates: int) -> int:
         return num_candidates if self.mix_k is None else min(self.mix_k, num_candidates)
 
+    needs_sim = False  # B is computed from the logits
+
     def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
         negative_mask = targets.negative_mask
         plain = self.plain_reductions(logits, targets)  # shared with the fallback
         if self.in_warmup(context.step, context.max_steps):
-            zero = torch.zeros((), device=sim.device)
+            zero = torch.zeros((), device=logits.device)
             return plain.loss(), None, self._metrics(self.stored_fit(), zero, zero, zero)
 
         # The fit and the posteriors are float64; B needs only the logits' precision, except where mix sorts by it
         # (a top-K smaller than N): there B keeps float64, so that rounding cannot reorder near-ties.
-        sorts = self.mode == "mix" and self.mix_size(sim.shape[1]) < sim.shape[1]
+        num_candidates = logits.shape[1]
+        sorts = self.mode == "mix" and self.mix_size(num_candidates) < num_candidates
         dtype = torch.float64 if sorts else logits.dtype
         # the triangle shortcut needs sim to be the candidates' own (symmetric) matrix, fitted on this process alone
         square = targets.anchors_are_candidates and context.all_reduce is None
-        hardness, usable, metrics = self.fit_hardness(sim, negative_mask, context, dtype=dtype, square=square)
+        # from the logits (cosines = t logits): the base makes no (M, N) cosines for ProGCL (`needs_sim` False)
+        hardness, usable, metrics = self.fit_hardness(logits.detach(), negative_mask, context, dtype=dtype,
+                                                      square=square, scale=self.temperature,
+                                                      bias=targets.negative_bias)  # fmt: skip
         if self.mode == "weight":
             n = plain.count[:, None].clamp_min(1)  # (M, 1)
             row_mean = hardness.sum(dim=1, keepdim=True) / n  # (M, 1)
-            # w = B / mean B (0 outside N(i)); an unusable fit or an all-zero row -> w = 1 (everywhere: outside N(i)
-            # the weights do not count)
-            w = torch.where(usable & (row_mean > 0), hardness / row_mean, 1.0)  # (M, N)
+            # w = B / mean B (0 outside N(i)), in B's memory; an unusable fit or an all-zero row (0 / 0 = NaN here)
+            # -> w = 1 (everywhere: outside N(i) the weights do not count)
+            w = hardness.div_(row_mean).masked_fill_(~(usable & (row_mean > 0)), 1.0)  # (M, N)
             # sum_j w_ij e^{l_ij} from the fallback's own exponentials (with an explicit negative's weight c_ij, the
             # targets' negative_log_weights, in them), guarded as an (M,) result
             log_r = drop_nonfinite_grad(self.plain_reductions(logits, targets, guarded=False).weighted_lse(w))
@@ -366,11 +427,21 @@ class ProGCLLoss(ContrastiveLoss):
             return loss, weights, metrics
         # the synthetic negatives mix the unweighted logits s / t (`logits`, masked by the unweighted bias): an
         # explicit negative's weight multiplies its own term of the negative sum only (in plain.lse)
-        synthetic = self._synthetic_logits(
-            logits, negative_mask, hardness, usable, context, targets, targets.negative_bias
-        )  # (M, K)
+        if self.mix_size(num_candidates) == num_candidates:
+            # over all candidates: the synthetic logits' log-sum-exp in one autograd node from the unguarded logits,
+            # guarded as an (M,) result (B consumed: its memory becomes the mixing coefficients)
+            unguarded = self.plain_reductions(logits, targets, guarded=False).logits
+            partner = self._partners(negative_mask, self._permutation(num_candidates, logits.device, context), targets)
+            synthetic_lse = drop_nonfinite_grad(
+                _MixedLogSumExp.apply(unguarded, hardness, partner, targets.negative_bias, usable)
+            )  # (M,)
+        else:
+            synthetic = self._synthetic_logits(
+                logits, negative_mask, hardness, usable, context, targets, targets.negative_bias
+            )  # (M, K)
+            synthetic_lse = masked_logsumexp(synthetic)
         # InfoNCE's denominator plus the synthetic negatives: the plain part is the fallback's own reduction
-        log_denominator = torch.logaddexp(torch.logaddexp(plain.pos, plain.lse), masked_logsumexp(synthetic))
+        log_denominator = torch.logaddexp(torch.logaddexp(plain.pos, plain.lse), synthetic_lse)
         return log_denominator - plain.pos, None, metrics
 
     def fit_hardness(
@@ -380,10 +451,14 @@ class ProGCLLoss(ContrastiveLoss):
         context: LossContext | None = None,
         dtype: torch.dtype = torch.float64,
         square: bool = False,
+        scale: float = 1.0,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """(Re)fit the mixture if the schedule says so and score the negatives.
         -> B (M, N) in `dtype`, detached, 0 outside N(i) and 0 when the fit is not usable; whether it is (valid and
-        separated) (); the bmm metrics.
+        separated) (); the bmm metrics. sim (M, N): the cosines, or the logits with `scale` = the temperature (the
+        cosines are scale * sim; the loss passes its logits: no (M, N) cosines are made). `bias` (M, N): 0 on N(i),
+        -inf elsewhere (`ContrastiveTargets.negative_bias`), which B's computation absorbs (no (M, N) select).
 
         The fit is float64, on the pairs drawn from the fitted ones (`fit_pairs`), gathered from sim, or on all of
         them. `square`: sim is the candidates' own similarity matrix (targets.anchors_are_candidates, one process), so
@@ -396,7 +471,7 @@ class ProGCLLoss(ContrastiveLoss):
         float64; between refits the pairs are drawn all the same."""
         context = LossContext() if context is None else context
         s = sim.detach()
-        fit_x, fit_data = self._fit_sample(s, negative_mask, context, square)  # (K,) each
+        fit_x, fit_data = self._fit_sample(s, negative_mask, context, square, scale)  # (K,) each
         fit_features = _features(fit_x)
         if self.refits(context.step, context.max_steps):
             init = self.stored_fit()[:3] if self.warm_start else None
@@ -410,9 +485,12 @@ class ProGCLLoss(ContrastiveLoss):
 
         _, separated = identify_components(fit)
         usable = fit.valid & separated
-        hardness = hardness_scores(s.to(dtype), fit)  # (M, N)
-        # A degenerate fit may hold NaN: replace B before it touches anything with a gradient.
-        hardness = torch.where(usable & negative_mask, hardness, 0.0)  # B, (M, N)
+        if bias is None:
+            hardness = _hardness(s.to(dtype), fit, scale)  # (M, N)
+            # A degenerate fit may hold NaN: replace B before it touches anything with a gradient.
+            hardness = torch.where(usable & negative_mask, hardness, 0.0)  # B, (M, N)
+        else:  # the same, in B's own passes
+            hardness = _hardness(s.to(dtype), fit, scale, bias, usable)  # B, (M, N)
         data = fit_data.to(torch.float64)
         est_false = (negative_posteriors(fit_x, fit, fit_features)[1] * data).sum() / data.sum().clamp_min(1)
         est_false = torch.where(usable, est_false, 0.0)
@@ -420,10 +498,10 @@ class ProGCLLoss(ContrastiveLoss):
         return hardness, usable, metrics
 
     def _fit_sample(
-        self, s: Tensor, negative_mask: Tensor, context: LossContext, square: bool
+        self, s: Tensor, negative_mask: Tensor, context: LossContext, square: bool, scale: float = 1.0
     ) -> tuple[Tensor, Tensor]:
-        """The pairs the mixture is fitted on: x = (s + 1) / 2 in float64, clamped, (K,), and their data weights (K,)
-        (bool: a negative or not; with `square`, float: in how many directions the pair is a negative)."""
+        """The pairs the mixture is fitted on: x = (scale s + 1) / 2 in float64, clamped, (K,), and their data weights
+        (K,) (bool: a negative or not; with `square`, float: in how many directions the pair is a negative)."""
         flat_s, flat_mask = s.reshape(-1), negative_mask.reshape(-1)
         if square:
             upper, lower = self._triangles(s.shape[0], s.device)  # (P,) flat indices of (i, j) and (j, i), i < j
@@ -443,7 +521,8 @@ class ProGCLLoss(ContrastiveLoss):
             fit_s, data = flat_s, flat_mask
         else:
             fit_s, data = flat_s.index_select(0, index), flat_mask.index_select(0, index)
-        x = ((fit_s.to(torch.float64) + 1) / 2).clamp(EPS, 1 - EPS)
+        fit_s = fit_s.to(torch.float64) if scale == 1.0 else fit_s.to(torch.float64) * scale
+        x = ((fit_s + 1) / 2).clamp(EPS, 1 - EPS)
         return torch.where(data > 0, x, 0.5), data  # non-pairs (self, positive) are not data: tame densities
 
     def _triangles(self, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -474,17 +553,7 @@ class ProGCLLoss(ContrastiveLoss):
         k = self.mix_size(num_candidates)
         permutation = self._permutation(k, logits.device, context)  # (K,)
         if k == num_candidates:
-            # Every negative takes part: pair them in candidate order. Row i's sigma is the permutation's entries that
-            # are its negatives, in order (rho_i); its t-th negative is paired with rho_i[t].
-            if targets is not None and targets.standard_negatives:
-                partner = standard_partners(permutation, targets.anchor_index, targets.positive_index)
-            else:  # one gather of the mask, two cumulative sums, a scatter and a gather: no (M, N) sort
-                keep = negative_mask.index_select(1, permutation)  # (M, N): is sigma_t a negative of row i
-                slot = torch.where(keep, keep.cumsum(dim=1) - 1, num_candidates)  # (M, N), others to a spare column
-                rho = torch.zeros((rows, num_candidates + 1), dtype=torch.long, device=logits.device)
-                rho = rho.scatter_(1, slot, permutation.expand_as(slot))  # (M, N + 1): rho_i, then junk
-                rank = (negative_mask.cumsum(dim=1) - 1).clamp_min_(0)  # (M, N): t of candidate j among N(i)
-                partner = rho.gather(1, rank)  # (M, N), meaningful on N(i)
+            partner = self._partners(negative_mask, permutation, targets)
             b = hardness.to(logits.dtype)
             if bias is None:
                 b_partner, l_partner = b.gather(1, partner), logits.gather(1, partner)
@@ -510,6 +579,22 @@ class ProGCLLoss(ContrastiveLoss):
         b_partner, l_partner = b.gather(1, sigma), sorted_l.gather(1, sigma)
         mixed = (b * sorted_l + b_partner * l_partner) / (b + b_partner + EPS)  # (M, K)
         return torch.where(in_top & usable, mixed, NEG_INF)
+
+    @staticmethod
+    def _partners(negative_mask: Tensor, permutation: Tensor, targets=None) -> Tensor:
+        """Mix over all candidates pairs the negatives in candidate order: row i's sigma is the permutation's entries
+        that are its negatives, in order (rho_i); its t-th negative is paired with rho_i[t]. `targets`: their standard
+        negatives give the pairing in closed form (`standard_partners`). -> partner (M, N) long, meaningful on N(i)."""
+        if targets is not None and targets.standard_negatives:
+            return standard_partners(permutation, targets.anchor_index, targets.positive_index)
+        rows, num_candidates = negative_mask.shape
+        # one gather of the mask, two cumulative sums, a scatter and a gather: no (M, N) sort
+        keep = negative_mask.index_select(1, permutation)  # (M, N): is sigma_t a negative of row i
+        slot = torch.where(keep, keep.cumsum(dim=1) - 1, num_candidates)  # (M, N), others to a spare column
+        rho = torch.zeros((rows, num_candidates + 1), dtype=torch.long, device=negative_mask.device)
+        rho = rho.scatter_(1, slot, permutation.expand_as(slot))  # (M, N + 1): rho_i, then junk
+        rank = (negative_mask.cumsum(dim=1) - 1).clamp_min_(0)  # (M, N): t of candidate j among N(i)
+        return rho.gather(1, rank)  # (M, N), meaningful on N(i)
 
     def _metrics(self, fit: BetaMixture, est_false: Tensor, fallback: Tensor, unseparated: Tensor) -> dict:
         metrics = {"est_false_neg_frac": est_false, "bmm_fallback": fallback, "bmm_unseparated": unseparated}
