@@ -49,9 +49,13 @@ def _embedding_gradients(
     z_hat: Tensor, norm: Tensor, logits: Tensor, others_hat: Tensor, temperature: float
 ) -> Tensor:
     """delta_k = (I - z_k z_k^T) sum_m (q_km - 1[m = y_k]) o_m / (t |z_k|) for masked logits (K, L) (-inf outside the
-    other rows), unit rows z_hat (K, D), norms (K, 1), unit others (L, D). -> (K, D)"""
-    residual = torch.softmax(logits, dim=1)  # (K, L): q, minus one at the pseudo-label below
-    residual.scatter_add_(1, logits.argmax(dim=1, keepdim=True), torch.full_like(residual[:, :1], -1.0))
+    other rows), unit rows z_hat (K, D), norms (K, 1), unit others (L, D). The logits are consumed: q is made in
+    their memory (no (K, L) allocation). -> (K, D)"""
+    label = logits.argmax(dim=1, keepdim=True)  # (K, 1) the pseudo-label, from the logits as given
+    shift = logits.amax(dim=1, keepdim=True)  # (K, 1)
+    residual = logits.sub_(torch.where(torch.isfinite(shift), shift, 0.0)).exp_()  # (K, L)
+    residual.div_(residual.sum(dim=1, keepdim=True))  # q, minus one at the pseudo-label below
+    residual.scatter_add_(1, label, torch.full_like(residual[:, :1], -1.0))
     v = residual @ others_hat / temperature  # (K, D)
     return (v - z_hat * (z_hat * v).sum(dim=1, keepdim=True)) / norm
 
@@ -74,17 +78,18 @@ def uncertainty_from_gradients(
     anchor_features: Tensor | None = None,
     candidate_features: Tensor | None = None,
     out: Tensor | None = None,
+    scratch: Tensor | None = None,
 ) -> Tensor:
     """U_ij = g_i . g_j. Without features g = delta (gradient at the embedding). With the head inputs h of
     z = tanh(W h + b): delta' = delta * (1 - z^2) and U_ij = (delta'_i . delta'_j)(h_i . h_j + 1) (weight + bias).
-    -> (M, N), written into `out` when given."""
+    -> (M, N), written into `out` when given; `scratch` (M, N), when given, holds h_i . h_j + 1 (overwritten)."""
     if anchor_features is None or candidate_features is None:
         return torch.mm(anchor_delta, candidate_delta.T, out=out)
     anchor_delta = anchor_delta * (1 - anchors.square())
     candidate_delta = candidate_delta * (1 - candidates.square())
     u = torch.mm(anchor_delta, candidate_delta.T, out=out)  # (M, N)
-    inputs = (anchor_features.to(u.dtype) @ candidate_features.to(u.dtype).T).add_(1)  # h_i . h_j + 1
-    return u.mul_(inputs)
+    inputs = torch.mm(anchor_features.to(u.dtype), candidate_features.to(u.dtype).T, out=scratch)
+    return u.mul_(inputs.add_(1))  # times h_i . h_j + 1
 
 
 def uncertainty_scores(
@@ -192,6 +197,8 @@ class UnReMixLoss(ContrastiveLoss):
         else:
             self.register_buffer("theta", theta)
 
+    needs_sim = False  # the objective writes the cosines into its scores' buffer
+
     @property
     def needs_head_inputs(self) -> bool:
         return self.gradient == "head"
@@ -199,12 +206,12 @@ class UnReMixLoss(ContrastiveLoss):
     def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
         negative_mask = targets.negative_mask
         plain = self.plain_reductions(logits, targets)  # shared with the fallback
-        theta = drop_nonfinite_grad(self.theta).to(sim.dtype)
+        theta = drop_nonfinite_grad(self.theta).to(logits.dtype)
         lam = torch.softmax(_ReverseGrad.apply(theta) if self.learn_mixture else theta, dim=0)  # (3,)
         anchor_features, candidate_features = context.anchor_features, context.candidate_features
         use_head = self.needs_head_inputs and anchor_features is not None and candidate_features is not None
         metrics = {"lambda_A": lam[0], "lambda_U": lam[1], "lambda_R": lam[2]}
-        metrics["u_from_head"] = torch.full((), float(use_head), device=sim.device)
+        metrics["u_from_head"] = torch.full((), float(use_head), device=logits.device)
 
         weights, log_r = None, plain.lse
         if self.beta > 0:
@@ -216,18 +223,29 @@ class UnReMixLoss(ContrastiveLoss):
                 positives = targets.positive_index[:, None]
                 # (unweighted: an explicit negative's weight c_ij, in the masked logits, is not a similarity)
                 masked = unguarded.masked if targets.negative_log_weights is None else logits + targets.negative_bias
-                others = masked.detach().scatter(1, positives, plain.pos.detach()[:, None])
-                raw = self.raw_scores(sim, anchors, candidates, targets, *features, logits=others)
+                others = masked.detach().scatter_(1, positives, plain.pos.detach()[:, None])  # a fresh tensor
+                # the cosines t l are A itself: written straight into the scores (`needs_sim` is False)
+                scores = torch.empty((3, *logits.shape), dtype=logits.dtype, device=logits.device)  # (3, M, N)
+                sim = torch.mul(logits.detach(), self.temperature, out=scores[0])  # (M, N)
+                raw = self.raw_scores(sim, anchors, candidates, targets, *features, logits=others, out=scores)
                 if targets.standard_negatives:
                     dev, std = centre_standard(raw, targets)  # in place
                 else:
                     dev, std = centre(raw, negative_mask)  # (3, M, N), (3, M, 1)
             # C = sum_c lambda_c dev_c / (std_c + 1e-6): the standardised scores are never materialised
             kappa = lam[:, None, None] / (std + STD_EPS)  # (3, M, 1)
-            combined = (dev[0] * kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # (M, N)
-            # w = n softmax_{N(i)}(beta C): mean one over N(i), 0 elsewhere
             n = plain.count[:, None]  # (M, 1)
-            w = torch.softmax(combined.mul_(self.beta).add_(targets.negative_bias.to(combined.dtype)), dim=1) * n
+            bias = targets.negative_bias.to(logits.dtype)
+            if kappa.requires_grad:  # a learned mixture: autograd through C and the softmax
+                combined = (dev[0] * kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # (M, N)
+                # w = n softmax_{N(i)}(beta C): mean one over N(i), 0 elsewhere
+                w = torch.softmax(combined.mul_(self.beta).add_(bias), dim=1) * n
+            else:  # the same without gradient, in dev[0]'s memory: no (M, N) allocation
+                with torch.no_grad():
+                    w = dev[0].mul_(kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # C, (M, N)
+                    w.mul_(self.beta).add_(bias)
+                    w.sub_(w.amax(dim=1, keepdim=True)).exp_()  # a row without negatives: NaN, as softmax's
+                    w.mul_(n / w.sum(dim=1, keepdim=True))
             if not targets.standard_negatives:  # an anchor may have no negatives (a guide): 0, not softmax's NaN
                 w = torch.where(n > 0, w, 0.0)
             # sum_j w_ij e^{l_ij} from the fallback's own exponentials, guarded as an (M,) result
@@ -268,9 +286,12 @@ class UnReMixLoss(ContrastiveLoss):
         anchor_features: Tensor | None = None,
         candidate_features: Tensor | None = None,
         logits: Tensor | None = None,
+        out: Tensor | None = None,
     ) -> Tensor:
         """(A, U, R) before standardisation, stacked. -> (3, M, N), detached, a fresh tensor (the caller may change
-        it in place). `logits`: sim / t on each anchor's positive and negatives and -inf elsewhere, when known.
+        it in place), or `out` (3, M, N) filled, whose out[0] already holds sim (no copy). `logits`: sim / t on each
+        anchor's positive and negatives and -inf elsewhere, when known; consumed (the pseudo-posteriors are made in
+        their memory).
 
         With `targets.anchors_are_candidates` the candidates' similarities are sim; with `standard_negatives` as well,
         their pseudo-posteriors are the anchors' and R needs no matrix product."""
@@ -296,11 +317,15 @@ class UnReMixLoss(ContrastiveLoss):
                 eye = torch.eye(n_cand, dtype=torch.bool, device=sim.device)
                 cand_logits = torch.where(eye, NEG_INF, cand_sim / self.temperature)
                 candidate_delta = _embedding_gradients(c_hat, c_norm, cand_logits, c_hat, self.temperature)
-            scores = torch.empty((3, m, n_cand), dtype=dtype, device=sim.device)  # (A, U, R), filled in place
-            scores[0] = sim
+            if out is None:
+                scores = torch.empty((3, m, n_cand), dtype=dtype, device=sim.device)  # (A, U, R), filled in place
+                scores[0] = sim
+            else:
+                scores = out
             uncertainty_from_gradients(
-                anchor_delta, candidate_delta, a, c, anchor_features, candidate_features, out=scores[1]
-            )
+                anchor_delta, candidate_delta, a, c, anchor_features, candidate_features, out=scores[1],
+                scratch=scores[2],
+            )  # fmt: skip
             # A zero-norm row's gradient is ~1/1e-12: saturate so the squares in `centre` stay finite. One huge score
             # in a row standardises to about sqrt(n) whatever its size, so this changes nothing that matters.
             scores[1].clamp_(-U_MAX, U_MAX)
@@ -311,11 +336,15 @@ class UnReMixLoss(ContrastiveLoss):
             self_sim = c_hat.square().sum(dim=1)  # (N,), 1 (0 for a zero-norm row)
             mask = None if same and targets.standard_negatives else negative_mask.to(dtype)
             if same and targets.standard_negatives:
-                # sum_{k in N(i)} s_jk = sum_k s_jk - s_ji - s_{j,p(i)}, and s is symmetric: O(N^2), no product
-                torch.sub(sim.sum(dim=1)[None, :], sim, out=scores[2]).sub_(sim.index_select(0, positive_index))
-            elif 2 * c.shape[1] < n_cand:
-                torch.mm(mask @ c_hat, c_hat.T, out=scores[2])
+                # sum_{k in N(i)} s_jk = sum_k s_jk - s_ji - s_{j,p(i)}, and s is symmetric: O(N^2), no product;
+                # R_ij = (s_ij + s_{p(i),j} + (s_jj - 1 - sum_k s_jk) + n_i) / (n_i - 1), in place
+                torch.index_select(sim, 0, positive_index, out=scores[2]).add_(sim)
+                scores[2].add_((self_sim - 1 - sim.sum(dim=1))[None, :]).add_(n)
             else:
-                torch.mm(mask, cand_sim, out=scores[2])
-            scores[2].neg_().add_(n).sub_(1 - self_sim).div_((n - 1).clamp_min(1))
+                if 2 * c.shape[1] < n_cand:
+                    torch.mm(mask @ c_hat, c_hat.T, out=scores[2])
+                else:
+                    torch.mm(mask, cand_sim, out=scores[2])
+                scores[2].neg_().add_(n).sub_(1 - self_sim)
+            scores[2].div_((n - 1).clamp_min(1))
             return scores
