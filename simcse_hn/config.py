@@ -621,7 +621,7 @@ HELP_GROUPS = {
     "HCL and DCL (--loss hcl, dcl)": ("hcl_", "dcl_"),
     "ProGCL (--loss progcl)": ("progcl_",),
     "UnReMix (--loss unremix)": ("unremix_",),
-    "scale": ("gather_across_devices", "cache_minibatch_size"),
+    "scale and speed": ("gather_across_devices", "cache_minibatch_size", "length_groups"),
 }
 HELP_OVERRIDES = {  # the Trainer's own help where simcse-hn gives the flag more meaning
     "resume_from_checkpoint": "A checkpoint folder, or 'true' for the newest complete checkpoint of this run in "

@@ -216,7 +216,7 @@ class SimCSETrainer(Trainer):
     @property
     def length_groups(self) -> int:
         """Length groups of the training forward (SimCSEModel.length_groups): the argument, or by default 8 on a
-        CPU without sharding or compilation, else 1 (bench/results/train_throughput.md measures it)."""
+        CPU without sharding or compilation, else 1 (bench/results/train_throughput_versus.md measures it)."""
         if self.args.length_groups is not None:
             return self.args.length_groups
         plain = not (self.args.sharding_engine() or self.args.torch_compile)

@@ -135,8 +135,9 @@ def test_help_lists_the_projects_flags_first_by_group_with_choices():
     headings = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith(" ") and
                 line.endswith(":")]  # fmt: skip
     assert headings[:8] == ["options", "model", "data", "objective", "HCL and DCL (--loss hcl, dcl)",
-                            "ProGCL (--loss progcl)", "UnReMix (--loss unremix)", "scale"]  # fmt: skip
+                            "ProGCL (--loss progcl)", "UnReMix (--loss unremix)", "scale and speed"]  # fmt: skip
     assert headings[8].startswith("training (transformers.TrainingArguments")
+    assert "--length_groups" in text.split("\nscale and speed:")[1].split("\ntraining (")[0]
     assert "--config CONFIG" in text.split("\nmodel:")[0]  # listed before everything else
     assert "--loss {infonce,dcl,hcl,progcl,unremix}" in text and "--progcl_mode {weight,mix}" in text
     resume = text.split("--resume_from_checkpoint")[-1][:400]
