@@ -405,7 +405,7 @@ class SimCSEModel(nn.Module):
 
     `length_groups` > 1, in training: a batch runs as that many sub-batches of rows of similar token length, each
     cut to its own longest row (`length_groups_of`); the embeddings come back in the batch's order. The encoder then
-    computes fewer padding positions (on the wiki corpus at batch 64 and max length 32, 28 % of a batch's positions are
+    computes fewer padding positions (on the wiki corpus at batch 64 and max length 32, 29 % of a batch's positions are
     padding). The embeddings are the same up to float rounding (padding keys are masked out, the poolers read the
     mask); with dropout on, each row's dropout draw differs from the one-forward draw, equally random and equally
     seeded. The trainer sets it (`SimCSETrainingArguments.length_groups`); 1 (one forward) by default. Evaluation
