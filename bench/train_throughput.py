@@ -244,16 +244,6 @@ def run_sentence_transformers(spec: dict, corpus: Path, output_dir: str, callbac
     return model
 
 
-def length_groups(spec: dict, device: str) -> int:
-    """The length groups a run of ours trains with (SimCSETrainer.length_groups: its argument, else 8 on a CPU
-    without compilation, else 1); sentence-transformers' forwards: 1."""
-    if spec["kind"] != "ours":
-        return 1
-    if "--length_groups" in spec["args"]:
-        return int(spec["args"][spec["args"].index("--length_groups") + 1])
-    return 8 if device == "cpu" and not spec.get("compile") else 1
-
-
 def forward_pieces(lengths: list[int], width: int, groups: int, rows: int | None) -> list[tuple[list[int], int]]:
     """The (lengths, width) of each encoder forward a batch of (lengths, width) runs as: GradCache's mini-batches of
     `rows` rows (each as wide as the batch), each in its length groups (SimCSEModel.length_groups_of)."""
@@ -305,7 +295,7 @@ def run_spec(spec: dict, corpus: Path, shape: EncoderShape, states: dict) -> dic
     seconds = timed[-1] - timed[0]
     head = spec["kind"] == "ours" and "cls" in spec["args"]
     flops = {"useful": 0, "computed": 0, "tokens": 0, "padded_tokens": 0}
-    groups = length_groups(spec, "cuda" if torch.cuda.is_available() else "cpu")
+    groups = getattr(model, "length_groups", 1)  # what the trainer set on our model; sentence-transformers': 1
     rows = 2 * spec["cache_minibatch"] if "cache_minibatch" in spec else None
     for batch in batches[warmup:steps]:  # the loader collates one batch ahead: batches[i] is step i's
         counted = step_flops(batch, shape, head, groups, rows)
