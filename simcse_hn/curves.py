@@ -219,6 +219,7 @@ def plot_overview(runs: Sequence[Curves], keys: Sequence[str], path: str) -> Non
     nrows = -(-len(keys) // ncols)
     with paper_style():
         figure, axes = new_figure(width=7.0, height=1.7 * nrows + 0.5, nrows=nrows, ncols=ncols)
+        axes = axes if nrows * ncols > 1 else [[axes]]  # one metric: new_figure gives a single Axes
         handles = []
         for k, key in enumerate(keys):
             drawn = _draw(axes[k // ncols][k % ncols], runs, key)
@@ -294,6 +295,33 @@ def _series_record(run: Curves) -> dict[str, dict[str, float]]:
     return {key: {str(step): value for step, value in sorted(points.items())} for key, points in run.series.items()}
 
 
+def save_record(runs: Sequence[Curves], path: str) -> None:
+    """The runs' curves as curves.json: {name: {"sources": [...], "series": {key: {step: value}}}}, what
+    `load_record` reads back (a run's curves kept without its training folder)."""
+    record = {run.name: {"sources": run.sources, "series": _series_record(run)} for run in runs}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+
+
+def load_record(path: str) -> list[Curves]:
+    """The runs of a curves.json that `save_record` (or eval/curves.py) wrote, under their recorded names."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    runs = []
+    for name, run in record.items() if isinstance(record, dict) else ():
+        if not isinstance(run, dict) or not isinstance(run.get("series"), dict):
+            raise DataError(f"{path}: run {name!r} has no 'series'; expected a curves.json of eval/curves.py")
+        series = {key: {int(step): float(v) for step, v in points.items()} for key, points in run["series"].items()}
+        runs.append(Curves(name, series, [*run.get("sources", []), path]))
+    if not runs:
+        raise DataError(f"{path}: no runs; expected a curves.json of eval/curves.py")
+    return runs
+
+
 def write_curves(runs: Sequence[Curves], output: str, keys: Sequence[str] | None = None) -> list[str]:
     """curves.md, curves.json (every series), curves.png (all metrics) and one curve_<key>.png per metric into
     `output`, plus alignment_uniformity.png when the runs logged both. -> the files written."""
@@ -316,10 +344,7 @@ def write_curves(runs: Sequence[Curves], output: str, keys: Sequence[str] | None
             charts.append(name)
     if plot_alignment_uniformity_steps(runs, os.path.join(output, "alignment_uniformity.png")):
         charts.append("alignment_uniformity.png")
-    record = {run.name: {"sources": run.sources, "series": _series_record(run)} for run in runs}
-    with open(os.path.join(output, "curves.json"), "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
+    save_record(runs, os.path.join(output, "curves.json"))
     with open(os.path.join(output, "curves.md"), "w", encoding="utf-8") as f:
         f.write(curves_markdown(runs, drawn, constant, charts))
     return ["curves.md", "curves.json", *charts]

@@ -4,6 +4,7 @@ eval/sts.py --curves."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -103,6 +104,26 @@ def test_several_runs_alignment_uniformity_and_constant_metrics(tmp_path, capsys
         (tmp_path / "bad").mkdir()
         (tmp_path / "bad" / "trainer_state.json").write_text("{")
         load_curves(str(tmp_path / "bad"))
+
+
+def test_a_curves_json_redraws_its_runs_without_their_folders(tmp_path, capsys):
+    write_state(tmp_path / "a" / "checkpoint-30", [{"step": s, "loss": 3.0 - s / 10} for s in (10, 20, 30)])
+    write_state(tmp_path / "b", [{"step": 10, "loss": 1.5}, {"step": 20, "loss": 1.0}])
+    curves = load_script("curves")
+    first = tmp_path / "first"
+    assert curves.main([str(tmp_path / "a"), "--output", str(first), "--labels", "run-a"]) == 0
+    shutil.rmtree(tmp_path / "a")  # the training folder is gone; its record is enough
+    again = tmp_path / "again"
+    assert curves.main([str(first / "curves.json"), str(tmp_path / "b"), "--output", str(again), "--labels", "B"]) == 0
+    record = json.loads((again / "curves.json").read_text())
+    assert list(record) == ["run-a", "B"]  # the record's name kept, the label for the folder
+    assert record["run-a"]["series"]["loss"] == {"10": 2.0, "20": 1.0, "30": 0.0}
+    assert record["run-a"]["sources"][-1] == str(first / "curves.json")
+    assert "| run-a | 30 | 0 |" in (again / "curves.md").read_text()
+    (tmp_path / "bad.json").write_text('{"x": {"loss": []}}')
+    capsys.readouterr()
+    assert curves.main([str(tmp_path / "bad.json"), "--output", str(again)]) == 2
+    assert "bad.json: run 'x' has no 'series'" in capsys.readouterr().err
 
 
 def test_sts_cli_adds_the_evaluated_runs_curves(trained, tmp_path):
