@@ -25,9 +25,11 @@ and with mean pooling (MiniLM's own), as references.
 after the other; each run records its thread count, the jobs beside it and its load (the report's times are wall
 seconds under that sharing). The numbers of a run depend on its thread count only through float rounding.
 
-Runs accumulate: each finished run (its folder under --work_dir and an entry in bench/results/quality/runs.json with
-its time and machine load) is kept and never recomputed, so the study can be spread over sittings; an interrupted run
-restarts from its newest complete checkpoint. `--resume` adds to the runs asked for (none unless --seeds or --sweep
+Runs accumulate: each finished run (its folder under --work_dir, an entry in bench/results/quality/runs.json with
+its time and machine load, and what the report needs of it under bench/results/quality/runs/<run>/: results.json,
+predictions.npz and its training curves as curves.json) is kept and never recomputed, so the study can be spread over
+sittings and machines (--work_dir does not travel; the results folder is committed); an interrupted run restarts from
+its newest complete checkpoint. `--resume` adds to the runs asked for (none unless --seeds or --sweep
 ask) first every run started under --work_dir that runs.json lacks, with its own arm, flags, seed and batch (each
 run leaves <key>.args.json beside its folder when it starts), then every batch-64 run the study's seed rule still
 needs: seeds 42-44 of every arm, seeds 45-46 of the baseline and of every arm whose mean over 42-44 beats the
@@ -35,8 +37,11 @@ baseline's, and the sweep. So the same `--resume` line, repeated each sitting, f
 sitting is training (its <key>.lock held) is skipped, never trained twice into one folder. The report
 (bench/results/quality/) goes through eval/compare.py: per-task and average means with 95 % t-intervals over seeds,
 paired tests against symmetric InfoNCE, alignment and uniformity, plus a table of each arm's training diagnostics
-(the last logging window, mean over seeds), SICK-R's test pairs by entailment label (`sick_by_label`),
-and the training curves of the first seed.
+(the last logging window, mean over seeds), the sweep against its arms' seed 42, SICK-R's test pairs by entailment
+label (`sick_by_label`), and the training curves (the first seed of each arm, the sweep, other batches). Runs of
+another batch or learning rate are compared apart (compare_b<batch>[-lr<rate>]/, against the baseline at the same
+settings). A comparison some of whose runs have no results on disk (runs of an earlier machine, before they were kept)
+stays as last written.
 """
 
 from __future__ import annotations
@@ -161,6 +166,45 @@ def last_window(folder: Path) -> dict:
     return {key: series[key][max(series[key])] for key in DIAGNOSTICS if series.get(key)}
 
 
+def keep_run(key: str, scored: Path, trained: Path | None) -> Path:
+    """What the report needs of a run, kept beside runs.json (committed, unlike --work_dir): the STS report's
+    results.json and predictions.npz, and the training curves as curves.json (simcse_hn.curves.save_record). A new
+    machine has no --work_dir, and a report rebuilt there must not lose the runs of earlier sittings."""
+    import shutil
+
+    from simcse_hn.curves import load_curves, save_record
+    from simcse_hn.evaluation import PREDICTIONS
+
+    kept = OUT / "runs" / key
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in ("results.json", PREDICTIONS):
+        if (scored / name).is_file():
+            shutil.copyfile(scored / name, kept / name)
+    if trained is not None and trained.is_dir():
+        try:
+            save_record([load_curves(str(trained), name=key)], str(kept / "curves.json"))
+        except Exception as e:  # the scores are kept either way
+            print(f"{trained}: no training curves kept ({e})", flush=True)
+    return kept
+
+
+def adopt_runs(work: Path) -> None:
+    """Runs recorded with their results only under a --work_dir (by an older bench/quality.py) are kept beside
+    runs.json, and their entries point there; runs whose results are on no disk any more are left as recorded."""
+    def outside(entry: dict) -> bool:
+        results = ROOT / entry["results"]
+        return not results.is_relative_to(OUT / "runs") and (results / "results.json").is_file()
+
+    if not any(outside(entry) for entry in load_index()["runs"].values()):
+        return  # nothing to adopt: runs.json untouched
+    with locked_index() as index:
+        for key, entry in index["runs"].items():
+            if outside(entry):
+                trained = work / key if entry.get("seed") is not None else None
+                entry["results"] = _rel(keep_run(key, ROOT / entry["results"], trained))
+                entry.setdefault("sick_by_label", sick_by_label(ROOT / entry["results"]))
+
+
 def run_key(name: str, seed: int, batch: int) -> str:
     return f"{name}-b{batch}-s{seed}"
 
@@ -274,9 +318,10 @@ def _train_and_score(key: str, name: str, flags: list[str], seed: int, batch: in
                             str(SHARED_DATA / "sts"), "--output", str(report), "--no_progress_bar"],
                            work / f"{key}.log", threads)  # fmt: skip
     results = json.loads((report / "results.json").read_text())
+    kept = keep_run(key, report, folder)
     entry = {
         "arm": name, "seed": seed, "batch_size": batch, "cache_minibatch_size": cache, "flags": flags,
-        "results": _rel(report), "average": results["average"],
+        "results": _rel(kept), "average": results["average"], "sick_by_label": sick_by_label(kept),
         "train_seconds": train_seconds and round(train_seconds, 1),
         "eval_seconds": eval_seconds and round(eval_seconds, 1),
         "load_average": {"before": [round(x, 2) for x in load_before],
@@ -299,8 +344,10 @@ def references(work: Path) -> None:
                            "--data_dir", str(SHARED_DATA / "sts"), "--output", str(report), "--no_progress_bar"],
                           work / f"{key}.log")  # fmt: skip
         results = json.loads((report / "results.json").read_text())
-        entry = {"arm": key, "seed": None, "results": _rel(report), "average": results["average"],
-                 "eval_seconds": seconds and round(seconds, 1), "environment": environment()}  # fmt: skip
+        kept = keep_run(key, report, None)
+        entry = {"arm": key, "seed": None, "results": _rel(kept), "average": results["average"],
+                 "sick_by_label": sick_by_label(kept), "eval_seconds": seconds and round(seconds, 1),
+                 "environment": environment()}  # fmt: skip
         save_entry(key, entry, str(work))
 
 
@@ -343,6 +390,33 @@ def sick_by_label(results: Path, sick: Path | None = None) -> dict | None:
     return out
 
 
+def learning_rate_suffix(arm: str) -> str:
+    """'-lr8.5e-05' for a run of `--learning_rate 8.5e-5`, '' for the recipe's rate."""
+    return arm[arm.rindex("-lr"):] if "-lr" in arm else ""
+
+
+def baseline_of(arm: str) -> str:
+    """The run name an arm is paired with: the baseline at the same learning rate."""
+    return BASELINE + learning_rate_suffix(arm)
+
+
+def previous_sick_rows() -> dict[tuple[str, str], str]:
+    """The SICK-by-label rows of the report on disk, {(arm, batch): row marked †}: what a rebuilt report carries over
+    for runs whose values it can no longer compute."""
+    path = OUT / "runs.md"
+    if not path.is_file():
+        return {}
+    text = path.read_text(encoding="utf-8")
+    section = text.partition("## SICK-R test pairs by entailment label")[2]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) > 2 and cells[2].isdigit():
+            arm = cells[0].removesuffix("†").strip()
+            rows[arm, cells[1]] = "| " + " | ".join([arm + " †"] + cells[1:]) + " |"
+    return rows
+
+
 def sick_label_table(runs: dict) -> list[str]:
     """The report's SICK-R-by-label section: one row per arm and batch (mean over its runs), the references first,
     with each arm's AUC paired over seeds against the baseline's at the same batch (a t-test over the shared seeds)."""
@@ -351,10 +425,12 @@ def sick_label_table(runs: dict) -> list[str]:
     groups: dict[tuple, dict] = {}  # (arm, batch) -> {seed: values}
     for _, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") is not None, kv[1]["arm"],
                                                          str(kv[1].get("batch_size")), kv[1].get("seed") or 0)):
-        values = sick_by_label(ROOT / entry["results"])
+        values = entry.get("sick_by_label") or sick_by_label(ROOT / entry["results"])
+        group = groups.setdefault((entry["arm"], entry.get("batch_size", "–")), {})
         if values is not None:
-            groups.setdefault((entry["arm"], entry.get("batch_size", "–")), {})[entry.get("seed")] = values
-    if not groups:
+            group[entry.get("seed")] = values
+    earlier = previous_sick_rows()
+    if not any(groups.values()) and not earlier:
         return []
     auc = "auc_entailment_vs_contradiction"
     names = [f"cos_{label.lower()}" for label in SICK_LABELS] + [auc]
@@ -362,16 +438,22 @@ def sick_label_table(runs: dict) -> list[str]:
              "Mean cosine of the 1,414 entailment, 2,793 neutral and 720 contradiction pairs, and the AUC of telling "
              "entailment (a paraphrase, which an unsupervised batch treats as a negative: a false negative) from "
              "contradiction (lexically close, opposite in meaning: a hard true negative) by cosine alone. The last "
-             f"column pairs the AUC with {BASELINE}'s at the same batch over the seeds both have.", "",
+             f"column pairs the AUC with {BASELINE}'s at the same batch (and learning rate) over the seeds both "
+             "have. Rows marked † are carried over from the previous report: their runs' predictions were lost with "
+             "an earlier machine (before bench/quality.py kept them beside runs.json).", "",
              "| arm | batch | runs | " + " | ".join(names) + " | AUC of each run, by seed | AUC vs baseline |",
              "|:--|--:|--:|" + "--:|" * len(names) + ":--|:--|"]  # fmt: skip
     for (arm, batch), members in groups.items():
+        if not members:
+            if (arm, str(batch)) in earlier:
+                lines.append(earlier[arm, str(batch)])
+            continue
         cells = " | ".join(f"{statistics.mean(m[n] for m in members.values()):.4f}" for n in names)
         each = ", ".join(f"{m[auc]:.4f}" for m in members.values())
-        base = groups.get((BASELINE, batch), {})
+        base = groups.get((baseline_of(arm), batch), {})
         shared = [seed for seed in members if seed is not None and seed in base]
         versus = ""
-        if arm != BASELINE and shared:
+        if arm != baseline_of(arm) and shared:
             test = paired_t_test([members[seed][auc] for seed in shared], [base[seed][auc] for seed in shared])
             versus = f"{test['difference']:+.4f} ({len(shared)} seed{'s' * (len(shared) > 1)}"
             versus += f", p {test['p']:.2g})" if len(shared) > 1 else ")"
@@ -382,18 +464,24 @@ def sick_label_table(runs: dict) -> list[str]:
 def report(index: dict) -> None:
     """eval/compare.py over the runs of batch 64 (the larger batches apart), the diagnostics table, the curves."""
     runs = index["runs"]
-    by_batch: dict[int, list[str]] = {}
+    by_variant: dict[tuple[int, str], list[str]] = {}  # (batch, learning-rate suffix) -> runs, compared apart
     for key, entry in runs.items():
         if entry.get("seed") is not None:
-            by_batch.setdefault(entry["batch_size"], []).append(key)
-    for batch, keys in sorted(by_batch.items()):
-        keys = sorted(keys, key=lambda k: (runs[k]["arm"] != BASELINE, runs[k]["arm"], runs[k]["seed"]))
-        if batch == 64:
+            by_variant.setdefault((entry["batch_size"], learning_rate_suffix(entry["arm"])), []).append(key)
+    for (batch, suffix), keys in sorted(by_variant.items()):
+        baseline = BASELINE + suffix
+        keys = sorted(keys, key=lambda k: (runs[k]["arm"] != baseline, runs[k]["arm"], runs[k]["seed"]))
+        if batch == 64 and not suffix:
             keys = [k for k in ("before-cls", "before-avg") if k in runs] + keys
-        folder = OUT / f"compare_b{batch}"
+        folder = OUT / f"compare_b{batch}{suffix}"
+        lost = [k for k in keys if not (ROOT / runs[k]["results"] / "results.json").is_file()]
+        if lost:  # an earlier machine's runs without kept results: their comparison stays as last written
+            print(f"{_rel(folder)} kept as it is: {len(lost)} of its runs' results are on no disk here "
+                  f"({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''})", flush=True)
+            continue
         groups = [runs[k]["arm"] for k in keys]
         seeds = [str(runs[k]["seed"]) if runs[k]["seed"] is not None else "0" for k in keys]
-        baseline = BASELINE if BASELINE in groups else groups[0]
+        baseline = baseline if baseline in groups else groups[0]
         subprocess.run([sys.executable, "eval/compare.py", *[str(ROOT / runs[k]["results"]) for k in keys],
                         "--group", ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
                         "--output", str(folder), "--title", f"Quality study, batch {batch}"],
@@ -427,17 +515,56 @@ def report(index: dict) -> None:
             values = [e["diagnostics"][d] for e in members if d in e["diagnostics"]]
             cells.append(f"{statistics.mean(values):.4g}" if values else "–")
         lines.append(f"| {arm} | {batch} | {len(members)} | " + " | ".join(cells) + " |")
+    lines += sweep_table(runs)
     lines += sick_label_table(runs)
     (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    draw_curves(runs, by_variant)
+
+
+def sweep_table(runs: dict) -> list[str]:
+    """The sensitivity sweep against the seed-42 run of the arm each entry starts from, with that arm's seed-to-seed
+    spread for scale: one seed shows a shape, not a difference."""
+    rows = []
+    for name, arm, changes in SWEEP:
+        entry = runs.get(run_key(name, 42, 64))
+        if entry is None:
+            continue
+        base = runs.get(run_key(arm, 42, 64))
+        spread = [e["average"] for e in runs.values() if e["arm"] == arm and e.get("batch_size") == 64]
+        versus = f"{base['average']:.2f} | {entry['average'] - base['average']:+.2f}" if base else "– | –"
+        scale = f"{statistics.mean(spread):.2f} ± {statistics.stdev(spread):.2f} ({len(spread)})" if len(
+            spread) > 1 else "–"  # fmt: skip
+        rows.append(f"| {name} | {arm} | `{' '.join(changes)}` | {entry['average']:.2f} | {versus} | {scale} |")
+    if not rows:
+        return []
+    return ["", "## Sensitivity sweep (one seed each, batch 64)", "",
+            "Each entry changes one setting of the arm it starts from and trains seed 42 only: it shows the shape "
+            "of the response, not a difference the study can test. For scale, the last column is the arm's own "
+            "STS average over its seeds (mean ± standard deviation, runs).", "",
+            "| run | arm | changes | STS avg | arm, seed 42 | difference | arm over seeds |",
+            "|:--|:--|:--|--:|--:|--:|--:|", *rows]  # fmt: skip
+
+
+def draw_curves(runs: dict, by_variant: dict) -> None:
+    """Training curves from each run's kept curves.json: the first batch-64 seed of every arm (curves/), the sweep
+    beside the baseline's seed 42 (curves_sweep/), and every run of another batch or learning rate
+    (curves_b<batch>[-lr<rate>]/). A chart some of whose runs have no kept curves stays as last drawn."""
     first = {}
-    for key, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") or 0)):
+    for key, entry in sorted(runs.items(), key=lambda kv: kv[1].get("seed") or 0):
         if entry.get("seed") is not None and entry["batch_size"] == 64 and entry["arm"] not in first:
             first[entry["arm"]] = key
-    work = Path(index.get("work_dir", ROOT / "outputs" / "quality"))
-    folders = [str(work / key) for key in first.values() if (work / key).is_dir()]
-    if folders:
-        subprocess.run([sys.executable, "eval/curves.py", *folders, "--output", str(OUT / "curves")], cwd=ROOT,
-                       check=False, stdout=subprocess.DEVNULL)  # fmt: skip
+    sweep = [name for name, _, _ in SWEEP]
+    charts = {"curves": [first[arm] for arm in arms() if arm in first],
+              "curves_sweep": [first[name] for name in [BASELINE] + sweep if name in first]}
+    for (batch, suffix), keys in sorted(by_variant.items()):
+        if (batch, suffix) != (64, ""):
+            charts[f"curves_b{batch}{suffix}"] = sorted(keys, key=lambda k: (runs[k]["arm"], runs[k]["seed"]))
+    for chart, keys in charts.items():
+        records = [OUT / "runs" / key / "curves.json" for key in keys]
+        if len(keys) < 2 or not all(r.is_file() for r in records):
+            continue
+        subprocess.run([sys.executable, "eval/curves.py", *map(str, records), "--output", str(OUT / chart)],
+                       cwd=ROOT, check=False, stdout=subprocess.DEVNULL)  # fmt: skip
 
 
 def main() -> None:  # noqa: C901
@@ -475,6 +602,7 @@ def main() -> None:  # noqa: C901
         parser.error("--learning_rate applies to the runs --arms and --seeds ask for (not to --sweep, --report or "
                      "what --resume finishes, which keep their own)")  # fmt: skip
     work = Path(args.work_dir)
+    adopt_runs(work)
     if not args.report:
         todo = started_runs(work) + study_plan(load_index()) if args.resume else []
         if args.sweep:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -183,3 +184,42 @@ def test_a_learning_rate_override_names_its_runs_apart_and_reaches_train_py_last
     assert entry["arm"] == "infonce-lr8.5e-05" and entry["batch_size"] == 512
     assert json.loads((work / "infonce-lr8.5e-05-b512-s42.args.json").read_text())["flags"][-2:] == [
         "--learning_rate", "8.5e-05"]
+
+
+def test_a_finished_run_keeps_its_results_beside_runs_json_and_an_older_entry_is_adopted(quality, tmp_path):
+    work = tmp_path / "work"
+    quality.train_and_score("infonce", [], 42, 64, None, work, tmp_path / "corpus.txt")
+    entry = quality.load_index()["runs"]["infonce-b64-s42"]
+    kept = quality.ROOT / entry["results"]
+    assert kept == quality.OUT / "runs" / "infonce-b64-s42"
+    assert json.loads((kept / "results.json").read_text()) == {"average": 77.0}
+    shutil.rmtree(work)  # a new machine: the work dir is gone, what the report needs is not
+    assert (kept / "results.json").is_file()
+    # an entry an older bench/quality.py recorded, pointing into its work dir, is kept on the next start
+    older = tmp_path / "old-work" / "hcl-b64-s42-sts"
+    older.mkdir(parents=True)
+    (older / "results.json").write_text(json.dumps({"average": 76.0}))
+    with quality.locked_index() as index:
+        index["runs"]["hcl-b64-s42"] = {"arm": "hcl", "seed": 42, "batch_size": 64, "results": str(older)}
+        index["runs"]["dcl-b64-s42"] = {"arm": "dcl", "seed": 42, "batch_size": 64, "results": "outputs/gone"}
+    quality.adopt_runs(tmp_path / "old-work")
+    runs = quality.load_index()["runs"]
+    assert quality.ROOT / runs["hcl-b64-s42"]["results"] == quality.OUT / "runs" / "hcl-b64-s42"
+    assert (quality.OUT / "runs" / "hcl-b64-s42" / "results.json").read_text() == '{"average": 76.0}'
+    assert runs["dcl-b64-s42"]["results"] == "outputs/gone"  # on no disk: left as recorded
+
+
+def test_a_report_keeps_what_it_cannot_recompute_and_tables_the_sweep(quality, monkeypatch, capsys):
+    quality.OUT.mkdir(parents=True)
+    (quality.OUT / "runs.md").write_text("# old\n\n## SICK-R test pairs by entailment label\n\n"
+                                         "| arm | batch | runs | a |\n|:--|--:|--:|--:|\n| hcl | 64 | 3 | 0.6 |\n")
+    monkeypatch.setattr(quality.subprocess, "run", lambda *a, **k: pytest.fail(f"nothing to recompute: {a}"))
+    index = index_with({("infonce", 42): 76.8, ("infonce", 43): 77.2, ("hcl", 42): 77.0, ("hcl", 43): 77.4,
+                        ("hcl-beta0.2", 42): 77.5})  # fmt: skip
+    for entry in index["runs"].values():
+        entry["results"] = "outputs/gone"
+    quality.report(index)
+    assert "compare_b64 kept as it is: 5 of its runs' results are on no disk here" in capsys.readouterr().out
+    text = (quality.OUT / "runs.md").read_text()
+    assert "| hcl-beta0.2 | hcl | `--hcl_beta 0.2` | 77.50 | 77.00 | +0.50 | 77.20 ± 0.28 (2) |" in text
+    assert "| hcl † | 64 | 3 | 0.6 |" in text  # carried over, marked
