@@ -77,3 +77,33 @@ def test_the_gradient_guard_skips_exactly_the_steps_with_a_nonfinite_gradient(po
         assert trainer.skipped_steps == 0 and all(g is not None and (g == 3e38).all() for g in grads)
     else:
         assert trainer.skipped_steps == 1 and all(g is None for g in grads)
+
+
+def test_a_finite_total_grad_norm_spares_the_guard_its_pass_and_a_nonfinite_one_still_skips(tiny_args, monkeypatch):
+    """The Trainer's total norm (computed for clipping and logging) decides when finite; NaN falls back to the exact
+    per-gradient check, so the step with the NaN batch is still skipped."""
+    foreach_norm = torch._foreach_norm
+    passes = []
+
+    def counting(tensors, ord=2, **kwargs):
+        if ord == float("inf"):
+            passes.append(len(tensors))
+        return foreach_norm(tensors, ord, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counting)
+    forward = SimCSEModel.forward
+    calls = {"train": 0}
+
+    def overflowing_forward(self, *args, **kwargs):
+        output = forward(self, *args, **kwargs)
+        if self.training:
+            calls["train"] += 1
+            if calls["train"] == 2:
+                output.embeddings = output.embeddings * torch.tensor(float("nan"))
+        return output
+
+    monkeypatch.setattr(SimCSEModel, "forward", overflowing_forward)
+    trainer = train.run(tiny_args + ["--max_steps", "3", "--eval_strategy", "no", "--load_best_model_at_end", "false"])
+    assert trainer.state.global_step == 3 and trainer.skipped_steps == 1
+    assert len(passes) == 1  # the NaN step only: the two finite steps took the Trainer's norm
+    assert trainer.step_grad_norm is None  # consumed by each step's guard
