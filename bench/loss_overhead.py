@@ -8,7 +8,9 @@
    2N x 2N x d: the similarities and their two gradients) are the useful work; each loss's useful GFLOP/s is
    reported as a fraction of the matmul limit measured in the same run (common.matmul_rates at the loss's shapes).
 2. A full training step on all-MiniLM-L6-v2 (pooler `cls`, 64 sentences = 128 rows, max length 32): encoder
-   forward, loss, backward, AdamW step. Ratio to InfoNCE; target <= 1.03.
+   forward, loss, backward, AdamW step. Ratio to InfoNCE; target <= 1.03. Whole steps of 5 s vary by more than
+   the few ms a loss adds, so the ratio is also estimated from section 1 at the step's own 2N = 128: InfoNCE's step
+   plus (the loss's time - InfoNCE's loss time), over InfoNCE's step.
 3. For every loss over its target: a torch.profiler table of where its time goes.
 
 Repetitions are interleaved (every loss once per round, the order rotated each round) and reported as medians of
@@ -67,6 +69,8 @@ LOSSES = {
 # ratio to the floor, at every size
 TARGETS = {"infonce": 1.1, "dcl": 1.5, "hcl": 1.5, "progcl-weight": 2.5, "progcl-mix": 2.5, "unremix-embedding": 2.5,
            "unremix-head": 2.5}
+TARGET_ROWS = (1024, 4096)  # the sizes the loss-alone targets hold at
+STEP_ROWS = 128  # a training step's 2N (64 sentences): section 2's estimate from the loss alone
 TRAIN_STEP_TARGET = 1.03
 MAX_STEPS = 1000  # ProGCL is timed after its warm-up: step = max_steps
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +280,8 @@ def profile_losses(names: list[str], rows: int, dim: int, calls: int = 3) -> dic
 
 def missed(loss_alone: list[dict]) -> dict[str, float]:
     """Worst ratio to the floor over all sizes of every loss over its target."""
-    worst = {name: max(e["losses"][name]["ratio"] for e in loss_alone) for name in TARGETS}
+    sized = [e for e in loss_alone if e["rows"] in TARGET_ROWS] or loss_alone  # --quick: its small sizes
+    worst = {name: max(e["losses"][name]["ratio"] for e in sized) for name in TARGETS}
     return {name: ratio for name, ratio in worst.items() if ratio > TARGETS[name]}
 
 
@@ -312,9 +317,10 @@ def markdown(report: dict) -> str:
         cells = [f"{entry['losses'][n]['ratio']:.2f} ({entry['losses'][n]['paired_ratio_median']:.2f})" for n in names]
         lines.append(f"| {entry['rows']} | {entry['dim']} | {entry['rounds']} | {floor['median_ms']:.1f} "
                      f"({floor['fraction_of_limit']:.0%}) | " + " | ".join(cells) + " |")
-    lines += ["", "Targets, worst over the sizes measured:", ""]
+    sized = [e for e in report["loss_alone"] if e["rows"] in TARGET_ROWS] or report["loss_alone"]
+    lines += ["", f"Targets, worst over 2N = {', '.join(str(r) for r in sorted({e['rows'] for e in sized}))}:", ""]
     for name, target in TARGETS.items():
-        worst = max(e["losses"][name]["ratio"] for e in report["loss_alone"])
+        worst = max(e["losses"][name]["ratio"] for e in sized)
         lines.append(f"* {name}: {worst:.2f}x (target <= {target}x): {'met' if worst <= target else 'MISSED'}")
 
     step = report.get("train_step")
@@ -382,7 +388,8 @@ def main() -> None:
     if args.quick:
         rows_list, dims, rounds, train_rounds = (128, 512), (384,), {128: 3, 512: 2}, 1
     else:
-        rows_list, dims, rounds = (1024, 4096), (384, 768), {1024: 21, 4096: 3}
+        # 2N = 128 at d = 384: a training step's loss (section 2's estimate), cheap enough for many rounds
+        rows_list, dims, rounds = (STEP_ROWS, *TARGET_ROWS), (384, 768), {STEP_ROWS: 201, 1024: 21, 4096: 3}
         train_rounds = args.train_rounds
     report = {"environment": environment(), "loss_sources": loss_sources(), "torch_threads": torch.get_num_threads(),
               "temperature": 0.05, "max_steps": MAX_STEPS, "targets": TARGETS,
@@ -395,7 +402,7 @@ def main() -> None:
     over = missed(report["loss_alone"])
     if over:
         print(f"over target: {over}; profiling", flush=True)
-        rows = rows_list[0]
+        rows = next((r for r in rows_list if r in TARGET_ROWS), rows_list[0])
         report["profile"] = {"rows": rows, "dim": 384, "losses": profile_losses(list(over), rows, 384)}
     report["seconds"] = round(time.time() - start)
     name = args.name or ("loss_overhead_quick" if args.quick else "loss_overhead")
