@@ -10,7 +10,8 @@ from simcse_hn.data import DataError
 from simcse_hn.modeling import SimCSEModel
 
 
-def test_nan_embeddings_skip_the_step_and_training_continues(tiny_args, monkeypatch):
+def nan_embeddings_at(monkeypatch, training_call: int) -> None:
+    """SimCSEModel's `training_call`-th training forward returns NaN embeddings, as an fp16 overflow would."""
     forward = SimCSEModel.forward
     calls = {"train": 0}
 
@@ -18,11 +19,15 @@ def test_nan_embeddings_skip_the_step_and_training_continues(tiny_args, monkeypa
         output = forward(self, *args, **kwargs)
         if self.training:
             calls["train"] += 1
-            if calls["train"] == 3:  # as an fp16 overflow would: the whole batch is inf/NaN
+            if calls["train"] == training_call:
                 output.embeddings = output.embeddings * torch.tensor(float("nan"))
         return output
 
     monkeypatch.setattr(SimCSEModel, "forward", overflowing_forward)
+
+
+def test_nan_embeddings_skip_the_step_and_training_continues(tiny_args, monkeypatch):
+    nan_embeddings_at(monkeypatch, 3)
     trainer = train.run(
         tiny_args + ["--max_steps", "6", "--logging_steps", "1", "--eval_steps", "3", "--save_steps", "3"]
     )
@@ -91,18 +96,7 @@ def test_a_finite_total_grad_norm_spares_the_guard_its_pass_and_a_nonfinite_one_
         return foreach_norm(tensors, ord, **kwargs)
 
     monkeypatch.setattr(torch, "_foreach_norm", counting)
-    forward = SimCSEModel.forward
-    calls = {"train": 0}
-
-    def overflowing_forward(self, *args, **kwargs):
-        output = forward(self, *args, **kwargs)
-        if self.training:
-            calls["train"] += 1
-            if calls["train"] == 2:
-                output.embeddings = output.embeddings * torch.tensor(float("nan"))
-        return output
-
-    monkeypatch.setattr(SimCSEModel, "forward", overflowing_forward)
+    nan_embeddings_at(monkeypatch, 2)
     trainer = train.run(tiny_args + ["--max_steps", "3", "--eval_strategy", "no", "--load_best_model_at_end", "false"])
     assert trainer.state.global_step == 3 and trainer.skipped_steps == 1
     assert len(passes) == 1  # the NaN step only: the two finite steps took the Trainer's norm
