@@ -484,7 +484,8 @@ def report(index: dict) -> None:
         baseline = baseline if baseline in groups else groups[0]
         subprocess.run([sys.executable, "eval/compare.py", *[str(ROOT / runs[k]["results"]) for k in keys],
                         "--group", ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
-                        "--output", str(folder), "--title", f"Quality study, batch {batch}"],
+                        "--output", str(folder), "--title", f"Quality study, batch {batch}" + (
+                            f", learning rate {suffix[3:]}" if suffix else "")],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     lines = ["# Quality study: the runs", "",
              "Each row is one run; diagnostics are the last logging window of training (1,600 sentences: 25 steps "
@@ -602,7 +603,8 @@ def main() -> None:  # noqa: C901
         parser.error("--learning_rate applies to the runs --arms and --seeds ask for (not to --sweep, --report or "
                      "what --resume finishes, which keep their own)")  # fmt: skip
     work = Path(args.work_dir)
-    adopt_runs(work)
+    if not args.dry_run:
+        adopt_runs(work)
     if not args.report:
         todo = started_runs(work) + study_plan(load_index()) if args.resume else []
         if args.sweep:
