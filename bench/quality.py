@@ -154,14 +154,14 @@ def run(command: list[str], log: Path, threads: int | None = None) -> float:
     return time.time() - start
 
 
-def last_window(folder: Path) -> dict:
-    """The diagnostics of the last logging window (trainer_state.json and TensorBoard, merged by simcse_hn.curves)."""
-    from simcse_hn.curves import load_curves
+def last_window(kept: Path) -> dict:
+    """The diagnostics of a run's last logging window, from the curves `keep_run` kept (no second TensorBoard read)."""
+    from simcse_hn.curves import load_record
 
     try:
-        series = load_curves(str(folder)).series
+        series = load_record(str(kept / "curves.json"))[0].series
     except Exception as e:  # a report without diagnostics beats no report
-        print(f"{folder}: no training curves ({e})", flush=True)
+        print(f"{kept}: no training curves ({e})", flush=True)
         return {}
     return {key: series[key][max(series[key])] for key in DIAGNOSTICS if series.get(key)}
 
@@ -327,7 +327,7 @@ def _train_and_score(key: str, name: str, flags: list[str], seed: int, batch: in
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
         "torch_threads": threads, "jobs": jobs,
-        "diagnostics": last_window(folder), "environment": environment(),
+        "diagnostics": last_window(kept), "environment": environment(),
     }  # fmt: skip
     save_entry(key, entry, str(work))
     print(f"{key}: STS average {results['average']:.2f}", flush=True)

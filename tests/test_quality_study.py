@@ -30,6 +30,8 @@ def quality(tmp_path, monkeypatch):
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "simcse_run.json").write_text("{}")
             (folder / "simcse_files.json").write_text("{}")
+            log = [{"step": 10, "loss": 0.5, "pos_sim": 0.7}, {"step": 20, "loss": 0.01, "pos_sim": 0.75}]
+            (folder / "trainer_state.json").write_text(json.dumps({"log_history": log}))
         else:
             report = Path(command[command.index("--output") + 1])
             report.mkdir(parents=True, exist_ok=True)
@@ -37,7 +39,6 @@ def quality(tmp_path, monkeypatch):
         return 1.0
 
     monkeypatch.setattr(module, "run", stand_in)
-    monkeypatch.setattr(module, "last_window", lambda folder: {"loss": 0.01})
     module.calls = calls
     return module
 
@@ -122,7 +123,7 @@ def test_a_run_another_sitting_holds_is_skipped_and_then_trained_once_free(quali
     quality.train_and_score(*args)
     assert [c[1] for c in quality.calls] == ["train.py", "eval/sts.py"]
     entry = quality.load_index()["runs"]["infonce-b64-s42"]
-    assert entry["average"] == 77.0 and entry["diagnostics"] == {"loss": 0.01}
+    assert entry["average"] == 77.0 and entry["diagnostics"] == {"loss": 0.01, "pos_sim": 0.75}  # the last window
     quality.train_and_score(*args)  # recorded: never recomputed
     assert len(quality.calls) == 2
 
