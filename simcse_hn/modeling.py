@@ -300,7 +300,8 @@ def map_batches(fn, batches: list, device=None, show_progress_bar: bool = False,
     """[fn(batch) for batch in batches], in order. On a CPU where torch runs n > 1 intra-op threads, the batches go to
     n Python threads with one intra-op thread each (the caller's thread count is restored after), so that no core
     waits at the end of every small kernel for the others. On the idle 2-core machine this made the STS suite on
-    MiniLM 1.08x faster than one batch after the other, at 1.25x the peak memory (bench/results/eval_speed.md).
+    MiniLM 1.10x faster than one batch after the other, at 1.34x the peak memory (bench/results/eval_speed.md; 1.23x
+    on the host of bench/results/eval_speed_8949230.md).
     `fn` must be safe to call from several threads at once: a module's forward under inference mode is; a tokenizer
     is not, so callers tokenise before. `device` None: one batch after the other."""
     threads = torch.get_num_threads()
