@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -355,6 +355,20 @@ def prepared_batches(
 ) -> tuple[list[int], list[dict]]:
     """Features for batches of equal token length, each text tokenised once by the model's own `prepare` (e.g. a
     SentenceTransformer's `preprocess`). -> (order: the sentence index of each row, batch after batch; features)
+    (`iter_prepared_batches`, all at once)"""
+    order: list[int] = []
+    prepared = []
+    for indices, features in iter_prepared_batches(prepare, sentences, batch_size, group_size):
+        order += indices
+        prepared.append(features)
+    return order, prepared
+
+
+def iter_prepared_batches(
+    prepare: Callable[[list[str]], dict], sentences: list[str], batch_size: int, group_size: int = 4096
+) -> Iterator[tuple[list[int], dict]]:
+    """Features for batches of equal token length, each text tokenised once by the model's own `prepare` (e.g. a
+    SentenceTransformer's `preprocess`), one batch at a time. -> (the sentence index of each row, features) per batch
 
     Texts go to `prepare` in groups of about `group_size` (whole batches), taken in order of character count; within
     a group the rows are sorted by their token count (the attention mask) and cut into batches, each cut to its own
@@ -369,8 +383,6 @@ def prepared_batches(
     """
     by_chars = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
     group_size = max(group_size // batch_size, 1) * batch_size
-    order: list[int] = []
-    prepared: list[dict] = []
     for start in range(0, len(by_chars), group_size):
         indices = by_chars[start : start + group_size]
         features = prepare([sentences[i] for i in indices])
@@ -381,16 +393,14 @@ def prepared_batches(
             side = _padding_side(mask, lengths)
         if side is None:
             for k in range(0, len(indices), batch_size):
-                order += indices[k : k + batch_size]
-                prepared.append(prepare([sentences[i] for i in indices[k : k + batch_size]]))
+                yield indices[k : k + batch_size], prepare([sentences[i] for i in indices[k : k + batch_size]])
             continue
         rows = torch.sort(lengths, descending=True, stable=True).indices  # (g,)
         for k in range(0, len(indices), batch_size):
             batch = rows[k : k + batch_size]
-            order += [indices[r] for r in batch.tolist()]
             width = int(lengths[batch].max())
-            prepared.append(trim_padding(features, batch, width, side, len(indices), mask.shape[1]))
-    return order, prepared
+            yield [indices[r] for r in batch.tolist()], trim_padding(features, batch, width, side, len(indices),
+                                                                      mask.shape[1])  # fmt: skip
 
 
 def simcse_encode_fn(
@@ -459,9 +469,17 @@ def sentence_transformers_encode_fn(
         if not sentences:
             return encode_batch(sentences)
         model.eval()
-        order, batches = prepared_batches(prepare, sentences, batch_size)
+        order: list[int] = []
+
+        def batches():  # tokenised in this thread while the first batches already run (map_batches)
+            for indices, features in iter_prepared_batches(prepare, sentences, batch_size):
+                order.extend(indices)
+                yield features
+
         device = model.device if side_by_side else None
-        return restore_order(torch.cat(map_batches(forward, batches, device, show_progress_bar)), order)
+        total = -(-len(sentences) // batch_size)  # every group but the last is whole batches
+        pieces = map_batches(forward, batches(), device, show_progress_bar, total=total)
+        return restore_order(torch.cat(pieces), order)
 
     return encode
 

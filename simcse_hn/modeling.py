@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import string
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 
 import torch
@@ -296,29 +296,40 @@ def inference_max_length(name_or_path: str, config, tokenizer=None) -> int | Non
 _ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def map_batches(fn, batches: list, device=None, show_progress_bar: bool = False, desc: str = "encoding") -> list:
+def map_batches(
+    fn,
+    batches: Iterable,
+    device=None,
+    show_progress_bar: bool = False,
+    desc: str = "encoding",
+    total: int | None = None,
+) -> list:
     """[fn(batch) for batch in batches], in order. On a CPU where torch runs n > 1 intra-op threads, the batches go to
     n Python threads with one intra-op thread each (the caller's thread count is restored after), so that no core
     waits at the end of every small kernel for the others. On the idle 2-core machine this made the STS suite on
-    MiniLM 1.10x faster than one batch after the other, at 1.34x the peak memory (bench/results/eval_speed.md; 1.23x
-    on the host of bench/results/eval_speed_8949230.md).
-    `fn` must be safe to call from several threads at once: a module's forward under inference mode is; a tokenizer
-    is not, so callers tokenise before. `device` None: one batch after the other."""
+    MiniLM 1.07x faster than one batch after the other, at 1.9x the peak memory added (bench/results/eval_speed.md;
+    1.10x in eval_speed_593ac27.md, 1.23x on the host of eval_speed_8949230.md). `fn` must be safe to call from
+    several threads at once: a module's forward under inference mode is; a tokenizer is not, so callers tokenise
+    before, or in `batches`: an iterator is drawn in the caller's thread while the first batches already run
+    (tokenising overlaps encoding). `total`: how many batches an iterator yields (for the progress bar). `device`
+    None: one batch after the other."""
     threads = torch.get_num_threads()
+    total = len(batches) if isinstance(batches, Sized) else total
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         threads = 1  # a sharded module's forward runs collectives, which must come in the same order on every rank
     if show_progress_bar:
         from tqdm.auto import tqdm
-    if device is None or torch.device(device).type != "cpu" or threads < 2 or len(batches) < 2:
-        return [fn(batch) for batch in (tqdm(batches, desc=desc, unit="batch") if show_progress_bar else batches)]
+    if device is None or torch.device(device).type != "cpu" or threads < 2 or (total is not None and total < 2):
+        iterator = tqdm(batches, desc=desc, unit="batch", total=total) if show_progress_bar else batches
+        return [fn(batch) for batch in iterator]
     from concurrent.futures import ThreadPoolExecutor
 
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="simcse-hn-encode") as pool:
-            results = pool.map(fn, batches)
+            results = pool.map(fn, batches)  # submits each batch as `batches` yields it
             if show_progress_bar:
-                results = tqdm(results, desc=desc, unit="batch", total=len(batches))
+                results = tqdm(results, desc=desc, unit="batch", total=total)
             return list(results)
     finally:
         torch.set_num_threads(threads)
@@ -535,9 +546,11 @@ class SimCSEModel(nn.Module):
         device = next(self.parameters()).device
         encoded, batches = token_length_order(tokenizer, sentences, batch_size, max_length)
         keys = [k for k in _ENCODER_INPUTS if k in encoded]
-        features = [  # tokenizer.pad pads on the tokenizer's side; the poolers read the mask
+        # padded here, in the caller's thread, while the first batches already run (on the tokenizer's padding side;
+        # the poolers read the mask)
+        features = (
             tokenizer.pad({k: [encoded[k][i] for i in index] for k in keys}, return_tensors="pt") for index in batches
-        ]
+        )
 
         def forward(batch) -> Tensor:
             with torch.inference_mode():  # a worker thread does not inherit the caller's mode
@@ -546,7 +559,7 @@ class SimCSEModel(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            pieces = map_batches(forward, features, device, show_progress_bar)
+            pieces = map_batches(forward, features, device, show_progress_bar, total=len(batches))
         finally:
             self.train(was_training)
         embeddings = torch.cat(pieces).float().cpu()  # (n, D), in batch order

@@ -549,6 +549,27 @@ def test_map_batches_runs_batches_side_by_side_on_a_cpu_and_restores_the_thread_
     assert set(seen) == {threading.get_ident()}  # device None: one after the other, in the caller's thread
 
 
+def test_map_batches_runs_the_first_batches_while_an_iterator_still_yields(two_threads):
+    import threading
+
+    from simcse_hn.modeling import map_batches
+
+    started = threading.Event()
+
+    def batches():  # what the encoders pass: features made in the caller's thread, one batch at a time
+        yield 0
+        yield 1
+        assert started.wait(timeout=10), "no batch ran before the iterator was drawn to its end"
+        yield 2
+
+    def fn(batch):
+        started.set()
+        return batch * 2
+
+    assert map_batches(fn, batches(), "cpu", total=3) == [0, 2, 4]
+    assert torch.get_num_threads() == 2
+
+
 def test_map_batches_restores_the_thread_count_when_a_batch_fails(two_threads):
     from simcse_hn.modeling import map_batches
 
