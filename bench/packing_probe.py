@@ -35,9 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import (  # noqa: E402
     RESULTS,
-    ROOT,
     EncoderShape,
-    base_shaped_model,
     best_rates,
     encoder_flops,
     environment,
@@ -45,8 +43,7 @@ from common import (  # noqa: E402
     limit_fraction,
     limit_sentence,
     matmul_rates,
-    minilm_path,
-    shuffled_corpus,
+    training_bench_inputs,
     write_json,
 )
 
@@ -294,14 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_length", type=int, default=32)
     parser.add_argument("--no_compiled", action="store_true", help="skip the packed-compiled arm")
     args = parser.parse_args(argv)
-    work_dir = ROOT / "outputs" / "bench"
-    work_dir.mkdir(parents=True, exist_ok=True)
-    corpus = shuffled_corpus(work_dir / "corpus_shuffled.txt")
+    corpus, model, label = training_bench_inputs(args.quick, args.model)
     if args.quick:
-        model = base_shaped_model(work_dir / "tiny_bert_folder", layers=2, hidden=64, heads=2, intermediate=256)
-        label, args.rounds, args.warmup, args.batch_size = "a 2-layer, 64-wide BERT (quick)", 3, 1, 16
-    else:
-        model, label = args.model or minilm_path(), args.model or "all-MiniLM-L6-v2"
+        args.rounds, args.warmup, args.batch_size = 3, 1, 16
     report = {"environment": environment(), "model_label": label, "rounds": args.rounds, "warmup": args.warmup,
               "threads": args.threads, "batch_size": args.batch_size, "max_length": args.max_length}  # fmt: skip
     start = time.time()

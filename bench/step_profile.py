@@ -32,12 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import (  # noqa: E402
     RESULTS,
-    ROOT,
-    base_shaped_model,
     environment,
     environment_line,
-    minilm_path,
-    shuffled_corpus,
+    training_bench_inputs,
     write_json,
 )
 
@@ -203,14 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile_steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    work_dir = ROOT / "outputs" / "bench"
-    work_dir.mkdir(parents=True, exist_ok=True)
-    corpus = shuffled_corpus(work_dir / "corpus_shuffled.txt")
+    corpus, model, label = training_bench_inputs(args.quick, args.model)
     if args.quick:
-        model = base_shaped_model(work_dir / "tiny_bert_folder", layers=2, hidden=64, heads=2, intermediate=256)
-        label, args.steps, args.warmup, args.profile_steps = "a 2-layer, 64-wide BERT (quick)", 8, 2, 2
-    else:
-        model, label = args.model or minilm_path(), args.model or "all-MiniLM-L6-v2"
+        args.steps, args.warmup, args.profile_steps = 8, 2, 2
     if args.steps - args.warmup - args.profile_steps < 2:
         parser.error("--steps must leave at least 2 timed steps after --warmup and --profile_steps")
     report = {"environment": environment(), "model_label": label, "steps": args.steps, "warmup": args.warmup,

@@ -58,7 +58,6 @@ from common import (  # noqa: E402
     RESULTS,
     ROOT,
     EncoderShape,
-    base_shaped_model,
     best_rates,
     encoder_flops,
     environment,
@@ -66,11 +65,10 @@ from common import (  # noqa: E402
     limit_fraction,
     limit_sentence,
     matmul_rates,
-    minilm_path,
     peak_rss_mib,
     reset_peak_rss,
     rss_mib,
-    shuffled_corpus,
+    training_bench_inputs,
     write_json,
 )
 
@@ -630,18 +628,11 @@ def main(argv: list[str] | None = None) -> None:
         worker(args.worker, args.worker_out)
         return
 
-    work_dir = ROOT / "outputs" / "bench"
-    work_dir.mkdir(parents=True, exist_ok=True)
-    corpus = shuffled_corpus(work_dir / "corpus_shuffled.txt")
+    corpus, args.model, args.model_label = training_bench_inputs(args.quick, args.model)
     if args.quick:
-        args.model = base_shaped_model(work_dir / "tiny_bert_folder", layers=2, hidden=64, heads=2, intermediate=256)
-        args.model_label = "a 2-layer, 64-wide BERT with random weights (quick)"
         args.rounds, args.steps, args.warmup = 1, 5, 2
         args.compile_backend = args.compile_backend or "aot_eager"
         args.compile_objectives = args.compile_objectives or ["infonce", "dcl"]
-    else:
-        args.model_label = args.model or "all-MiniLM-L6-v2"
-        args.model = args.model or minilm_path()
     args.compile_backend = args.compile_backend or "inductor"
     args.compile_objectives = args.compile_objectives or list(OBJECTIVES)
     base = {"model": args.model, "batch": args.batch, "max_length": MAX_LENGTH, "steps": args.steps,
