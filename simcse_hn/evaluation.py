@@ -350,20 +350,6 @@ def _padding_side(mask: Tensor, lengths: Tensor) -> str | None:
     return None
 
 
-def prepared_batches(
-    prepare: Callable[[list[str]], dict], sentences: list[str], batch_size: int, group_size: int = 4096
-) -> tuple[list[int], list[dict]]:
-    """Features for batches of equal token length, each text tokenised once by the model's own `prepare` (e.g. a
-    SentenceTransformer's `preprocess`). -> (order: the sentence index of each row, batch after batch; features)
-    (`iter_prepared_batches`, all at once)"""
-    order: list[int] = []
-    prepared = []
-    for indices, features in iter_prepared_batches(prepare, sentences, batch_size, group_size):
-        order += indices
-        prepared.append(features)
-    return order, prepared
-
-
 def iter_prepared_batches(
     prepare: Callable[[list[str]], dict], sentences: list[str], batch_size: int, group_size: int = 4096
 ) -> Iterator[tuple[list[int], dict]]:
@@ -436,8 +422,8 @@ def sentence_transformers_encode_fn(
 ) -> EncodeFn:
     """A SentenceTransformer's embeddings in batches of equal token length. A plain text model (`_plain_sentence_
     transformer`) runs its own modules' forward on features its own `preprocess` made in this thread, each text
-    tokenised once (`prepared_batches`), so the batches can run side by side on a CPU's cores (unless `side_by_side`
-    is False); anything else goes through `encode`, one batch after the other."""
+    tokenised once (`iter_prepared_batches`), so the batches can run side by side on a CPU's cores (unless
+    `side_by_side` is False); anything else goes through `encode`, one batch after the other."""
 
     def encode_batch(sentences: list[str]) -> Tensor:
         embeddings = model.encode(

@@ -15,9 +15,9 @@ from scipy.stats import spearmanr
 from simcse_hn.data import STS_FILES, STS_TASKS, DataError, load_sts_task, read_sts_jsonl
 from simcse_hn.evaluation import (
     encoder_backend,
+    iter_prepared_batches,
     load_encoder,
     parse_tasks,
-    prepared_batches,
     score_sts_tasks,
     sentence_transformers_encode_fn,
     simcse_encode_fn,
@@ -223,6 +223,15 @@ def test_token_length_batches_group_equal_lengths_and_restore_order(tasks):
     assert [len(b) for b in batches[:-1]] == [16] * (len(batches) - 1) and 0 < len(batches[-1]) <= 16
     lengths = [len(tokenizer(s)["input_ids"]) for b in batches for s in b]
     assert lengths == sorted(lengths, reverse=True)  # longest first, so each batch pads to almost nothing
+
+
+def prepared_batches(prepare, sentences, batch_size, group_size):
+    """iter_prepared_batches all at once -> (the sentence index of each row, batch after batch; features)"""
+    order, batches = [], []
+    for indices, features in iter_prepared_batches(prepare, sentences, batch_size, group_size):
+        order += indices
+        batches.append(features)
+    return order, batches
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
