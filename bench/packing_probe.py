@@ -46,10 +46,9 @@ from common import (  # noqa: E402
     training_bench_inputs,
     write_json,
 )
+from step_profile import operator_table  # noqa: E402
 
 ATTENTION = "simcse_packed_probe"
-MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
-              "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}  # fmt: skip
 ARMS = ("groups8", "padded", "packed", "packed-compiled")
 
 
@@ -222,12 +221,7 @@ def run(
     for arm in arms:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
             step(arm, features)
-        events = profiler.key_averages()
-        total = sum(e.self_cpu_time_total for e in events)
-        products = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
-        top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
-        profile[arm] = {"self_cpu_ms": total / 1000, "products_ms": products / 1000,
-                        "top": [{"op": e.key, "ms": e.self_cpu_time_total / 1000} for e in top]}  # fmt: skip
+        profile[arm] = operator_table(profiler, steps=1, rows=8)
 
     results = {}
     for arm in arms:
@@ -270,13 +264,15 @@ def markdown(report: dict) -> str:
         lines += ["", f"packed-compiled: compiling and its first two steps took {r['compile_seconds']:.0f} s, before "
                   "the rounds."]  # fmt: skip
     lines += ["", f"Limit: {limit_sentence(r['rates'])}.", "",
-              "One profiled step per arm (torch.profiler, self CPU time; products = mm, addmm, bmm, the attention "
-              "kernel):", "", "| arm | self CPU ms | products ms | the rest ms | top operators (ms) |",
+              "One profiled step per arm (torch.profiler, self CPU time; products = bench/step_profile.py's "
+              "MATMUL_OPS: mm, addmm, bmm, baddbmm, the attention kernel):", "",
+              "| arm | self CPU ms | products ms | the rest ms | top operators (ms) |",
               "|---|---|---|---|---|"]  # fmt: skip
     for arm, p in r["profile"].items():
-        top = ", ".join(f"{op_label(e['op'])} {e['ms']:.0f}" for e in p["top"][:6])
-        lines.append(f"| {arm} | {p['self_cpu_ms']:.0f} | {p['products_ms']:.0f} | "
-                     f"{p['self_cpu_ms'] - p['products_ms']:.0f} | {top} |")  # fmt: skip
+        total = p["self_cpu_ms_per_step"]
+        top = ", ".join(f"{op_label(e['op'])} {e['ms_per_step']:.0f}" for e in p["top"][:6])
+        lines.append(f"| {arm} | {total:.0f} | {total * p['matmul_share']:.0f} | "
+                     f"{total * (1 - p['matmul_share']):.0f} | {top} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
