@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from conftest import square_targets, symmetric_targets
 
-from simcse_hn.losses import LOSSES, DCLLoss, HCLLoss, InfoNCELoss, LossContext, base, build_loss, progcl
+from simcse_hn.losses import (
+    LOSSES,
+    DCLLoss,
+    HCLLoss,
+    InfoNCELoss,
+    LossContext,
+    ObjectiveOutput,
+    base,
+    build_loss,
+    progcl,
+)
 from simcse_hn.losses.base import weighted_loss
 
 
@@ -232,12 +243,14 @@ def test_nonfinite_objective_falls_back_to_infonce(name, monkeypatch):
     positive_index, negative_mask = symmetric_targets(8)
     loss_fn = EDGE_LOSSES[name]()
 
-    def broken(sim, logits, targets, context, anchors, candidates):
+    def broken(batch):
         # NaN weights inside the graph: the value is NaN and its backward would be NaN too.
+        logits, targets = batch.logits, batch.targets
         log_weights = logits * float("nan")
-        return weighted_loss(logits, targets.positive_index, targets.negative_mask, log_weights), log_weights, {}
+        loss = weighted_loss(logits, targets.positive_index, targets.negative_mask, log_weights)
+        return ObjectiveOutput(loss=loss, log_weights=log_weights)
 
-    monkeypatch.setattr(loss_fn, "objective", broken)
+    monkeypatch.setattr(loss_fn, "per_anchor", broken)
     a = z.clone().requires_grad_(True)
     out = loss_fn(a, a, positive_index, negative_mask)
     out.loss.backward()
@@ -249,7 +262,7 @@ def test_nonfinite_objective_falls_back_to_infonce(name, monkeypatch):
     torch.testing.assert_close(a.grad, r.grad)
     assert torch.equal(out.weights, negative_mask.float())
 
-    monkeypatch.setattr(loss_fn, "objective", lambda *args, **kw: (torch.full((8,), math.inf), None, {}))
+    monkeypatch.setattr(loss_fn, "per_anchor", lambda batch: ObjectiveOutput(loss=torch.full((8,), math.inf)))
     out = loss_fn(z, z, positive_index, negative_mask)
     assert out.metrics["nonfinite_fallback"].item() == 1
     torch.testing.assert_close(out.loss, ref.detach())
@@ -307,14 +320,15 @@ def test_shared_reductions_keep_infonce_gradient_on_fallback(name, monkeypatch):
     """An objective that uses the shared reductions and turns non-finite: the step falls back to InfoNCE with
     InfoNCE's gradient (the objective's share of the reductions is guarded, the fallback's is not)."""
     loss_fn = EDGE_LOSSES[name]()
-    original = loss_fn.objective
+    original = loss_fn.per_anchor
 
-    def broken(sim, logits, targets, context, anchors, candidates):
-        loss, log_weights, metrics = original(sim, logits, targets, context, anchors, candidates)
-        plain = loss_fn.plain_reductions(logits, targets)
-        return loss + plain.lse * torch.sqrt(plain.pos - 1e3), log_weights, metrics  # NaN, NaN gradient
+    def broken(batch):
+        result = original(batch)
+        plain = batch.plain
+        loss = result.loss + plain.lse * torch.sqrt(plain.pos - 1e3)  # NaN, NaN gradient
+        return dataclasses.replace(result, loss=loss)
 
-    monkeypatch.setattr(loss_fn, "objective", broken)
+    monkeypatch.setattr(loss_fn, "per_anchor", broken)
     z = edge_batch("random")
     a = z.clone().requires_grad_(True)
     out = loss_fn.compute(a, square_targets(8))

@@ -13,11 +13,12 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from simcse_hn.losses.options import NoOptions, ObjectiveOptions
 from simcse_hn.targets import ContrastiveTargets, LossContext
 
 NEG_INF = float("-inf")
@@ -307,8 +308,53 @@ def drop_nonfinite_grad(x: Tensor) -> Tensor:
     return _DropNonFiniteGrad.apply(x)
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ObjectiveInput:
+    """What an objective sees of one loss call (built by the base, never kept between calls).
+
+    logits (M, N) = cos / t, without the targets' negative_log_weights (those are in `plain`'s masked logits, lse
+    and exponentials); cosines (M, N) = t logits when the objective's `needs_cosines`, else None; anchors (M, D) and
+    candidates (N, D) as given (not normalised); `plain`: plain InfoNCE's reductions of the logits (computed once,
+    shared with the fallback), each guarded so that a non-finite gradient from the objective's branch is dropped;
+    `unguarded`: the fallback's own tensors, for an objective that guards what it makes from them instead (an (M,)
+    result rather than the (M, N) masked logits) with `drop_nonfinite_grad`."""
+
+    logits: Tensor
+    targets: ContrastiveTargets
+    context: LossContext
+    anchors: Tensor
+    candidates: Tensor
+    temperature: float
+    plain: PlainReductions
+    unguarded: PlainReductions
+    cosines: Tensor | None = None
+
+    @property
+    def negative_mask(self) -> Tensor:
+        """(M, N) bool: N(i)."""
+        return self.targets.negative_mask
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ObjectiveOutput:
+    """An objective's result: `loss` (M,) per anchor (the base takes the mean); the weights it applied to the
+    negatives for the diagnostics, as `log_weights` (M, N) (any value outside N(i)) or, when it has their statistics
+    at hand more cheaply, `weights` (`NegativeWeights`); neither for uniform weights; `metrics`: extra diagnostics
+    (scalars, detached by the base)."""
+
+    loss: Tensor
+    log_weights: Tensor | None = None
+    weights: NegativeWeights | None = None
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
 class ContrastiveLoss(nn.Module):
-    """Base class. Subclasses implement `objective`; the base adds similarities, diagnostics and the fallback.
+    """Base class of every objective: a subclass describes itself (its class attributes, read by the configuration,
+    the card, the sentence-transformers wrapper, the diagnostics and the benches) and computes a per-anchor loss.
+
+    Writing one (docs/writing-an-objective.md): subclass `ReweightingLoss` and write `log_weights` when the
+    objective reweights the negatives (the common case), else override `per_anchor` (the general case). Options are
+    a frozen dataclass (`Options`, made with `options.option`); each is also an attribute of the loss (`loss.beta`).
 
     Two calls, one computation:
     * `loss_fn(anchors, candidates, positive_index, negative_mask, context=None)`: the plain call. No structure is
@@ -317,47 +363,51 @@ class ContrastiveLoss(nn.Module):
       .contrastive_loss`). The anchors are the candidates' rows `targets.anchor_index`, so the targets' checked facts
       (`anchors_are_candidates`, `standard_negatives`) hold for the tensors the loss sees and a loss may use them.
 
-    Fallback: a non-finite objective is replaced by plain InfoNCE for the step (selected with `torch.where`,
-    no host synchronisation) and counted in `metrics["nonfinite_fallback"]`. The objective sees `sim` through
-    `drop_nonfinite_grad`, so a non-finite gradient from its branch is dropped and the step keeps InfoNCE's.
-    InfoNCE is its own fallback (`has_fallback = False`): it is computed once. The base computes plain InfoNCE's
-    reductions once per call from the unguarded logits (the positives' logits from the embeddings, the masked
-    logits as logits + `targets.negative_bias`, their log-sum-exp with a one-pass backward), and an objective gets
-    them, each behind its own `drop_nonfinite_grad` unless it has no fallback, from `self.plain_reductions(logits,
-    targets)`; so the fallback costs no second pass over the (M, N) logits in the forward, and one log-sum-exp
-    backward serves both.
-
-    An objective returns log-weights (M, N), from which the base makes the weights' diagnostics, or, when it has
-    them at hand more cheaply, `NegativeWeights` (the diagnostics, and the weights made only if read).
-
-    The temperature is folded into the normalised anchors, logits = (a / t) c^T: no (M, N) division in the forward
-    or the backward. The cosines `sim` = logits t are made for objectives that read them; `needs_sim = False`
-    (InfoNCE, DCL, HCL: the logits are all they read) gives them `sim = None` instead, one (M, N) pass less.
+    Fallback: a non-finite objective is replaced by plain InfoNCE for the step (selected with `torch.where`, no host
+    synchronisation) and counted in `metrics["nonfinite_fallback"]`; the objective's inputs are guarded, so a
+    non-finite gradient from its branch is dropped and the step keeps InfoNCE's. The base computes plain InfoNCE's
+    reductions once per call and hands them to the objective (`ObjectiveInput.plain`): the fallback costs no second
+    (M, N) pass. The temperature is folded into the normalised anchors, logits = (a / t) c^T.
     """
 
-    has_fallback = True
-    needs_sim = True
+    # --- what the objective is: every other part of simcse-hn reads these ---
+    name: ClassVar[str] = ""  # --loss NAME, the registry's key (a user's objective: its "module:Class" when empty)
+    title: ClassVar[str] = ""  # display name ("HCL"); also SimCSE{title}Loss in simcse_hn.st_losses
+    Options: ClassVar[type[ObjectiveOptions]] = NoOptions
+    flag_prefix: ClassVar[str | None] = None  # configuration flags --{prefix}_{option}; None: the name
+    summary: ClassVar[str] = ""  # a paragraph for the model card and the docs
+    citation: ClassVar[str] = ""  # BibTeX of the method
+    class_prior: ClassVar[str | None] = None  # the option that is form (D)'s class prior tau+, if any
+    setting: ClassVar[tuple[str, ...]] = ()  # options that describe a setting in messages, besides the prior
+    forms: ClassVar[tuple[str, ...]] = ("symmetric",)  # the contrast forms it is defined on
+    variants: ClassVar[dict[str, dict[str, Any]]] = {}  # named settings the benches and tests run ({"mix": {...}})
+    sentence_transformers_options: ClassVar[dict[str, Any]] = {}  # defaults in a SentenceTransformer (no MLP head)
+    # --- what it needs from the step ---
+    needs_cosines: ClassVar[bool] = False  # ObjectiveInput.cosines (one (M, N) pass; the logits are always there)
+    uses_schedule: ClassVar[bool] = False  # reads context.step and context.max_steps
+    has_fallback: ClassVar[bool] = True  # False: the objective is plain InfoNCE itself, computed once
+    needs_head_inputs: bool = False  # context.anchor_features / candidate_features (the MLP head's inputs)
 
-    def __init__(self, temperature: float = 0.05):
+    def __init__(self, temperature: float = 0.05, **options: Any):
         super().__init__()
         if not 0 < temperature < math.inf:
             raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
         self.temperature = float(temperature)
+        self.options = self.Options.from_mapping(options, where=f"{self.display_name()}'s options")
+        for key, value in self.options.as_dict().items():
+            setattr(self, key, value)
 
-    def objective(
-        self,
-        sim: Tensor,
-        logits: Tensor,
-        targets: ContrastiveTargets,
-        context: LossContext,
-        anchors: Tensor,
-        candidates: Tensor,
-    ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
-        """sim (M, N) cosines (None when `needs_sim` is False), logits (M, N) = sim / t, without the targets'
-        negative_log_weights (those are in `plain_reductions(logits, targets)`'s masked logits, lse and exponentials);
-        anchors (M, D), candidates (N, D) as given (not normalised).
-        -> per-anchor loss (M,), log-weights applied to the negatives (M, N) or None, extra metrics."""
-        raise NotImplementedError
+    @classmethod
+    def display_name(cls) -> str:
+        return cls.title or cls.name or cls.__name__
+
+    def prior(self) -> float:
+        """The class prior tau+ of form (D) (0 when the objective has none)."""
+        return 0.0 if self.class_prior is None else float(getattr(self.options, self.class_prior))
+
+    def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
+        """The general case: the loss of each anchor (M,) and what it applied to the negatives."""
+        raise NotImplementedError(f"{type(self).__name__} must define per_anchor (or log_weights: ReweightingLoss)")
 
     def forward(
         self,
@@ -379,7 +429,7 @@ class ContrastiveLoss(nn.Module):
         same = targets.anchors_are_candidates
         anchors = candidates if same else candidates[targets.anchor_index]
         if context is not None:  # the anchors' rows of the candidates' per-row extras
-            derived = {}
+            derived: dict[str, Tensor] = {}
             for anchor_key, candidate_key in (("anchor_features", "candidate_features"),
                                               ("anchor_text_ids", "candidate_text_ids")):  # fmt: skip
                 rows = getattr(context, candidate_key)
@@ -387,20 +437,6 @@ class ContrastiveLoss(nn.Module):
                     derived[anchor_key] = rows if same else rows[targets.anchor_index]
             context = dataclasses.replace(context, **derived) if derived else context
         return self._loss(anchors, candidates, targets, context)
-
-    def plain_reductions(self, logits: Tensor, targets: ContrastiveTargets, guarded: bool = True) -> PlainReductions:
-        """Plain InfoNCE's reductions of `logits` (M, N). Inside a loss call, for the logits the objective was given,
-        these are the base's own (computed once, shared with the fallback), each guarded by `drop_nonfinite_grad`;
-        otherwise they are computed here. `guarded=False`: the fallback's own tensors, for an objective that guards
-        what it makes from them instead (an (M,) result rather than the (M, N) masked logits: HCL)."""
-        shared = self._shared
-        if shared is not None and shared[0] is logits:
-            return shared[1] if guarded else shared[2]
-        return plain_reductions(
-            logits, targets.positive_index, targets.negative_mask, targets.negative_count, targets.negative_offset
-        )
-
-    _shared: tuple[Tensor, PlainReductions, PlainReductions] | None = None
 
     def _loss(
         self, anchors: Tensor, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None
@@ -424,41 +460,41 @@ class ContrastiveLoss(nn.Module):
             scaled = a_hat / self.temperature  # (M, D): logits = scaled c^T, no (M, N) division
             logits = scaled @ c_hat.T  # (M, N)
         pos = (scaled * c_hat.index_select(0, positive_index)).sum(dim=1)  # (M,) the positives' logits
-        sim = logits * self.temperature if self.needs_sim else None  # (M, N); its backward runs only if used
+        sim = logits * self.temperature if self.needs_cosines else None  # (M, N); its backward runs only if used
         # the masked logits carry the targets' negative_log_weights (`negative_offset`); `logits` do not
         plain = plain_reductions(logits, positive_index, negative_mask, count, targets.negative_offset, pos)
         if self.has_fallback:
             guarded = drop_nonfinite_grad(logits)
             shared = plain._replace(pos=drop_nonfinite_grad(plain.pos), lse=drop_nonfinite_grad(plain.lse),
                                     logits=guarded)  # fmt: skip
-            sim_arg = None if sim is None else drop_nonfinite_grad(sim)
+            sim = None if sim is None else drop_nonfinite_grad(sim)
         else:
-            guarded, shared, sim_arg = logits, plain, sim
-        self._shared = (guarded, shared, plain)
-        try:
-            per_anchor, log_weights, extra = self.objective(sim_arg, guarded, targets, context, anchors, candidates)
-        finally:
-            self._shared = None
-        loss = per_anchor.mean()
+            guarded, shared = logits, plain
+        batch = ObjectiveInput(logits=guarded, targets=targets, context=context, anchors=anchors,
+                               candidates=candidates, temperature=self.temperature, plain=shared, unguarded=plain,
+                               cosines=sim)  # fmt: skip
+        result = self.per_anchor(batch)
+        loss = result.loss.mean()
         finite = torch.isfinite(loss)
         if self.has_fallback:
             loss = torch.where(finite, loss, plain.loss().mean())
 
         weights_fn = None
         with torch.no_grad():
-            if log_weights is None:
+            if result.weights is None and result.log_weights is None:
                 stats = weight_stats(None, None, negative_mask, count)
             else:
-                if isinstance(log_weights, NegativeWeights):
-                    make = log_weights.make
-                    stats = {"neg_weight_max": log_weights.max.float(), "neg_weight_entropy": log_weights.entropy}
+                if result.weights is not None:
+                    make = result.weights.make
+                    stats = {"neg_weight_max": result.weights.max.float(),
+                             "neg_weight_entropy": result.weights.entropy}  # fmt: skip
                 else:
-                    weights, stats = _masked_weight_stats(log_weights, negative_mask, count)  # NaN included
+                    weights, stats = _masked_weight_stats(result.log_weights, negative_mask, count)  # NaN included
                     make = lambda rows=slice(None): weights[rows]  # noqa: E731
                 # a non-finite weight (NaN reaches the max) or objective: uniform weights
                 usable = finite & torch.isfinite(stats["neg_weight_max"])
 
-                def weights_fn(rows=slice(None), make=make, usable=usable):
+                def weights_fn(rows: slice = slice(None), make=make, usable=usable) -> Tensor:
                     return torch.where(usable, make(rows), negative_mask[rows])
 
             rows = slice(0, DIAGNOSTIC_ANCHORS)  # the diagnostics' anchors: their cosines and weights only
@@ -475,8 +511,38 @@ class ContrastiveLoss(nn.Module):
                 "nonfinite_fallback": (~finite).float(),
                 **diagnostics,
             }
-            metrics.update({k: v.detach().float() for k, v in extra.items()})
+            metrics.update({k: v.detach().float() for k, v in result.metrics.items()})
         return LossOutput(loss=loss, metrics=metrics, weights_fn=weights_fn)
+
+
+class ReweightingLoss(ContrastiveLoss):
+    """The common case: an objective that reweights the negatives. Write `log_weights`; the base normalises the
+    weights to mean one over N(i) (w_ij = n_i softmax_{j in N(i)}(log_weights_ij)), applies them in form (D) with
+    the class prior (`class_prior`, 0 without one: form (W)), and reports their statistics. Gradients flow through
+    the log-weights unless the objective detaches them."""
+
+    def log_weights(self, batch: ObjectiveInput) -> Tensor:
+        """-> (M, N) log-weights of the negatives, up to a per-anchor constant (values outside N(i) are ignored)."""
+        raise NotImplementedError(f"{type(self).__name__} must define log_weights")
+
+    def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
+        return reweighted_loss(batch, self.log_weights(batch), self.prior())
+
+
+def reweighted_loss(batch: ObjectiveInput, log_weights: Tensor, tau_plus: float = 0.0) -> ObjectiveOutput:
+    """Form (D) (form (W) with tau_plus 0) with w_ij = n_i softmax_{j in N(i)}(log_weights_ij): the generic path of
+    a `ReweightingLoss`, from the shared (guarded) reductions. log_weights (M, N). -> ObjectiveOutput, with the
+    applied log-weights and metric `clamp_frac`."""
+    plain, targets = batch.plain, batch.targets
+    n = plain.count  # (M,)
+    tilt = log_weights + targets.negative_bias.to(log_weights.dtype)  # on N(i), -inf elsewhere
+    # (M,) log mean_k w_ik; 0 for an anchor without negatives, so that its R_i = 0 and its loss is 0
+    log_mean = torch.where(n > 0, masked_logsumexp(tilt) - n.log(), 0.0)
+    log_r = masked_logsumexp(plain.masked + tilt) - log_mean  # (M,)
+    loss, clamped = debiased_from_log_r(plain.pos, log_r, n, tau_plus, batch.temperature)
+    with torch.no_grad():
+        applied = tilt - log_mean[:, None]  # (M, N), -inf outside N(i)
+    return ObjectiveOutput(loss=loss, log_weights=applied, metrics={"clamp_frac": clamped.float().mean()})
 
 
 DIAGNOSTIC_ANCHORS = 128  # the false-negative diagnostics look at this many anchors per step (a sample: cheap)

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from simcse_hn.losses.base import (
     ContrastiveLoss,
     NegativeWeights,
+    ObjectiveInput,
+    ObjectiveOutput,
+    ReweightingLoss,
     debiased_from_log_r,
     drop_nonfinite_grad,
-    masked_logsumexp,
     mean_over_anchors_with_negatives,
 )
+from simcse_hn.losses.options import ObjectiveOptions, option
 
 # DCL's class prior at SimCSE's temperature 0.05, from bench/results/dcl_clamp.md (docs/losses.md section 3): on
 # all-MiniLM-L6-v2 batches with a fresh MLP head its lower clamp holds for 5 % of anchors and removes 27 % of the
@@ -20,13 +25,36 @@ from simcse_hn.losses.base import (
 DCL_TAU_PLUS = 1e-3
 
 
-def check_tau_plus(tau_plus: float) -> float:
-    if not 0.0 <= tau_plus < 1.0:
-        raise ValueError(f"tau_plus must be in [0, 1), got {tau_plus}")
-    return float(tau_plus)
+def _prior(value: float) -> bool:
+    return 0.0 <= value < 1.0
 
 
-class HCLLoss(ContrastiveLoss):
+@dataclass(frozen=True)
+class HCLOptions(ObjectiveOptions):
+    beta: float = option(0.1, "HCL concentration beta (tilt beta/t per unit cosine).", check=lambda v: v >= 0,
+                         must="be >= 0")  # fmt: skip
+    tau_plus: float = option(0.0, "HCL class prior tau+ in [0, 1); 0 avoids the debiasing clamp (losses.md).",
+                             check=_prior, must="be in [0, 1)")  # fmt: skip
+    detach_weights: bool = option(False, "Stop gradients through HCL's weights.")
+
+
+@dataclass(frozen=True)
+class DCLOptions(ObjectiveOptions):
+    tau_plus: float = option(
+        DCL_TAU_PLUS,
+        "DCL class prior tau+ in (0, 1): 1e-3 measured for temperature 0.05 (the DCL paper's 0.1 is for temperature "
+        "0.5; at 0.05 its clamp holds for every anchor: docs/losses.md section 3).",
+        check=_prior,
+        must="be in [0, 1)",
+    )
+
+    def check_for_training(self) -> None:
+        if self.tau_plus == 0:
+            raise ValueError("tau_plus: 0 makes DCL symmetric InfoNCE: use --loss infonce --contrast_form symmetric, "
+                             "or a prior > 0")  # fmt: skip
+
+
+class HCLLoss(ReweightingLoss):
     """Hard-negative debiased contrastive loss (Robinson et al., arXiv:2010.04592), form (D) of docs/losses.md.
 
     w_ij = n softmax_{j in N(i)}(beta l_ij);  Ng_i = max((sum_j w_ij e^{l_ij} - tau_plus n e^{l_ip}) / (1 - tau_plus),
@@ -35,35 +63,48 @@ class HCLLoss(ContrastiveLoss):
     Neutral setting: beta = 0, tau_plus = 0 -> plain InfoNCE. Gradients flow through the weights, as in the
     reference code, unless `detach_weights`. Shapes: anchors (M, D), candidates (N, D), positive_index (M,),
     negative_mask (M, N). Metric `clamp_frac`: the fraction of anchors whose Ng_i is the lower clamp (their
-    negatives get no gradient; docs/losses.md section 2).
+    negatives get no gradient; docs/losses.md section 2). `log_weights` is the definition; `per_anchor` computes the
+    same in fewer (M, N) passes (`tilted_log_ratio`).
     """
 
-    needs_sim = False
+    name = "hcl"
+    title = "HCL"
+    Options = HCLOptions
+    summary = (
+        "Hard-negative contrastive loss (Robinson et al., arXiv:2010.04592): negatives weighted by "
+        "`w_ij ∝ exp(beta * s_ij / t)` (mean one), then debiased with `tau_plus`; `beta = tau_plus = 0` is InfoNCE."
+    )
+    citation = """@inproceedings{robinson2021contrastive,
+  title = {Contrastive Learning with Hard Negative Samples},
+  author = {Robinson, Joshua and Chuang, Ching-Yao and Sra, Suvrit and Jegelka, Stefanie},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year = {2021}
+}"""
+    class_prior = "tau_plus"
+    setting = ("beta",)
 
-    def __init__(
-        self, temperature: float = 0.05, beta: float = 0.1, tau_plus: float = 0.0, detach_weights: bool = False
-    ):
-        super().__init__(temperature)
-        if not beta >= 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
-        self.beta = float(beta)
-        self.tau_plus = check_tau_plus(tau_plus)
-        self.detach_weights = bool(detach_weights)
+    beta: float
+    tau_plus: float
+    detach_weights: bool
 
-    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
-        plain = self.plain_reductions(logits, targets)  # the masked logits are shared with the fallback
+    def log_weights(self, batch: ObjectiveInput) -> Tensor:
+        tilt = self.beta * batch.logits  # (M, N)
+        return tilt.detach() if self.detach_weights else tilt
+
+    def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
+        plain, targets, logits = batch.plain, batch.targets, batch.logits
         n = plain.count  # (M,)
         if self.beta == 0:  # uniform weights: R_i is plain InfoNCE's negative sum
             loss, clamped = debiased_from_log_r(plain.pos, plain.lse, n, self.tau_plus, self.temperature)
-            return loss, torch.zeros_like(logits), {"clamp_frac": clamped.float().mean()}
-        if targets.negative_log_weights is not None:
-            return self._weighted_objective(plain, logits, targets)
+            return ObjectiveOutput(loss=loss, log_weights=torch.zeros_like(logits),
+                                   metrics={"clamp_frac": clamped.float().mean()})  # fmt: skip
+        if targets.negative_log_weights is not None:  # explicit negatives weighted c_ij: the generic path
+            return super().per_anchor(batch)
         # With w_ij = e^{beta l_ij} / mean_k e^{beta l_ik}:  log R_i = logsumexp_j((1 + beta) l_ij) - logsumexp_j(
         # beta l_ij) + log n_i, two row reductions over the masked logits in one autograd node (`tilted_log_ratio`),
         # whose (M,) result is guarded instead of the (M, N) masked logits. Its q gives the weights' diagnostics; the
         # (M, N) weights are made only when read.
-        masked = self.plain_reductions(logits, targets, guarded=False).masked
-        log_ratio, q, q_sum, q_log_q = tilted_log_ratio(masked, self.beta, self.detach_weights)
+        log_ratio, q, q_sum, q_log_q = tilted_log_ratio(batch.unguarded.masked, self.beta, self.detach_weights)
         log_r = drop_nonfinite_grad(log_ratio) + n.log()  # (M,); -inf for an anchor without negatives: its loss is 0
         loss, clamped = debiased_from_log_r(plain.pos, log_r, n, self.tau_plus, self.temperature)
         with torch.no_grad():  # w_ij = n_i q_ij / q_sum_i; the entropy of w / n is that of q / q_sum
@@ -73,23 +114,7 @@ class HCLLoss(ContrastiveLoss):
                 max=(q.amax(dim=1) * scale).max(),
                 entropy=mean_over_anchors_with_negatives(q_sum.log() - q_log_q / q_sum, n),
             )
-        return loss, weights, {"clamp_frac": clamped.float().mean()}
-
-    def _weighted_objective(self, plain, logits: Tensor, targets):
-        """With explicit negatives weighted c_ij (the targets' negative_log_weights, in the masked logits): the tilt
-        is the hardness of the unweighted logit s_ij / t, so c_ij multiplies w_ij and does not tilt it. Generic
-        reductions over the (M, N) guarded masked logits (paired data with a hard_negative_weight only)."""
-        n = plain.count  # (M,)
-        tilt = self.beta * (logits + targets.negative_bias.to(logits.dtype))  # beta l_ij on N(i), -inf elsewhere
-        if self.detach_weights:
-            tilt = tilt.detach()
-        # (M,) log mean_k e^{beta l_ik}; 0 for an anchor without negatives, so that its R_i = 0 and its loss is 0
-        log_mean = torch.where(n > 0, masked_logsumexp(tilt) - n.log(), 0.0)
-        log_r = masked_logsumexp(plain.masked + tilt) - log_mean  # (M,)
-        loss, clamped = debiased_from_log_r(plain.pos, log_r, n, self.tau_plus, self.temperature)
-        with torch.no_grad():
-            log_weights = tilt - log_mean[:, None]  # (M, N), -inf outside N(i)
-        return loss, log_weights, {"clamp_frac": clamped.float().mean()}
+        return ObjectiveOutput(loss=loss, weights=weights, metrics={"clamp_frac": clamped.float().mean()})
 
 
 class _TiltedLogRatio(torch.autograd.Function):
@@ -134,20 +159,33 @@ def tilted_log_ratio(masked: Tensor, beta: float, detach: bool = False) -> tuple
     return _TiltedLogRatio.apply(masked, beta, detach)
 
 
-class DCLLoss(HCLLoss):
-    """Debiased contrastive loss (Chuang et al., arXiv:2007.00224): HCL with beta = 0, i.e. all w_ij = 1.
+class DCLLoss(ContrastiveLoss):
+    """Debiased contrastive loss (Chuang et al., arXiv:2007.00224): form (D) with all w_ij = 1 (HCL with beta = 0).
 
     Ng_i = max((sum_{j in N(i)} e^{l_ij} - tau_plus n e^{l_ip}) / (1 - tau_plus), n e^{-1/t}).
-    Neutral setting: tau_plus = 0 -> plain InfoNCE (up to the lower clamp). No weights, so nothing to detach; the
-    returned `weights` is None. Shapes as HCLLoss. Default tau_plus = 1e-3, measured for temperature 0.05
-    (`DCL_TAU_PLUS`; the DCL paper's 0.1 belongs to its temperature 0.5). Its R_i is plain InfoNCE's negative sum:
-    the objective and the fallback share that one reduction.
+    Neutral setting: tau_plus = 0 -> plain InfoNCE (up to the lower clamp). No weights. Shapes as HCLLoss. Default
+    tau_plus = 1e-3, measured for temperature 0.05 (`DCL_TAU_PLUS`; the DCL paper's 0.1 belongs to its temperature
+    0.5). Its R_i is plain InfoNCE's negative sum: the objective and the fallback share that one reduction.
     """
 
-    def __init__(self, temperature: float = 0.05, tau_plus: float = DCL_TAU_PLUS):
-        super().__init__(temperature, beta=0.0, tau_plus=tau_plus)
+    name = "dcl"
+    title = "DCL"
+    Options = DCLOptions
+    summary = (
+        "Debiased contrastive loss (Chuang et al., arXiv:2007.00224): the negative term is corrected for "
+        "false negatives with the class prior `tau_plus`; `tau_plus = 0` is InfoNCE (up to a lower clamp)."
+    )
+    citation = """@inproceedings{chuang2020debiased,
+  title = {Debiased Contrastive Learning},
+  author = {Chuang, Ching-Yao and Robinson, Joshua and Lin, Yen-Chen and Torralba, Antonio and Jegelka, Stefanie},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year = {2020}
+}"""
+    class_prior = "tau_plus"
 
-    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
-        plain = self.plain_reductions(logits, targets)
+    tau_plus: float
+
+    def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
+        plain = batch.plain
         loss, clamped = debiased_from_log_r(plain.pos, plain.lse, plain.count, self.tau_plus, self.temperature)
-        return loss, None, {"clamp_frac": clamped.float().mean()}
+        return ObjectiveOutput(loss=loss, metrics={"clamp_frac": clamped.float().mean()})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -13,10 +14,13 @@ from simcse_hn.losses.base import (
     NEG_INF,
     ContrastiveLoss,
     NegativeWeights,
+    ObjectiveInput,
+    ObjectiveOutput,
     drop_nonfinite_grad,
     masked_logsumexp,
     mean_over_anchors_with_negatives,
 )
+from simcse_hn.losses.options import ObjectiveOptions, option
 from simcse_hn.targets import LossContext
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
@@ -299,6 +303,27 @@ def shared_sample(population: int, count: int, device: torch.device, all_reduce=
     return (u * population).long().clamp_max_(population - 1)
 
 
+def _count(minimum: int):
+    return lambda v: v >= minimum
+
+
+@dataclass(frozen=True)
+class ProGCLOptions(ObjectiveOptions):
+    mode: str = option("weight", "ProGCL variant.", choices=MODES)
+    warmup_ratio: float = option(0.2, "Fraction of steps trained with plain InfoNCE before the mixture is used.",
+                                 check=lambda v: 0 <= v <= 1, must="be in [0, 1]")  # fmt: skip
+    refit_every: int = option(1, "Refit the Beta mixture every N steps.", check=_count(1), must="be >= 1")
+    em_iters: int = option(10, "EM iterations per Beta-mixture fit.", check=_count(1), must="be >= 1")
+    mix_k: int | None = option(None, "ProGCL-mix: hardest K negatives (None: all).", check=_count(1), must="be >= 1")
+    warm_start: bool = option(False, "Start each fit from the previous one.")
+    fit_pairs: int | None = option(
+        FIT_PAIRS,
+        "Fit the Beta mixture on this many sampled (anchor, negative) pairs per process; 0: all.",
+        check=_count(0),
+        must="be >= 0 (0: all pairs)",
+    )
+
+
 class ProGCLLoss(ContrastiveLoss):
     """ProGCL (Xia et al., arXiv:2110.02027), adapted to SimCSE batches (docs/losses.md section 4).
 
@@ -331,37 +356,35 @@ class ProGCLLoss(ContrastiveLoss):
     the symmetric matrix's upper triangle.
     """
 
-    def __init__(
-        self,
-        temperature: float = 0.05,
-        mode: str = "weight",
-        warmup_ratio: float = 0.2,
-        refit_every: int = 1,
-        em_iters: int = 10,
-        mix_k: int | None = None,
-        warm_start: bool = False,
-        fit_pairs: int | None = FIT_PAIRS,
-    ):
-        super().__init__(temperature)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if not 0.0 <= warmup_ratio <= 1.0:
-            raise ValueError(f"warmup_ratio must be in [0, 1], got {warmup_ratio}")
-        if int(refit_every) != refit_every or refit_every < 1:
-            raise ValueError(f"refit_every must be an integer >= 1, got {refit_every}")
-        if int(em_iters) != em_iters or em_iters < 1:
-            raise ValueError(f"em_iters must be an integer >= 1, got {em_iters}")
-        if mix_k is not None and (int(mix_k) != mix_k or mix_k < 1):
-            raise ValueError(f"mix_k must be None or an integer >= 1, got {mix_k}")
-        if fit_pairs is not None and (int(fit_pairs) != fit_pairs or fit_pairs < 0):
-            raise ValueError(f"fit_pairs must be None or an integer >= 0 (0: every pair), got {fit_pairs}")
-        self.mode = mode
-        self.warmup_ratio = float(warmup_ratio)
-        self.refit_every = int(refit_every)
-        self.em_iters = int(em_iters)
-        self.mix_k = None if mix_k is None else int(mix_k)
-        self.warm_start = bool(warm_start)
-        self.fit_pairs = int(fit_pairs) if fit_pairs else None
+    name = "progcl"
+    title = "ProGCL"
+    Options = ProGCLOptions
+    summary = (
+        "ProGCL (Xia et al., arXiv:2110.02027): a two-component Beta mixture fitted to negative "
+        "similarities gives each negative's probability of being a true negative; `weight` re-weights negatives by "
+        "it, `mix` adds synthesised hard negatives. Plain InfoNCE during the warm-up."
+    )
+    citation = """@inproceedings{xia2022progcl,
+  title = {{ProGCL}: Rethinking Hard Negative Mining in Graph Contrastive Learning},
+  author = {Xia, Jun and Wu, Lirong and Wang, Ge and Chen, Jintao and Li, Stan Z.},
+  booktitle = {International Conference on Machine Learning (ICML)},
+  year = {2022}
+}"""
+    setting = ("mode",)
+    variants: ClassVar[dict[str, dict[str, Any]]] = {"weight": {"mode": "weight"}, "mix": {"mode": "mix"}}
+    uses_schedule: ClassVar[bool] = True
+
+    mode: str
+    warmup_ratio: float
+    refit_every: int
+    em_iters: int
+    mix_k: int | None
+    warm_start: bool
+    fit_pairs: int | None
+
+    def __init__(self, temperature: float = 0.05, **options: Any):
+        super().__init__(temperature, **options)
+        self.fit_pairs = self.options.fit_pairs or None  # 0: every pair
         alpha, beta, pi = _default_init(torch.device("cpu"))
         self.register_buffer("bmm_alpha", alpha)
         self.register_buffer("bmm_beta", beta)
@@ -387,14 +410,13 @@ class ProGCLLoss(ContrastiveLoss):
     def mix_size(self, num_candidates: int) -> int:
         return num_candidates if self.mix_k is None else min(self.mix_k, num_candidates)
 
-    needs_sim = False  # B is computed from the logits
-
-    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
+    def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
+        logits, targets, context = batch.logits, batch.targets, batch.context
         negative_mask = targets.negative_mask
-        plain = self.plain_reductions(logits, targets)  # shared with the fallback
+        plain = batch.plain  # shared with the fallback
         if self.in_warmup(context.step, context.max_steps):
             zero = torch.zeros((), device=logits.device)
-            return plain.loss(), None, self._metrics(self.stored_fit(), zero, zero, zero)
+            return ObjectiveOutput(loss=plain.loss(), metrics=self._metrics(self.stored_fit(), zero, zero, zero))
 
         # The fit and the posteriors are float64; B needs only the logits' precision, except where mix sorts by it
         # (a top-K smaller than N): there B keeps float64, so that rounding cannot reorder near-ties.
@@ -403,7 +425,7 @@ class ProGCLLoss(ContrastiveLoss):
         dtype = torch.float64 if sorts else logits.dtype
         # the triangle shortcut needs sim to be the candidates' own (symmetric) matrix, fitted on this process alone
         square = targets.anchors_are_candidates and context.all_reduce is None
-        # from the logits (cosines = t logits): the base makes no (M, N) cosines for ProGCL (`needs_sim` False)
+        # from the logits (cosines = t logits): the base makes no (M, N) cosines for ProGCL (`needs_cosines` False)
         hardness, usable, metrics = self.fit_hardness(logits.detach(), negative_mask, context, dtype=dtype,
                                                       square=square, scale=self.temperature,
                                                       bias=targets.negative_bias)  # fmt: skip
@@ -415,7 +437,7 @@ class ProGCLLoss(ContrastiveLoss):
             w = hardness.div_(row_mean).masked_fill_(~(usable & (row_mean > 0)), 1.0)  # (M, N)
             # sum_j w_ij e^{l_ij} from the fallback's own exponentials (with an explicit negative's weight c_ij, the
             # targets' negative_log_weights, in them), guarded as an (M,) result
-            log_r = drop_nonfinite_grad(self.plain_reductions(logits, targets, guarded=False).weighted_lse(w))
+            log_r = drop_nonfinite_grad(batch.unguarded.weighted_lse(w))
             loss = torch.logaddexp(plain.pos, log_r) - plain.pos
             with torch.no_grad():  # sum_{j in N(i)} w_ij = n_i; w log w is 0 outside N(i) (w = 0 or 1 there)
                 w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,)
@@ -424,13 +446,13 @@ class ProGCLLoss(ContrastiveLoss):
                     max=w.amax(),
                     entropy=mean_over_anchors_with_negatives(n.squeeze(1).log() - w_log_w / n.squeeze(1), plain.count),
                 )
-            return loss, weights, metrics
+            return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics)
         # the synthetic negatives mix the unweighted logits s / t (`logits`, masked by the unweighted bias): an
         # explicit negative's weight multiplies its own term of the negative sum only (in plain.lse)
         if self.mix_size(num_candidates) == num_candidates:
             # over all candidates: the synthetic logits' log-sum-exp in one autograd node from the unguarded logits,
             # guarded as an (M,) result (B consumed: its memory becomes the mixing coefficients)
-            unguarded = self.plain_reductions(logits, targets, guarded=False).logits
+            unguarded = batch.unguarded.logits
             partner = self._partners(negative_mask, self._permutation(num_candidates, logits.device, context), targets)
             synthetic_lse = drop_nonfinite_grad(
                 _MixedLogSumExp.apply(unguarded, hardness, partner, targets.negative_bias, usable)
@@ -442,7 +464,7 @@ class ProGCLLoss(ContrastiveLoss):
             synthetic_lse = masked_logsumexp(synthetic)
         # InfoNCE's denominator plus the synthetic negatives: the plain part is the fallback's own reduction
         log_denominator = torch.logaddexp(torch.logaddexp(plain.pos, plain.lse), synthetic_lse)
-        return log_denominator - plain.pos, None, metrics
+        return ObjectiveOutput(loss=log_denominator - plain.pos, metrics=metrics)
 
     def fit_hardness(
         self,

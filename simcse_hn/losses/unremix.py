@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -12,11 +14,13 @@ from simcse_hn.losses.base import (
     NEG_INF,
     ContrastiveLoss,
     NegativeWeights,
+    ObjectiveInput,
+    ObjectiveOutput,
     debiased_from_log_r,
     drop_nonfinite_grad,
     mean_over_anchors_with_negatives,
 )
-from simcse_hn.losses.hcl import check_tau_plus
+from simcse_hn.losses.options import ObjectiveOptions, option
 from simcse_hn.targets import ContrastiveTargets
 
 GRADIENTS = ("head", "embedding")
@@ -146,6 +150,24 @@ def standardise(x: Tensor, mask: Tensor) -> Tensor:
     return dev / (std + STD_EPS)
 
 
+@dataclass(frozen=True)
+class UnReMixOptions(ObjectiveOptions):
+    beta: float = option(1.0, "UnReMix tilt on the standardised hardness score.", check=lambda v: v >= 0,
+                         must="be >= 0")  # fmt: skip
+    tau_plus: float = option(0.0, "UnReMix debiasing prior tau+ in [0, 1).", check=lambda v: 0 <= v < 1,
+                             must="be in [0, 1)")  # fmt: skip
+    gradient: str = option("head", "Where UnReMix takes per-sample gradients.", choices=GRADIENTS)
+    learn_mixture: bool = option(
+        False, "Learn the component mixture theta adversarially, with an entropy bonus (else equal weights, fixed)."
+    )
+    mixture_entropy: float = option(
+        MIXTURE_ENTROPY,
+        "Entropy bonus gamma of the learned mixture (larger: closer to equal weights).",
+        check=lambda v: 0 <= v < math.inf,
+        must="be a finite number >= 0",
+    )
+
+
 class UnReMixLoss(ContrastiveLoss):
     """UnReMix (Tabassum et al., arXiv:2206.01197), adapted to SimCSE batches (docs/losses.md section 5).
 
@@ -170,42 +192,46 @@ class UnReMixLoss(ContrastiveLoss):
     Shapes: anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N).
     """
 
-    def __init__(
-        self,
-        temperature: float = 0.05,
-        beta: float = 1.0,
-        tau_plus: float = 0.0,
-        gradient: str = "head",
-        learn_mixture: bool = False,
-        mixture_entropy: float = MIXTURE_ENTROPY,
-    ):
-        super().__init__(temperature)
-        if not beta >= 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
-        if gradient not in GRADIENTS:
-            raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}")
-        if not 0 <= mixture_entropy < math.inf:
-            raise ValueError(f"mixture_entropy must be a finite number >= 0, got {mixture_entropy}")
-        self.beta = float(beta)
-        self.tau_plus = check_tau_plus(tau_plus)
-        self.gradient = gradient
-        self.learn_mixture = bool(learn_mixture)
-        self.mixture_entropy = float(mixture_entropy)
+    name = "unremix"
+    title = "UnReMix"
+    Options = UnReMixOptions
+    summary = (
+        "UnReMix (Tabassum et al., arXiv:2206.01197): negatives weighted by a mixture of anchor "
+        "similarity, model uncertainty (per-sample gradients) and representativeness."
+    )
+    citation = """@article{tabassum2022hard,
+  title = {Hard Negative Sampling Strategies for Contrastive Representation Learning},
+  author = {Tabassum, Afrina and Wahed, Muntasir and Eldardiry, Hoda and Lourentzou, Ismini},
+  journal = {arXiv preprint arXiv:2206.01197},
+  year = {2022}
+}"""
+    class_prior = "tau_plus"
+    setting = ("beta",)
+    variants: ClassVar[dict[str, dict[str, Any]]] = {"embedding": {"gradient": "embedding"},
+                                                     "head": {"gradient": "head"}}  # fmt: skip
+    # a SentenceTransformer has no MLP head whose inputs the loss could see
+    sentence_transformers_options: ClassVar[dict[str, Any]] = {"gradient": "embedding"}
+
+    beta: float
+    tau_plus: float
+    gradient: str
+    learn_mixture: bool
+    mixture_entropy: float
+
+    def __init__(self, temperature: float = 0.05, **options: Any):
+        super().__init__(temperature, **options)
+        self.needs_head_inputs = self.gradient == "head"
         theta = torch.zeros(3)
         if self.learn_mixture:
             self.theta = nn.Parameter(theta)
         else:
             self.register_buffer("theta", theta)
 
-    needs_sim = False  # the objective writes the cosines into its scores' buffer
-
-    @property
-    def needs_head_inputs(self) -> bool:
-        return self.gradient == "head"
-
-    def objective(self, sim: Tensor, logits: Tensor, targets, context, anchors, candidates):
+    def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
+        logits, targets, context = batch.logits, batch.targets, batch.context
+        anchors, candidates = batch.anchors, batch.candidates
         negative_mask = targets.negative_mask
-        plain = self.plain_reductions(logits, targets)  # shared with the fallback
+        plain = batch.plain  # shared with the fallback
         theta = drop_nonfinite_grad(self.theta).to(logits.dtype)
         lam = torch.softmax(_ReverseGrad.apply(theta) if self.learn_mixture else theta, dim=0)  # (3,)
         anchor_features, candidate_features = context.anchor_features, context.candidate_features
@@ -215,7 +241,7 @@ class UnReMixLoss(ContrastiveLoss):
 
         weights, log_r = None, plain.lse
         if self.beta > 0:
-            unguarded = self.plain_reductions(logits, targets, guarded=False)
+            unguarded = batch.unguarded
             with torch.no_grad():
                 features = (anchor_features, candidate_features) if use_head else (None, None)
                 # the anchors' pseudo-posteriors run over the positive and the negatives: the masked logits with the
@@ -224,7 +250,7 @@ class UnReMixLoss(ContrastiveLoss):
                 # (unweighted: an explicit negative's weight c_ij, in the masked logits, is not a similarity)
                 masked = unguarded.masked if targets.negative_log_weights is None else logits + targets.negative_bias
                 others = masked.detach().scatter_(1, positives, plain.pos.detach()[:, None])  # a fresh tensor
-                # the cosines t l are A itself: written straight into the scores (`needs_sim` is False)
+                # the cosines t l are A itself: written straight into the scores (`needs_cosines` is False)
                 scores = torch.empty((3, *logits.shape), dtype=logits.dtype, device=logits.device)  # (3, M, N)
                 sim = torch.mul(logits.detach(), self.temperature, out=scores[0])  # (M, N)
                 raw = self.raw_scores(sim, anchors, candidates, targets, *features, logits=others, out=scores)
@@ -262,7 +288,7 @@ class UnReMixLoss(ContrastiveLoss):
             p = torch.softmax(theta, dim=0)
             entropy = -(p * p.log()).sum()
             loss = loss + self.mixture_entropy * (entropy.detach() - entropy)
-        return loss, weights, metrics
+        return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics)
 
     def component_scores(
         self,

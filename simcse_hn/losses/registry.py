@@ -1,0 +1,126 @@
+"""Which objectives exist and how a name becomes one.
+
+`--loss` takes a built-in name (`infonce`, `dcl`, `hcl`, `progcl`, `unremix`), the name of an objective an installed
+package declares in the `simcse_hn.objectives` entry-point group, or a user's own class as `package.module:Class`
+or `path/to/file.py:Class`. Naming a module runs it: only the command line and a local YAML the user passes go
+through `resolve_objective`; nothing that loads a saved folder does (an objective is training-only).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from typing import Any
+
+from simcse_hn.losses.base import ContrastiveLoss
+from simcse_hn.losses.hcl import DCLLoss, HCLLoss
+from simcse_hn.losses.infonce import InfoNCELoss
+from simcse_hn.losses.progcl import ProGCLLoss
+from simcse_hn.losses.unremix import UnReMixLoss
+
+ENTRY_POINTS = "simcse_hn.objectives"
+BUILTIN: dict[str, type[ContrastiveLoss]] = {
+    cls.name: cls for cls in (InfoNCELoss, DCLLoss, HCLLoss, ProGCLLoss, UnReMixLoss)
+}
+
+
+class ObjectiveError(ValueError):
+    """A `--loss` that names no usable objective (one line)."""
+
+
+def installed_objectives() -> dict[str, importlib.metadata.EntryPoint]:
+    """Objectives that installed packages declare (`[project.entry-points."simcse_hn.objectives"]`), by name;
+    not loaded."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINTS)}
+
+
+def is_user_objective(name: str) -> bool:
+    """Whether `--loss name` names code of the user's (a module or file) rather than a registered name."""
+    return ":" in name
+
+
+def resolve_objective(name: str) -> type[ContrastiveLoss]:
+    """The objective class that `--loss name` means (see the module's docstring). Raises ObjectiveError."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if is_user_objective(name):
+        module_name, _, attribute = name.rpartition(":")
+        cls = getattr(_import(module_name, name), attribute, None) if attribute else None
+        if cls is None:
+            raise ObjectiveError(f"{name!r}: {module_name} has no class {attribute!r}")
+        return _checked(cls, name)
+    installed = installed_objectives()
+    if name in installed:
+        return _checked(installed[name].load(), name)
+    known = ", ".join([*BUILTIN, *sorted(installed)])
+    raise ObjectiveError(f"unknown loss {name!r}; choose one of {known}, or a class of yours as module:Class")
+
+
+def _import(module_name: str, name: str) -> Any:
+    if module_name.endswith(".py"):
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            raise ObjectiveError(f"{name!r}: file not found: {module_name}")
+        key = "simcse_hn_objective_" + "".join(c if c.isalnum() else "_" for c in path)
+        if key not in sys.modules:  # the same file named twice (both processes' config, a resume) runs once
+            spec = importlib.util.spec_from_file_location(key, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[key] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as e:
+                del sys.modules[key]
+                raise ObjectiveError(f"{name!r}: importing {module_name} failed: {type(e).__name__}: {e}") from None
+        return sys.modules[key]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise ObjectiveError(
+            f"{name!r}: {e} (name a file, e.g. ./{module_name.replace('.', '/')}.py:Class, or put its folder on "
+            "PYTHONPATH)"
+        ) from None
+    except Exception as e:
+        raise ObjectiveError(f"{name!r}: importing {module_name} failed: {type(e).__name__}: {e}") from None
+
+
+def _checked(cls: Any, name: str) -> type[ContrastiveLoss]:
+    if not (isinstance(cls, type) and issubclass(cls, ContrastiveLoss)):
+        raise ObjectiveError(f"{name!r} is not a simcse_hn.losses.ContrastiveLoss subclass")
+    if cls.per_anchor is ContrastiveLoss.per_anchor and getattr(cls, "log_weights", None) is None:
+        raise ObjectiveError(f"{name!r} defines neither per_anchor nor log_weights")
+    return cls
+
+
+def objective_class_path(cls: type[ContrastiveLoss]) -> str:
+    """`module:Class` of an objective: what a record names (never imported from a record)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def flag_prefix(cls: type[ContrastiveLoss]) -> str | None:
+    """The configuration's flag prefix of a built-in objective's options (`hcl` -> --hcl_beta); None for others,
+    whose options come through loss_options only."""
+    if cls.name not in BUILTIN or BUILTIN[cls.name] is not cls:
+        return None
+    return cls.flag_prefix or cls.name
+
+
+def build_loss(name: str | type[ContrastiveLoss], temperature: float = 0.05, **options: Any) -> ContrastiveLoss:
+    """The objective `name` (a `--loss` value or a class) with its options, validated. Raises ValueError."""
+    cls = resolve_objective(name) if isinstance(name, str) else _checked(name, name.__name__)
+    return cls(temperature, **options)
+
+
+def benchmark_settings() -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every built-in objective and its named variants, as the benches and tests run them: {"progcl-mix":
+    ("progcl", {"mode": "mix"}), "hcl": ("hcl", {}), ...}."""
+    settings: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name, cls in BUILTIN.items():
+        if not cls.variants:
+            settings[name] = (name, {})
+        for variant, options in cls.variants.items():
+            settings[f"{name}-{variant}"] = (name, dict(options))
+    return settings
