@@ -16,7 +16,14 @@ import torch
 import transformers
 
 from simcse_hn import distributed
-from simcse_hn.checkpoints import check_output_dir, checkpoint_run_id, claim_output_dir, new_run_id, resolve_resume
+from simcse_hn.checkpoints import (
+    check_output_dir,
+    check_resumed_objective,
+    checkpoint_run_id,
+    claim_output_dir,
+    new_run_id,
+    resolve_resume,
+)
 from simcse_hn.config import ConfigError, parse_args
 from simcse_hn.data import (
     DataError,
@@ -131,6 +138,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         tokenizer = load_tokenizer(model_args.model_name_or_path)
     checkpoint = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     if checkpoint is not None:
+        check_resumed_objective(checkpoint, training_args.loss)
         logger.info("resuming from %s", checkpoint)
     run_id = _prepare_output_dir(training_args, checkpoint)
 
@@ -185,8 +193,9 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     simcse_config = {
         "base_model": source_record(base_model),
         "base_model_license": base_model_license(model_args.model_name_or_path),
-        "loss": training_args.loss,
+        "loss": training_args.loss,  # as named: a resume must name the same objective
         "loss_kwargs": training_args.loss_kwargs(),
+        "objective": training_args.objective.record(),  # its texts, for the card: never imported back
         "contrast_form": training_args.contrast_form,
         "max_seq_length": data_args.max_seq_length,
         "eval_max_seq_length": eval_max_length,

@@ -2,14 +2,15 @@
 "hard negatives" of a batch are paraphrases (false negatives) or real negatives, and how each objective weighs them.
 
     python eval/negatives.py MODEL CORPUS [--batches 2] [--batch_size 64] [--anchors 5] [--top 5] \
-        [--objectives infonce,dcl,hcl,progcl,unremix] [--seed 0] [--output DIR]
+        [--objectives NAME,NAME,...] [--seed 0] [--output DIR]
 
 Samples `--batches` random batches of `--batch_size` sentences from CORPUS (a training file: .txt, .jsonl, .csv),
 embeds each as training does (rows [a, a', b, b', ...], the model in train mode: two dropout views, no gradient),
 and for the first `--anchors` sentences of each batch lists their `--top` most similar in-batch negatives
-(symmetric form) with the cosine and the weight each objective gives them (mean one over the anchor's negatives:
-InfoNCE and DCL weigh every negative 1; ProGCL as after its warm-up). Prints the Markdown and writes negatives.md
-and negatives.json to --output (default: beside the model, MODEL-negatives). One `error: ...` line and exit 2 for a
+(symmetric form) with the cosine and the weight each objective gives them (mean one over the anchor's negatives;
+an objective with uniform weights weighs every negative 1; one with a warm-up as after it). `--objectives` takes
+`--loss` values (default: every built-in objective), a class of yours as module:Class too. Prints the Markdown and
+writes negatives.md and negatives.json to --output (default: beside the model, MODEL-negatives). One `error: ...` line and exit 2 for a
 bad argument or file.
 """
 
@@ -29,7 +30,6 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from simcse_hn.errors import UserError
 
-OBJECTIVES = ("infonce", "dcl", "hcl", "progcl", "unremix")
 logger = logging.getLogger("eval.negatives")
 
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", type=int, default=64, help="Sentences per batch (training's batch size).")
     parser.add_argument("--anchors", type=int, default=5, help="Anchors listed per batch.")
     parser.add_argument("--top", type=int, default=5, help="Most similar negatives listed per anchor.")
-    parser.add_argument("--objectives", default=",".join(OBJECTIVES), help="Comma-separated objectives to compare.")
+    parser.add_argument("--objectives", default=None, help="Comma-separated --loss values (default: the built-ins).")
     parser.add_argument("--temperature", type=float, default=0.05)
     parser.add_argument("--max_seq_length", type=int, default=32, help="Training's token limit.")
     parser.add_argument("--seed", type=int, default=0)
@@ -51,10 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check(args) -> list[str]:
-    names = [name.strip() for name in args.objectives.split(",") if name.strip()]
-    unknown = [name for name in names if name not in OBJECTIVES]
-    if unknown or not names:
-        raise UserError(f"--objectives: unknown {', '.join(unknown) or 'empty'}; choose from {', '.join(OBJECTIVES)}")
+    from simcse_hn.losses import BUILTIN, ObjectiveError, resolve_objective
+
+    names = list(BUILTIN) if args.objectives is None else [n.strip() for n in args.objectives.split(",") if n.strip()]
+    if not names:
+        raise UserError("--objectives: empty; give --loss values, e.g. infonce,hcl")
+    for name in names:
+        try:
+            resolve_objective(name)
+        except ObjectiveError as e:
+            raise UserError(f"--objectives: {e}") from None
     for flag in ("batches", "anchors", "top"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
@@ -78,17 +84,17 @@ def weigh_batch(model, tokenizer, sentences: list[str], names: list[str], temper
     batch = SimCSECollator(tokenizer, max_length)(sentences)
     text_ids, batch = batch["text_ids"], model_inputs(batch)
     model.train()  # the two dropout views training sees
-    needs_head = any(name == "unremix" for name in names) and model.mlp is not None
+    losses = {name: build_loss(name, temperature=temperature) for name in names}
+    needs_head = any(loss.needs_head_inputs for loss in losses.values()) and model.mlp is not None
     with torch.no_grad():
         output = model(**batch, return_head_inputs=needs_head)  # embeddings (2B, D)
         mask = build_targets(output.embeddings.shape[0]).negative_mask  # (2B, 2B), the training step's
         unit = torch.nn.functional.normalize(output.embeddings.double(), dim=1)
         sim = unit @ unit.T
         weights, diagnostics = {}, {}
-        for name in names:
-            kwargs = {"warmup_ratio": 0.0} if name == "progcl" else {}
-            out = contrastive_loss(build_loss(name, temperature=temperature, **kwargs), output.embeddings,
-                                   head_inputs=output.head_inputs, text_ids=text_ids, step=1, max_steps=1)  # fmt: skip
+        for name, loss_fn in losses.items():  # at the schedule's end: past any warm-up
+            out = contrastive_loss(loss_fn, output.embeddings, head_inputs=output.head_inputs, text_ids=text_ids,
+                                   step=1, max_steps=1)  # fmt: skip
             weights[name] = mask.double() if out.weights is None else out.weights.double()
             diagnostics[name] = {key: round(float(value), 6) for key, value in out.metrics.items()}
     return sim, weights, mask, diagnostics
@@ -167,16 +173,17 @@ def render(report: dict) -> str:
         "",
         f"Corpus `{report['corpus']}`, {len(report['batches'])} random batches of {report['batch_size']} sentences "
         f"(seed {report['seed']}), two dropout views each, symmetric form, temperature {report['temperature']}. "
-        "Weights have mean one over an anchor's negatives (InfoNCE and DCL: 1 for every negative; ProGCL after its "
-        "warm-up). A `=` marks a negative that is the anchor's own text.",
+        "Weights have mean one over an anchor's negatives (uniform weights: 1 for every negative; an objective with "
+        "a warm-up after it). A `=` marks a negative that is the anchor's own text.",
         "",
     ]
+    from simcse_hn.losses import resolve_objective
+
     for b, batch in enumerate(report["batches"], start=1):
-        progcl = batch["diagnostics"].get("progcl")
-        if progcl is not None:
-            state = "not separated: uniform weights" if progcl.get("bmm_fallback") else "used"
-            lines += [f"Batch {b}: ProGCL's mixture fit {state}; estimated false negatives "
-                      f"{100 * progcl.get('est_false_neg_frac', 0):.1f} % of pairs.", ""]  # fmt: skip
+        for name, metrics in batch["diagnostics"].items():
+            note = resolve_objective(name).describe_batch(metrics)
+            if note:
+                lines += [f"Batch {b}: {note}", ""]
         for anchor in batch["anchors"]:
             lines += [f"## Batch {b}: {anchor['text']}", "", f"Positive (its other view): cosine "
                       f"{anchor['positive_cosine']:.4f}", ""]  # fmt: skip

@@ -6,33 +6,31 @@ import logging
 
 from transformers import TrainerCallback
 
+from simcse_hn.losses.registry import flag_prefix
+
 logger = logging.getLogger(__name__)
 
-# loss -> (its class prior field, fields that describe the setting besides the temperature)
-DEBIASED = {
-    "dcl": ("dcl_tau_plus", ()),
-    "hcl": ("hcl_tau_plus", ("hcl_beta",)),
-    "unremix": ("unremix_tau_plus", ("unremix_beta",)),
-}
-
-
 def debiasing_setting(args) -> str | None:
-    """'loss dcl, dcl_tau_plus 0.001, temperature 0.05' for a debiased objective (tau+ > 0), else None."""
-    loss = getattr(args, "loss", None)
-    if loss not in DEBIASED:
+    """'loss dcl, dcl_tau_plus 0.001, temperature 0.05' for a debiased objective (one whose class prior, tau+, is
+    > 0), else None. Options are named by their flags (a user's objective: by their loss_options keys)."""
+    objective = getattr(args, "objective", None)
+    if objective is None or objective.cls.class_prior is None:
         return None
-    prior, others = DEBIASED[loss]
-    if not getattr(args, prior, 0) > 0:
+    options = objective.options.as_dict()
+    prior = objective.cls.class_prior
+    if not options.get(prior, 0) > 0:
         return None
-    fields = [prior, *others, "temperature"]
-    return ", ".join([f"loss {loss}"] + [f"{name} {getattr(args, name):g}" for name in fields])
+    prefix = flag_prefix(objective.cls)
+    named = [(f"{prefix}_{key}" if prefix else key, options[key]) for key in (prior, *objective.cls.setting)]
+    named.append(("temperature", args.temperature))
+    return ", ".join([f"loss {args.loss}"] + [f"{name} {value:g}" for name, value in named])
 
 
 class ClampWarningCallback(TrainerCallback):
     """Warns once when the debiasing clamp of form (D) held for more than half of the anchors, on average over a
     logging window (`clamp_frac` in the logs, which SimCSETrainer averages over the window): those anchors' negatives
-    get no gradient, so the objective has mostly stopped training. Only for a debiased setting (DCL, or HCL /
-    UnReMix with tau+ > 0); the message names it. Register it with `trainer.add_callback(ClampWarningCallback())`."""
+    get no gradient, so the objective has mostly stopped training. Only for a debiased setting (an objective whose
+    class prior tau+ is > 0); the message names it. Register it with `trainer.add_callback(ClampWarningCallback())`."""
 
     threshold = 0.5
 

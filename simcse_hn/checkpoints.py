@@ -57,6 +57,16 @@ def checkpoint_run_id(checkpoint: str) -> str | None:
     return config.get("run_id") if isinstance(config, dict) else None
 
 
+def check_resumed_objective(checkpoint: str, loss: str) -> None:
+    """A checkpoint resumes only under the objective it was trained with, named again (`--loss`): a user's objective
+    is code the checkpoint never imports. Raises ConfigError (one line)."""
+    config = _read_json(os.path.join(checkpoint, SIMCSE_CONFIG))
+    trained = config.get("loss") if isinstance(config, dict) else None
+    if trained is not None and trained != loss:
+        raise ConfigError(f"loss: {os.path.basename(checkpoint)} was trained with --loss {trained}; name it again "
+                          f"to resume (this run names --loss {loss})")  # fmt: skip
+
+
 def safetensors_problem(path: str) -> str | None:
     """Why a safetensors file cannot be read (one phrase: no header, truncated), or None."""
     size = os.path.getsize(path)

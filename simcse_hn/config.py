@@ -23,14 +23,21 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
 from simcse_hn.files import is_hub_id
-from simcse_hn.losses.hcl import DCL_TAU_PLUS
-from simcse_hn.losses.progcl import FIT_PAIRS
-from simcse_hn.losses.unremix import MIXTURE_ENTROPY
+from simcse_hn.losses.options import TrainingShape
+from simcse_hn.objective_config import (
+    HELP_GROUPS as OBJECTIVE_HELP_GROUPS,
+)
+from simcse_hn.objective_config import (
+    LOSS_HELP,
+    LOSS_METAVAR,
+    ObjectiveFlags,
+    ResolvedObjective,
+    resolve_objective_arguments,
+)
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 DATA_FORMATS = ("auto", "pairs", "sentences")
 CONTRAST_FORMS = ("simcse", "symmetric")
-LOSS_NAMES = ("infonce", "dcl", "hcl", "progcl", "unremix")
 HUB_STRATEGIES = ("end", "every_save")
 
 
@@ -255,9 +262,16 @@ class DataArguments:
 
 
 @dataclass
-class SimCSETrainingArguments(TrainingArguments):
+class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
     # --- the objective ---
-    loss: str = field(default="infonce", metadata={"help": "Contrastive objective.", "choices": LOSS_NAMES})
+    loss: str = field(default="infonce", metadata={"help": LOSS_HELP, "metavar": LOSS_METAVAR})
+    loss_options: str | None = field(
+        default=None,
+        metadata={
+            "help": "The objective's options as a JSON mapping, e.g. '{\"gamma\": 2}' (YAML: a loss_options: "
+            "mapping); any objective's, a built-in's flags (--hcl_beta ...) too."
+        },
+    )
     temperature: float = field(default=0.05, metadata={"help": "Softmax temperature t of cos/t (SimCSE: 0.05)."})
     contrast_form: str = field(
         default="symmetric",
@@ -266,47 +280,6 @@ class SimCSETrainingArguments(TrainingArguments):
             "is an anchor against all 2N-2 other rows (NT-Xent; the form hard-negative losses use).",
             "choices": CONTRAST_FORMS,
         },
-    )
-    hcl_beta: float = field(default=0.1, metadata={"help": "HCL concentration beta (tilt beta/t per unit cosine)."})
-    hcl_tau_plus: float = field(
-        default=0.0, metadata={"help": "HCL class prior tau+ in [0, 1); 0 avoids the debiasing clamp (losses.md)."}
-    )
-    dcl_tau_plus: float = field(
-        default=DCL_TAU_PLUS,
-        metadata={
-            "help": "DCL class prior tau+ in (0, 1): 1e-3 measured for temperature 0.05 (the DCL paper's 0.1 is for "
-            "temperature 0.5; at 0.05 its clamp holds for every anchor: docs/losses.md section 3)."
-        },
-    )
-    hcl_detach_weights: bool = field(default=False, metadata={"help": "Stop gradients through HCL's weights."})
-    progcl_mode: str = field(default="weight", metadata={"help": "ProGCL variant.", "choices": ("weight", "mix")})
-    progcl_warmup_ratio: float = field(
-        default=0.2, metadata={"help": "Fraction of steps trained with plain InfoNCE before the mixture is used."}
-    )
-    progcl_refit_every: int = field(default=1, metadata={"help": "Refit the Beta mixture every N steps."})
-    progcl_em_iters: int = field(default=10, metadata={"help": "EM iterations per Beta-mixture fit."})
-    progcl_mix_k: int | None = field(default=None, metadata={"help": "ProGCL-mix: hardest K negatives (None: all)."})
-    progcl_warm_start: bool = field(default=False, metadata={"help": "Start each fit from the previous one."})
-    progcl_fit_pairs: int = field(
-        default=FIT_PAIRS,
-        metadata={"help": "Fit the Beta mixture on this many sampled (anchor, negative) pairs per process; 0: all."},
-    )
-    unremix_beta: float = field(default=1.0, metadata={"help": "UnReMix tilt on the standardised hardness score."})
-    unremix_tau_plus: float = field(default=0.0, metadata={"help": "UnReMix debiasing prior tau+ in [0, 1)."})
-    unremix_gradient: str = field(
-        default="head",
-        metadata={"help": "Where UnReMix takes per-sample gradients.", "choices": ("head", "embedding")},
-    )
-    unremix_learn_mixture: bool = field(
-        default=False,
-        metadata={
-            "help": "Learn the component mixture theta adversarially, with an entropy bonus (else equal weights, "
-            "fixed)."
-        },
-    )
-    unremix_mixture_entropy: float = field(
-        default=MIXTURE_ENTROPY,
-        metadata={"help": "Entropy bonus gamma of the learned mixture (larger: closer to equal weights)."},
     )
     # --- paired data ---
     hard_negative_weight: float = field(
@@ -403,7 +376,6 @@ class SimCSETrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         _check_finite(self)
-        _check(self.loss in LOSS_NAMES, "loss", f"unknown loss {self.loss!r}; choose one of {', '.join(LOSS_NAMES)}")
         _check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         _check(
             self.contrast_form in CONTRAST_FORMS,
@@ -411,51 +383,9 @@ class SimCSETrainingArguments(TrainingArguments):
             f"must be one of {', '.join(CONTRAST_FORMS)}, got {self.contrast_form!r}",
         )
         _check(
-            self.loss == "infonce" or self.contrast_form == "symmetric",
-            "contrast_form",
-            f"loss {self.loss!r} is defined on the 'symmetric' form only",
-        )
-        _check(
             self.per_device_train_batch_size >= 2,
             "per_device_train_batch_size",
             f"must be >= 2 (a sentence needs at least one in-batch negative), got {self.per_device_train_batch_size}",
-        )
-        for name in ("hcl_tau_plus", "dcl_tau_plus", "unremix_tau_plus"):
-            value = getattr(self, name)
-            _check(0 <= value < 1, name, f"must be in [0, 1), got {value}")
-        if self.loss == "dcl":
-            _check(
-                self.dcl_tau_plus > 0,
-                "dcl_tau_plus",
-                "0 makes DCL symmetric InfoNCE: use --loss infonce --contrast_form symmetric, or a prior > 0",
-            )
-            _check(self.hcl_tau_plus == 0, "hcl_tau_plus", "not used by --loss dcl; set dcl_tau_plus")
-        _check(
-            self.progcl_fit_pairs >= 0, "progcl_fit_pairs", f"must be >= 0 (0: all pairs), got {self.progcl_fit_pairs}"
-        )
-        _check(
-            0 <= self.unremix_mixture_entropy < float("inf"),
-            "unremix_mixture_entropy",
-            f"must be a finite number >= 0, got {self.unremix_mixture_entropy}",
-        )
-        _check(self.hcl_beta >= 0, "hcl_beta", f"must be >= 0, got {self.hcl_beta}")
-        _check(
-            self.progcl_mode in ("weight", "mix"),
-            "progcl_mode",
-            f"must be 'weight' or 'mix', got {self.progcl_mode!r}",
-        )
-        _check(
-            0 <= self.progcl_warmup_ratio <= 1,
-            "progcl_warmup_ratio",
-            f"must be in [0, 1], got {self.progcl_warmup_ratio}",
-        )
-        _check(self.progcl_refit_every >= 1, "progcl_refit_every", "must be >= 1")
-        _check(self.progcl_em_iters >= 1, "progcl_em_iters", "must be >= 1")
-        _check(self.progcl_mix_k is None or self.progcl_mix_k >= 1, "progcl_mix_k", "must be >= 1")
-        _check(
-            self.unremix_gradient in ("head", "embedding"),
-            "unremix_gradient",
-            f"must be 'head' or 'embedding', got {self.unremix_gradient!r}",
         )
         _check(
             self.cache_minibatch_size is None or self.cache_minibatch_size >= 1, "cache_minibatch_size", "must be >= 1"
@@ -471,14 +401,27 @@ class SimCSETrainingArguments(TrainingArguments):
         )
         super().__post_init__()
         self._check_engine()
-        if self.loss == "progcl" and self.progcl_mode == "mix" and self.progcl_mix_k is not None:
-            negatives = self.negatives_per_anchor()
-            _check(
-                self.progcl_mix_k <= negatives,
-                "progcl_mix_k",
-                f"must be <= the {negatives} negatives per anchor (2 x {self.per_device_train_batch_size} sentences "
-                f"x {self.world_size if self.gathers else 1} processes - 2), got {self.progcl_mix_k}",
-            )
+        gathered = self.world_size if self.gathers else 1
+        shape = TrainingShape(
+            negatives_per_anchor=self.negatives_per_anchor(),
+            negatives_note=f"2 x {self.per_device_train_batch_size} sentences x {gathered} processes - 2",
+            engine=self.sharding_engine(),
+        )
+        self._objective = resolve_objective_arguments(self, shape)
+
+    def __getstate__(self) -> dict:
+        # the Trainer pickles its arguments into every checkpoint: a user's objective class must not be pickled
+        # (unpickling would import its module), so the resolved objective is left out and made again on first use
+        state = dict(self.__dict__)
+        state.pop("_objective", None)
+        return state
+
+    @property
+    def objective(self) -> ResolvedObjective:
+        """The objective this run trains: its class and validated options."""
+        if getattr(self, "_objective", None) is None:
+            self._objective = resolve_objective_arguments(self)
+        return self._objective
 
     def sharding_engine(self) -> str | None:
         """The sharded engine the launch asks for ('FSDP', 'DeepSpeed ZeRO-2', ...: accelerate launch's config, or
@@ -516,15 +459,6 @@ class SimCSETrainingArguments(TrainingArguments):
                 "ZeRO-3 saves no model weights without stage3_gather_16bit_weights_on_model_save: set "
                 "zero3_save_16bit_model: true in the accelerate config (or it in the DeepSpeed JSON)",
             )
-        if self.loss == "unremix" and self.unremix_learn_mixture:
-            # the loss uses its parameter outside any module's forward, where ZeRO-3 has partitioned it away (FSDP2
-            # keeps its root module's parameters, theta among them, unsharded from forward to backward)
-            _check(
-                engine != "DeepSpeed ZeRO-3",
-                "unremix_learn_mixture",
-                "not with DeepSpeed ZeRO-3, which partitions the learned mixture outside the encoder's forward; use "
-                "ZeRO-2, FSDP or DDP",
-            )
 
     @property
     def gathers(self) -> bool:
@@ -537,9 +471,8 @@ class SimCSETrainingArguments(TrainingArguments):
         return candidates - 2 if self.contrast_form == "symmetric" else candidates // 2 - 1
 
     def loss_kwargs(self) -> dict:
-        """build_loss() keyword arguments for `self.loss`, in the paper's symbols."""
-        fields_of_loss = LOSS_FIELDS[self.loss].items()
-        return {"temperature": self.temperature, **{symbol: getattr(self, name) for symbol, name in fields_of_loss}}
+        """build_loss() keyword arguments of the objective: the temperature and its options, in the paper's symbols."""
+        return {"temperature": self.temperature, **self.objective.options.as_dict()}
 
     def check_optimizer(self) -> None:
         """The optimizer's settings, checked by the optimizer itself (built once on a dummy parameter), before any
@@ -556,48 +489,14 @@ class SimCSETrainingArguments(TrainingArguments):
             raise ConfigError(f"{name}: {message}") from None
 
     def build_loss(self):
-        """The configured objective, built before any model loads: a value the loss rejects is a ConfigError naming
-        the config field (the loss names its own argument, e.g. `beta`)."""
-        from simcse_hn.losses import build_loss
-
-        try:
-            return build_loss(self.loss, **self.loss_kwargs())
-        except ValueError as e:
-            message = str(e).strip().splitlines()[0]
-            symbol = re.match(r"\w+", message)
-            name = {"temperature": "temperature", **LOSS_FIELDS[self.loss]}.get(symbol and symbol.group(0))
-            if name is None:
-                raise ConfigError(f"loss: {message}") from None
-            raise ConfigError(f"{name}: {message[symbol.end():].strip()}") from None
+        """The configured objective, built before any model loads (its options were validated when parsed)."""
+        objective = self.objective
+        return objective.cls(self.temperature, **objective.options.as_dict())
 
 
 # words of the optimizers' own error messages -> the field they are about
 OPTIMIZER_FIELDS = (("learning rate", "learning_rate"), ("epsilon", "adam_epsilon"), ("index 0", "adam_beta1"),
                     ("index 1", "adam_beta2"), ("weight_decay", "weight_decay"))  # fmt: skip
-
-# build_loss() keyword (the paper's symbol) -> config field, for each loss; `temperature` is common to all
-LOSS_FIELDS = {
-    "infonce": {},
-    "dcl": {"tau_plus": "dcl_tau_plus"},
-    "hcl": {"beta": "hcl_beta", "tau_plus": "hcl_tau_plus", "detach_weights": "hcl_detach_weights"},
-    "progcl": {
-        "mode": "progcl_mode",
-        "warmup_ratio": "progcl_warmup_ratio",
-        "refit_every": "progcl_refit_every",
-        "em_iters": "progcl_em_iters",
-        "mix_k": "progcl_mix_k",
-        "warm_start": "progcl_warm_start",
-        "fit_pairs": "progcl_fit_pairs",
-    },
-    "unremix": {
-        "beta": "unremix_beta",
-        "tau_plus": "unremix_tau_plus",
-        "gradient": "unremix_gradient",
-        "learn_mixture": "unremix_learn_mixture",
-        "mixture_entropy": "unremix_mixture_entropy",
-    },
-}
-
 
 def _check_repo_id(repo_id: str) -> None:
     from huggingface_hub.errors import HFValidationError
@@ -617,10 +516,8 @@ ALTERNATIVE_FIELDS = (("train_file", "dataset_name"),)
 # --help: simcse-hn's own flags first, in these groups (in this order), then the Trainer's. A field goes to the
 # first group whose prefix or name matches.
 HELP_GROUPS = {
-    "objective": ("loss", "temperature", "contrast_form"),
-    "HCL and DCL (--loss hcl, dcl)": ("hcl_", "dcl_"),
-    "ProGCL (--loss progcl)": ("progcl_",),
-    "UnReMix (--loss unremix)": ("unremix_",),
+    "objective": ("loss", "loss_options", "temperature", "contrast_form"),
+    **OBJECTIVE_HELP_GROUPS,
     "scale and speed": ("gather_across_devices", "cache_minibatch_size", "length_groups"),
 }
 HELP_OVERRIDES = {  # the Trainer's own help where simcse-hn gives the flag more meaning

@@ -28,20 +28,6 @@ STS_METRIC = "spearman_cosine"
 CARD_MARKER = "<!-- model card written by simcse-hn; it is rewritten on each save -->"
 _STS_BEGIN, _STS_END = "<!-- simcse-hn:sts-results -->", "<!-- /simcse-hn:sts-results -->"
 
-LOSS_DESCRIPTIONS = {
-    "infonce": "InfoNCE over in-batch negatives, as in SimCSE (arXiv:2104.08821): "
-    "`L_i = -log( e^{s_ip/t} / (e^{s_ip/t} + sum_j e^{s_ij/t}) )` with cosine similarities `s`.",
-    "dcl": "Debiased contrastive loss (Chuang et al., arXiv:2007.00224): the negative term is corrected for "
-    "false negatives with the class prior `tau_plus`; `tau_plus = 0` is InfoNCE (up to a lower clamp).",
-    "hcl": "Hard-negative contrastive loss (Robinson et al., arXiv:2010.04592): negatives weighted by "
-    "`w_ij ∝ exp(beta * s_ij / t)` (mean one), then debiased with `tau_plus`; `beta = tau_plus = 0` is InfoNCE.",
-    "progcl": "ProGCL (Xia et al., arXiv:2110.02027): a two-component Beta mixture fitted to negative "
-    "similarities gives each negative's probability of being a true negative; `weight` re-weights negatives by "
-    "it, `mix` adds synthesised hard negatives. Plain InfoNCE during the warm-up.",
-    "unremix": "UnReMix (Tabassum et al., arXiv:2206.01197): negatives weighted by a mixture of anchor "
-    "similarity, model uncertainty (per-sample gradients) and representativeness.",
-}
-
 # Licenses of common base encoders, used when the base model's own card is not available offline.
 KNOWN_LICENSES = {
     "bert-base-uncased": "apache-2.0",
@@ -157,8 +143,10 @@ def sts_section(sts_results: dict | None, model_name: str, command_model: str = 
 
 
 def _objective_section(config: dict) -> str:
+    """The objective as the run recorded it (`simcse_config["objective"]`, its own summary): nothing is imported."""
     loss = config.get("loss", "infonce")
-    lines = [LOSS_DESCRIPTIONS.get(loss, f"`{loss}`"), "", "| setting | value |", "|:--|:--|", f"| loss | `{loss}` |"]
+    summary = (config.get("objective") or {}).get("summary") or f"`{loss}`"
+    lines = [summary, "", "| setting | value |", "|:--|:--|", f"| loss | `{loss}` |"]
     for key, value in sorted((config.get("loss_kwargs") or {}).items()):
         lines.append(f"| {key} | `{value}` |")
     if "contrast_form" in config:
@@ -223,7 +211,8 @@ def _training_section(config: dict, dev_spearman: float | None) -> str:
     if dev_spearman is not None:
         rows.append(("STS-B dev Spearman x 100 (model selection)", f"{dev_spearman:.2f}"))
     shown = {"base_model", "pooler", "mlp_only_train", "max_seq_length", "per_device_train_batch_size", "world_size"}
-    shown |= {"learning_rate", "train_file", "loss", "loss_kwargs", "contrast_form", "inference_max_seq_length"}
+    shown |= {"learning_rate", "train_file", "loss", "loss_kwargs", "objective", "contrast_form",
+              "inference_max_seq_length"}  # fmt: skip
     shown |= {"steps", "epochs", "sentences_seen", "gradient_accumulation_steps"}
     rows += [(key, f"`{value}`") for key, value in sorted(config.items()) if key not in shown]
     return "\n".join(["| | |", "|:--|:--|"] + [f"| {k} | {v} |" for k, v in rows if v is not None])
@@ -314,11 +303,18 @@ print(F.cosine_similarity(embeddings[0], embeddings[1], dim=0))
 ```"""
 
 
+def _citations(config: dict) -> str:
+    """SimCSE's BibTeX, and the objective's own when it has one of another paper."""
+    own = ((config.get("objective") or {}).get("citation") or "").strip()
+    return SIMCSE_BIBTEX if not own or own == SIMCSE_BIBTEX.strip() else f"{SIMCSE_BIBTEX}\n\n{own}"
+
+
 def _card_data(config: dict, sts_results: dict | None, model_name: str):
     from huggingface_hub import ModelCardData
 
     base, data, loss = _hub_name(config.get("base_model")), _hub_name(config.get("train_file")), config.get("loss")
-    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "simcse", loss or "infonce"]
+    loss = (config.get("objective") or {}).get("name") or loss or "infonce"
+    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "simcse", loss]
     eval_results = sts_eval_results(sts_results) if sts_results else []
     return ModelCardData(
         library_name="sentence-transformers",
@@ -386,7 +382,7 @@ evaluated.
 ## Citation
 
 ```bibtex
-{SIMCSE_BIBTEX}
+{_citations(config)}
 ```
 """
     data = _card_data(config, sts_results, model_name)

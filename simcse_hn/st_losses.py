@@ -1,5 +1,6 @@
 """simcse-hn's objectives as sentence-transformers losses, for `SentenceTransformerTrainer` and a `SentenceTransformer`
-model: `SimCSEInfoNCELoss`, `SimCSEDCLLoss`, `SimCSEHCLLoss`, `SimCSEProGCLLoss`, `SimCSEUnReMixLoss`.
+model: `SimCSELoss(model, objective, **options)` for any objective (a built-in name, or a class of yours), and
+one named class per built-in objective, made from the registry: `SimCSEInfoNCELoss`, `SimCSEHCLLoss`, ...
 
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
     from simcse_hn.st_losses import SimCSEHCLLoss
@@ -24,12 +25,13 @@ counts 1 / gradient_accumulation_steps of a step. Without `max_steps` there is n
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
 
-from simcse_hn.losses import build_loss
+from simcse_hn.losses import BUILTIN, ContrastiveLoss, InfoNCELoss, build_loss, objective_class_path, resolve_objective
 from simcse_hn.targets import FORMS
 
 
@@ -42,13 +44,16 @@ def _embed_columns(model: nn.Module, features: list[dict[str, Tensor]]) -> list[
 
 
 class SimCSELoss(nn.Module):
-    """Base of the five losses; `objective` names the simcse-hn loss (`simcse_hn.losses.LOSSES`)."""
+    """Any simcse-hn objective as a sentence-transformers loss: `SimCSELoss(model, "hcl", beta=0.1)`, or a class of
+    yours (`SimCSELoss(model, FocalLoss, gamma=2.0)`). The keyword arguments are the objective's options; one it
+    declares for models without an MLP head (`sentence_transformers_options`) is its default here."""
 
-    objective = "infonce"
+    objective: str | type[ContrastiveLoss] = "infonce"  # the named subclasses below set it
 
     def __init__(
         self,
         model: nn.Module,
+        objective: str | type[ContrastiveLoss] | None = None,
         temperature: float = 0.05,
         contrast_form: str = "symmetric",
         gather_across_devices: bool = True,
@@ -57,21 +62,27 @@ class SimCSELoss(nn.Module):
         **loss_kwargs,
     ):
         super().__init__()
+        if isinstance(objective, int | float):  # SimCSEHCLLoss(model, 0.05): the temperature, as before
+            objective, temperature = None, float(objective)
+        objective = type(self).objective if objective is None else objective
+        cls = resolve_objective(objective) if isinstance(objective, str) else objective
         if contrast_form not in FORMS:
             raise ValueError(f"contrast_form must be one of {FORMS}, got {contrast_form!r}")
-        if self.objective != "infonce" and contrast_form != "symmetric":
-            raise ValueError(f"{self.objective} is defined on the symmetric form only")
+        if contrast_form not in cls.forms:
+            raise ValueError(f"{cls.display_name()} is defined on the {' and '.join(cls.forms)} form only")
         if gradient_accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}")
+        loss_kwargs = {**cls.sentence_transformers_options, **loss_kwargs}
         self.model = model
-        self.loss_fn = build_loss(self.objective, temperature=temperature, **loss_kwargs)
+        self.loss_fn = build_loss(cls, temperature=temperature, **loss_kwargs)
+        self.objective_name = cls.name or objective_class_path(cls)
         self.temperature = float(temperature)
         self.contrast_form = contrast_form
         self.gather_across_devices = gather_across_devices
         self.max_steps = max_steps
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.loss_kwargs = loss_kwargs
-        self.calls = 0  # training-mode calls: the step counter of ProGCL's schedule
+        self.calls = 0  # training-mode calls: the step counter of a schedule (ProGCL's warm-up)
         self.last_metrics: dict[str, Tensor] = {}  # the objective's diagnostics of the last call (tensors)
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
@@ -104,7 +115,7 @@ class SimCSELoss(nn.Module):
 
     def get_config_dict(self) -> dict:
         return {
-            "objective": self.objective,
+            "objective": self.objective_name,
             "temperature": self.temperature,
             "contrast_form": self.contrast_form,
             "gather_across_devices": self.gather_across_devices,
@@ -114,44 +125,20 @@ class SimCSELoss(nn.Module):
 
     @property
     def citation(self) -> str:
-        return """@inproceedings{gao2021simcse,
-  title = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
-  author = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
-  booktitle = {Empirical Methods in Natural Language Processing (EMNLP)},
-  year = {2021}
-}"""
+        own = self.loss_fn.citation.strip()
+        return own if own else SIMCSE_CITATION
 
 
-class SimCSEInfoNCELoss(SimCSELoss):
-    """SimCSE's InfoNCE (arXiv:2104.08821); `contrast_form="simcse"` is the paper's first-views-against-second-views
-    loss, the default `symmetric` is NT-Xent."""
-
-    objective = "infonce"
+SIMCSE_CITATION = InfoNCELoss.citation
 
 
-class SimCSEDCLLoss(SimCSELoss):
-    """Debiased contrastive loss (arXiv:2007.00224): `tau_plus`."""
-
-    objective = "dcl"
-
-
-class SimCSEHCLLoss(SimCSELoss):
-    """Hard-negative weighting (arXiv:2010.04592): `beta`, `tau_plus`, `detach_weights`."""
-
-    objective = "hcl"
+def _named_loss(cls: type[ContrastiveLoss]) -> type[SimCSELoss]:
+    """SimCSE{Title}Loss for a built-in objective: `SimCSELoss` with the objective fixed."""
+    doc = f"{cls.summary} Options: {', '.join(f.name for f in dataclasses.fields(cls.Options)) or 'none'}."
+    return type(f"SimCSE{cls.title}Loss", (SimCSELoss,), {"objective": cls.name, "__doc__": doc,
+                                                          "__module__": __name__})  # fmt: skip
 
 
-class SimCSEProGCLLoss(SimCSELoss):
-    """ProGCL (arXiv:2110.02027): `mode` weight|mix, `warmup_ratio` (with `max_steps`), ..."""
-
-    objective = "progcl"
-
-
-class SimCSEUnReMixLoss(SimCSELoss):
-    """UnReMix (arXiv:2206.01197): `beta`, `tau_plus`; the uncertainty gradient is taken at the embedding."""
-
-    objective = "unremix"
-
-    def __init__(self, model: nn.Module, temperature: float = 0.05, **kwargs):
-        kwargs.setdefault("gradient", "embedding")
-        super().__init__(model, temperature, **kwargs)
+_NAMED = {f"SimCSE{cls.title}Loss": _named_loss(cls) for cls in BUILTIN.values()}
+globals().update(_NAMED)
+__all__ = ["SimCSELoss", *_NAMED]

@@ -272,8 +272,8 @@ class SimCSETrainer(Trainer):
 
     def _embed(self, model, inputs):
         """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""
-        needs_features = getattr(self.accelerator.unwrap_model(model).loss_fn, "needs_head_inputs", False)
-        output = model(**inputs, return_head_inputs=needs_features)
+        loss_fn: ContrastiveLoss = self.accelerator.unwrap_model(model).loss_fn
+        output = model(**inputs, return_head_inputs=loss_fn.needs_head_inputs)
         return output.embeddings, output.head_inputs
 
     def _get_grad_norm(self, model, grad_norm=None):

@@ -26,10 +26,22 @@ def test_loss_settings_that_are_not_what_they_say_fail_on_one_line(argv, message
     assert "\n" not in str(error.value)
 
 
-def test_tau_plus_zero_is_fine_for_the_losses_where_it_is_the_default(tmp_path):
-    for loss in ("hcl", "unremix", "infonce"):
-        args = parse_args(["--loss", loss, "--dcl_tau_plus", "0", "--output_dir", str(tmp_path)])[2]
-        assert args.loss == loss
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--loss", "dcl", "--hcl_beta", "0.3"], "hcl_beta: not used by --loss dcl (hcl_beta is an option of --loss "
+         "hcl)"),
+        (["--loss", "hcl", "--dcl_tau_plus", "0.01"], "dcl_tau_plus: not used by --loss hcl; set hcl_tau_plus"),
+        (["--dcl_tau_plus", "0.01"], "dcl_tau_plus: not used by --loss infonce (dcl_tau_plus is an option of "
+         "--loss dcl)"),
+        (["--loss", "unremix", "--progcl_mode", "mix"], "progcl_mode: not used by --loss unremix"),
+    ],
+)
+def test_an_option_of_another_objective_is_refused_naming_both(argv, message, tmp_path):
+    """An option of an objective that is not the selected one would be accepted and ignored: refused, one line."""
+    with pytest.raises(ConfigError) as error:
+        parse_args(argv + ["--output_dir", str(tmp_path)])
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("loss", ["infonce", "dcl", "hcl", "progcl", "unremix"])

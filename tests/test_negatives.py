@@ -67,7 +67,7 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     negatives = load_script()
     corpus = str(FIXTURES / "tiny_corpus.txt")
     for argv, message in [
-        (["builtin:tiny-bert", corpus, "--objectives", "supcon"], "--objectives: unknown supcon"),
+        (["builtin:tiny-bert", corpus, "--objectives", "supcon"], "--objectives: unknown loss 'supcon'"),
         (["builtin:tiny-bert", corpus, "--batch_size", "1"], "--batch_size must be >= 2"),
         (["builtin:tiny-bert", str(tmp_path / "missing.txt")], "missing.txt: file not found"),
     ]:

@@ -405,6 +405,11 @@ class ContrastiveLoss(nn.Module):
         """The class prior tau+ of form (D) (0 when the objective has none)."""
         return 0.0 if self.class_prior is None else float(getattr(self.options, self.class_prior))
 
+    @classmethod
+    def describe_batch(cls, metrics: dict[str, float]) -> str | None:
+        """A sentence on what the objective did on one batch, from its metrics (eval/negatives.py), or None."""
+        return None
+
     def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
         """The general case: the loss of each anchor (M,) and what it applied to the negatives."""
         raise NotImplementedError(f"{type(self).__name__} must define per_anchor (or log_weights: ReweightingLoss)")

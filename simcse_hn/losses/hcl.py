@@ -17,7 +17,7 @@ from simcse_hn.losses.base import (
     drop_nonfinite_grad,
     mean_over_anchors_with_negatives,
 )
-from simcse_hn.losses.options import ObjectiveOptions, option
+from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
 
 # DCL's class prior at SimCSE's temperature 0.05, from bench/results/dcl_clamp.md (docs/losses.md section 3): on
 # all-MiniLM-L6-v2 batches with a fresh MLP head its lower clamp holds for 5 % of anchors and removes 27 % of the
@@ -48,7 +48,7 @@ class DCLOptions(ObjectiveOptions):
         must="be in [0, 1)",
     )
 
-    def check_for_training(self) -> None:
+    def check_for_training(self, shape: TrainingShape) -> None:
         if self.tau_plus == 0:
             raise ValueError("tau_plus: 0 makes DCL symmetric InfoNCE: use --loss infonce --contrast_form symmetric, "
                              "or a prior > 0")  # fmt: skip

@@ -16,7 +16,7 @@ import math
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 
 def option(
@@ -35,6 +35,16 @@ def option(
 
 def _finite_check(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    """What a training run's configuration says that an objective's checks may need: the in-batch negatives of
+    one anchor (and how they arise, for messages) and the sharding engine (None, 'FSDP', 'DeepSpeed ZeRO-3', ...)."""
+
+    negatives_per_anchor: int
+    negatives_note: str = ""
+    engine: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,9 +67,10 @@ class ObjectiveOptions:
             if check is not None and value is not None and not check(value):
                 raise ValueError(f"{f.name}: must {f.metadata.get('must') or 'pass its check'}, got {value!r}")
 
-    def check_for_training(self) -> None:
-        """Settings the class accepts (tests use them: the neutral settings) that a training run should not: e.g.
-        DCL's tau_plus = 0, which is InfoNCE. Raises ValueError "`name`: ..." like the field checks."""
+    def check_for_training(self, shape: TrainingShape) -> None:
+        """Settings the class accepts (tests use them: the neutral settings) that a training run should not, or that
+        do not fit the run's shape: e.g. DCL's tau_plus = 0, which is InfoNCE. Raises ValueError "`name`: ..." like
+        the field checks."""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "loss_options") -> ObjectiveOptions:
@@ -74,9 +85,6 @@ class ObjectiveOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    # the options whose help a reader sees first (--help lists fields in declaration order)
-    describe: ClassVar[str] = ""
 
 
 @dataclass(frozen=True)

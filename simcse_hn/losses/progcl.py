@@ -20,7 +20,7 @@ from simcse_hn.losses.base import (
     masked_logsumexp,
     mean_over_anchors_with_negatives,
 )
-from simcse_hn.losses.options import ObjectiveOptions, option
+from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
 from simcse_hn.targets import LossContext
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
@@ -323,6 +323,12 @@ class ProGCLOptions(ObjectiveOptions):
         must="be >= 0 (0: all pairs)",
     )
 
+    def check_for_training(self, shape: TrainingShape) -> None:
+        if self.mode == "mix" and self.mix_k is not None and self.mix_k > shape.negatives_per_anchor:
+            note = f" ({shape.negatives_note})" if shape.negatives_note else ""
+            raise ValueError(f"mix_k: must be <= the {shape.negatives_per_anchor} negatives per anchor{note}, got "
+                             f"{self.mix_k}")  # fmt: skip
+
 
 class ProGCLLoss(ContrastiveLoss):
     """ProGCL (Xia et al., arXiv:2110.02027), adapted to SimCSE batches (docs/losses.md section 4).
@@ -381,6 +387,12 @@ class ProGCLLoss(ContrastiveLoss):
     mix_k: int | None
     warm_start: bool
     fit_pairs: int | None
+
+    @classmethod
+    def describe_batch(cls, metrics: dict[str, float]) -> str | None:
+        state = "not separated: uniform weights" if metrics.get("bmm_fallback") else "used"
+        false = 100 * metrics.get("est_false_neg_frac", 0)
+        return f"ProGCL's mixture fit {state}; estimated false negatives {false:.1f} % of pairs."
 
     def __init__(self, temperature: float = 0.05, **options: Any):
         super().__init__(temperature, **options)

@@ -20,7 +20,7 @@ from simcse_hn.losses.base import (
     drop_nonfinite_grad,
     mean_over_anchors_with_negatives,
 )
-from simcse_hn.losses.options import ObjectiveOptions, option
+from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
 from simcse_hn.targets import ContrastiveTargets
 
 GRADIENTS = ("head", "embedding")
@@ -166,6 +166,13 @@ class UnReMixOptions(ObjectiveOptions):
         check=lambda v: 0 <= v < math.inf,
         must="be a finite number >= 0",
     )
+
+    def check_for_training(self, shape: TrainingShape) -> None:
+        # the loss uses its parameter outside any module's forward, where ZeRO-3 has partitioned it away (FSDP2
+        # keeps its root module's parameters, theta among them, unsharded from forward to backward)
+        if self.learn_mixture and shape.engine == "DeepSpeed ZeRO-3":
+            raise ValueError("learn_mixture: not with DeepSpeed ZeRO-3, which partitions the learned mixture outside "
+                             "the encoder's forward; use ZeRO-2, FSDP or DDP")  # fmt: skip
 
 
 class UnReMixLoss(ContrastiveLoss):
