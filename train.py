@@ -36,6 +36,7 @@ from simcse_hn.data import (
 from simcse_hn.files import CARD, source_record
 from simcse_hn.guide import SELF, load_guide
 from simcse_hn.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
+from simcse_hn.losses.registry import portable_loss_name
 from simcse_hn.model_card import base_model_license, card_is_ours, write_model_card
 from simcse_hn.modeling import (
     SimCSEModel,
@@ -193,7 +194,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     simcse_config = {
         "base_model": source_record(base_model),
         "base_model_license": base_model_license(model_args.model_name_or_path),
-        "loss": training_args.loss,  # as named: a resume must name the same objective
+        "loss": portable_loss_name(training_args.loss),  # a resume must name the same objective
         "loss_kwargs": training_args.loss_kwargs(),
         "objective": training_args.objective.record(),  # its texts, for the card: never imported back
         "contrast_form": training_args.contrast_form,

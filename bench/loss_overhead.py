@@ -51,24 +51,16 @@ from common import (  # noqa: E402
 )
 
 from simcse_hn.data import SimCSECollator, contrastive_targets, model_inputs  # noqa: E402
-from simcse_hn.losses import build_loss  # noqa: E402
+from simcse_hn.losses import LOSSES as OBJECTIVES  # noqa: E402
+from simcse_hn.losses import benchmark_settings, build_loss  # noqa: E402
 from simcse_hn.targets import LossContext  # noqa: E402
 from simcse_hn.trainer import contrastive_loss  # noqa: E402
 
-# name -> build_loss arguments; the first is the baseline. Class defaults otherwise (DCL tau+ 1e-3, HCL beta 0.1,
-# ProGCL 10 EM iterations, refit every step, mix over all negatives; UnReMix beta 1).
-LOSSES = {
-    "infonce": ("infonce", {}),
-    "dcl": ("dcl", {}),
-    "hcl": ("hcl", {}),
-    "progcl-weight": ("progcl", {"mode": "weight"}),
-    "progcl-mix": ("progcl", {"mode": "mix"}),
-    "unremix-embedding": ("unremix", {"gradient": "embedding"}),
-    "unremix-head": ("unremix", {"gradient": "head"}),
-}
-# ratio to the floor, at every size
-TARGETS = {"infonce": 1.1, "dcl": 1.5, "hcl": 1.5, "progcl-weight": 2.5, "progcl-mix": 2.5, "unremix-embedding": 2.5,
-           "unremix-head": 2.5}
+# name -> build_loss arguments, from the registry (every objective and its variants at the class defaults); the
+# first is the baseline. ProGCL is timed after its warm-up (step = max_steps).
+LOSSES = benchmark_settings()
+# ratio to the floor, at every size: each objective's own cost_target
+TARGETS = {setting: OBJECTIVES[name].cost_target for setting, (name, _) in LOSSES.items()}
 TARGET_ROWS = (1024, 4096)  # the sizes the loss-alone targets hold at
 STEP_ROWS = 128  # a training step's 2N (64 sentences): section 2's estimate from the loss alone
 TRAIN_STEP_TARGET = 1.03
@@ -155,7 +147,7 @@ def loss_runs(rows: int, dim: int, names=tuple(LOSSES), copy_anchors: bool = Fal
     for name in names:
         loss_name, kwargs = LOSSES[name]
         loss_fn = build_loss(loss_name, temperature=0.05, **kwargs)
-        head_inputs = h if name == "unremix-head" else None
+        head_inputs = h if loss_fn.needs_head_inputs else None
         if copy_anchors:
             features = {} if head_inputs is None else {"anchor_features": h[anchor_rows], "candidate_features": h}
             context = LossContext(step=MAX_STEPS, max_steps=MAX_STEPS, **features)
@@ -305,7 +297,8 @@ def markdown(report: dict) -> str:
         "",
         "The floor: `F.normalize`, one `z @ z.T / t` with the diagonal at -inf, `F.cross_entropy` against the pair "
         "(bench/loss_overhead.py `floor_loss`, independent of simcse_hn). Random float32 embeddings (a leaf with "
-        "requires_grad; h random, z = tanh(h W); unremix-head gets U from h), symmetric form (every row an anchor "
+        "requires_grad; h random, z = tanh(h W); an objective that needs head inputs gets h), symmetric form "
+        "(every row an anchor "
         "against 2N - 2 negatives), temperature 0.05, called as SimCSETrainer calls it "
         "(simcse_hn.trainer.contrastive_loss). DCL tau+ 1e-3, HCL beta 0.1, UnReMix beta 1; ProGCL after warm-up "
         "(step = max_steps), refit every step, 10 EM iterations on the default fit_pairs sampled pairs, mix over all "

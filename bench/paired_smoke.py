@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
 from sick_triplets import sick_triplets, write_csv  # noqa: E402
 
-LOSSES = ("infonce", "dcl", "hcl", "progcl", "unremix")
+from simcse_hn.losses import BUILTIN  # noqa: E402
+
+LOSSES = tuple(BUILTIN)  # every built-in objective: configs/sup_bert_base_{name}.yaml
 
 
 def train_args(loss: str, triplets: Path, output: Path, steps: int, batch_size: int) -> list[str]:

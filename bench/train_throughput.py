@@ -72,6 +72,8 @@ from common import (  # noqa: E402
     write_json,
 )
 
+from simcse_hn.losses.registry import benchmark_settings, setting_flags  # noqa: E402
+
 BATCH = 64
 MAX_LENGTH = 32
 LEARNING_RATE = 3e-5
@@ -79,15 +81,8 @@ SEED = 42
 CACHE_MINIBATCH = 16
 # objective -> train.py arguments (class defaults otherwise, as bench/loss_overhead.py's LOSSES; ProGCL without its
 # InfoNCE warm-up, so that every timed step is ProGCL's)
-OBJECTIVES = {
-    "infonce": ["--loss", "infonce"],
-    "dcl": ["--loss", "dcl"],
-    "hcl": ["--loss", "hcl"],
-    "progcl-weight": ["--loss", "progcl", "--progcl_mode", "weight", "--progcl_warmup_ratio", "0"],
-    "progcl-mix": ["--loss", "progcl", "--progcl_mode", "mix", "--progcl_warmup_ratio", "0"],
-    "unremix-embedding": ["--loss", "unremix", "--unremix_gradient", "embedding"],
-    "unremix-head": ["--loss", "unremix", "--unremix_gradient", "head"],
-}
+OBJECTIVES = {setting: setting_flags(name, options)
+              for setting, (name, options) in benchmark_settings(timed=True).items()}  # fmt: skip
 VERSUS = ("st-mnrl", "ours-avg", "ours-cls", "ours-cls-1group", "ours-cls-gradcache")
 SECTIONS = ("versus", "objectives", "compile")
 OBJECTIVE_TARGET = 1.03  # issue 15: every objective within 3 % of InfoNCE per step
@@ -619,7 +614,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile_backend", default=None, help="torch.compile backend (default inductor; --quick: "
                         "aot_eager, graph capture and AOT autograd without the C++ compile)")
     parser.add_argument("--compile_objectives", nargs="+", choices=list(OBJECTIVES), default=None,
-                        help="default all (--quick: infonce and dcl)")
+                        help="default all (--quick: the first two)")
     parser.add_argument("--name", default=None, help="results file stem (default train_throughput[_quick])")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--worker_out", type=Path, help=argparse.SUPPRESS)
@@ -632,7 +627,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 5, 2
         args.compile_backend = args.compile_backend or "aot_eager"
-        args.compile_objectives = args.compile_objectives or ["infonce", "dcl"]
+        args.compile_objectives = args.compile_objectives or list(OBJECTIVES)[:2]
     args.compile_backend = args.compile_backend or "inductor"
     args.compile_objectives = args.compile_objectives or list(OBJECTIVES)
     base = {"model": args.model, "batch": args.batch, "max_length": MAX_LENGTH, "steps": args.steps,

@@ -10,8 +10,8 @@ and for the first `--anchors` sentences of each batch lists their `--top` most s
 (symmetric form) with the cosine and the weight each objective gives them (mean one over the anchor's negatives;
 an objective with uniform weights weighs every negative 1; one with a warm-up as after it). `--objectives` takes
 `--loss` values (default: every built-in objective), a class of yours as module:Class too. Prints the Markdown and
-writes negatives.md and negatives.json to --output (default: beside the model, MODEL-negatives). One `error: ...` line and exit 2 for a
-bad argument or file.
+writes negatives.md and negatives.json to --output (default: beside the model, MODEL-negatives). One `error: ...`
+line and exit 2 for a bad argument or file.
 """
 
 from __future__ import annotations

@@ -60,9 +60,11 @@ def checkpoint_run_id(checkpoint: str) -> str | None:
 def check_resumed_objective(checkpoint: str, loss: str) -> None:
     """A checkpoint resumes only under the objective it was trained with, named again (`--loss`): a user's objective
     is code the checkpoint never imports. Raises ConfigError (one line)."""
+    from simcse_hn.losses.registry import portable_loss_name
+
     config = _read_json(os.path.join(checkpoint, SIMCSE_CONFIG))
     trained = config.get("loss") if isinstance(config, dict) else None
-    if trained is not None and trained != loss:
+    if trained is not None and trained != portable_loss_name(loss):
         raise ConfigError(f"loss: {os.path.basename(checkpoint)} was trained with --loss {trained}; name it again "
                           f"to resume (this run names --loss {loss})")  # fmt: skip
 

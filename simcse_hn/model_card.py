@@ -343,7 +343,7 @@ def model_card(
     from huggingface_hub import ModelCard
 
     config = simcse_config
-    loss = config.get("loss", "infonce")
+    loss = (config.get("objective") or {}).get("name") or config.get("loss", "infonce")
     base = _source_cell(config.get("base_model"))
     intro = (
         f"A sentence encoder trained with unsupervised [SimCSE](https://arxiv.org/abs/2104.08821) (two dropout views "

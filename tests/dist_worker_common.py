@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import torch
+from doc_examples import shared_objective
 
 from simcse_hn.config import SimCSETrainingArguments
 from simcse_hn.data import load_sts_pairs
@@ -42,6 +43,7 @@ def cases() -> list[tuple[str, str, str]]:
         out.append(("progcl_mix", "progcl", "symmetric"))
     if "unremix" in LOSSES:
         out.append(("unremix_learned", "unremix", "symmetric"))
+    out.append(("user_objective", shared_objective(), "symmetric"))  # docs/writing-an-objective.md's, from a file
     return out
 
 

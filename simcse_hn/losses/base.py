@@ -382,6 +382,8 @@ class ContrastiveLoss(nn.Module):
     forms: ClassVar[tuple[str, ...]] = ("symmetric",)  # the contrast forms it is defined on
     variants: ClassVar[dict[str, dict[str, Any]]] = {}  # named settings the benches and tests run ({"mix": {...}})
     sentence_transformers_options: ClassVar[dict[str, Any]] = {}  # defaults in a SentenceTransformer (no MLP head)
+    timing_options: ClassVar[dict[str, Any]] = {}  # what a bench adds so every timed step is the objective's own
+    cost_target: ClassVar[float] = 2.5  # bench/loss_overhead.py: its time at most this many times the floor
     # --- what it needs from the step ---
     needs_cosines: ClassVar[bool] = False  # ObjectiveInput.cosines (one (M, N) pass; the logits are always there)
     uses_schedule: ClassVar[bool] = False  # reads context.step and context.max_steps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -82,6 +83,7 @@ class HCLLoss(ReweightingLoss):
 }"""
     class_prior = "tau_plus"
     setting = ("beta",)
+    cost_target: ClassVar[float] = 1.5
 
     beta: float
     tau_plus: float
@@ -182,6 +184,7 @@ class DCLLoss(ContrastiveLoss):
   year = {2020}
 }"""
     class_prior = "tau_plus"
+    cost_target: ClassVar[float] = 1.5
 
     tau_plus: float
 

@@ -379,6 +379,7 @@ class ProGCLLoss(ContrastiveLoss):
     setting = ("mode",)
     variants: ClassVar[dict[str, dict[str, Any]]] = {"weight": {"mode": "weight"}, "mix": {"mode": "mix"}}
     uses_schedule: ClassVar[bool] = True
+    timing_options: ClassVar[dict[str, Any]] = {"warmup_ratio": 0.0}  # no InfoNCE warm-up steps
 
     mode: str
     warmup_ratio: float

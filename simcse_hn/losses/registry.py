@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import sys
 from typing import Any
@@ -69,6 +70,7 @@ def _import(module_name: str, name: str) -> Any:
             spec = importlib.util.spec_from_file_location(key, path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
+            module.__objective_file__ = os.path.basename(path)  # what records name: never this machine's folder
             sys.modules[key] = module
             try:
                 spec.loader.exec_module(module)
@@ -96,8 +98,19 @@ def _checked(cls: Any, name: str) -> type[ContrastiveLoss]:
 
 
 def objective_class_path(cls: type[ContrastiveLoss]) -> str:
-    """`module:Class` of an objective: what a record names (never imported from a record)."""
-    return f"{cls.__module__}:{cls.__qualname__}"
+    """`module:Class` of an objective (`file.py:Class` for one loaded from a file, without its folder): what a record
+    names, never imported from a record."""
+    source = getattr(sys.modules.get(cls.__module__), "__objective_file__", None)
+    return f"{source or cls.__module__}:{cls.__qualname__}"
+
+
+def portable_loss_name(name: str) -> str:
+    """A `--loss` value as records keep it: a file's name without its folder (`path/to/focal.py:Focal` ->
+    `focal.py:Focal`), anything else as given."""
+    module_name, _, attribute = name.rpartition(":")
+    if is_user_objective(name) and module_name.endswith(".py"):
+        return f"{os.path.basename(module_name)}:{attribute}"
+    return name
 
 
 def flag_prefix(cls: type[ContrastiveLoss]) -> str | None:
@@ -114,13 +127,20 @@ def build_loss(name: str | type[ContrastiveLoss], temperature: float = 0.05, **o
     return cls(temperature, **options)
 
 
-def benchmark_settings() -> dict[str, tuple[str, dict[str, Any]]]:
+def benchmark_settings(timed: bool = False) -> dict[str, tuple[str, dict[str, Any]]]:
     """Every built-in objective and its named variants, as the benches and tests run them: {"progcl-mix":
-    ("progcl", {"mode": "mix"}), "hcl": ("hcl", {}), ...}."""
+    ("progcl", {"mode": "mix"}), "hcl": ("hcl", {}), ...}; InfoNCE, the baseline, first. `timed`: with each
+    objective's `timing_options` (ProGCL without its warm-up)."""
     settings: dict[str, tuple[str, dict[str, Any]]] = {}
     for name, cls in BUILTIN.items():
+        extra = dict(cls.timing_options) if timed else {}
         if not cls.variants:
-            settings[name] = (name, {})
+            settings[name] = (name, extra)
         for variant, options in cls.variants.items():
-            settings[f"{name}-{variant}"] = (name, dict(options))
+            settings[f"{name}-{variant}"] = (name, {**options, **extra})
     return settings
+
+
+def setting_flags(name: str, options: dict[str, Any]) -> list[str]:
+    """train.py arguments of a setting from `benchmark_settings`: --loss and its options as --loss_options."""
+    return ["--loss", name] + (["--loss_options", json.dumps(options)] if options else [])
