@@ -145,7 +145,10 @@ def sts_section(sts_results: dict | None, model_name: str, command_model: str = 
 def _objective_section(config: dict) -> str:
     """The objective as the run recorded it (`simcse_config["objective"]`, its own summary): nothing is imported."""
     loss = config.get("loss", "infonce")
-    summary = (config.get("objective") or {}).get("summary") or f"`{loss}`"
+    from simcse_hn.losses.registry import BUILTIN  # a built-in's own text for a record without it: nothing imported
+
+    builtin = BUILTIN.get(loss)
+    summary = (config.get("objective") or {}).get("summary") or (builtin.summary if builtin else f"`{loss}`")
     lines = [summary, "", "| setting | value |", "|:--|:--|", f"| loss | `{loss}` |"]
     for key, value in sorted((config.get("loss_kwargs") or {}).items()):
         lines.append(f"| {key} | `{value}` |")
@@ -305,7 +308,10 @@ print(F.cosine_similarity(embeddings[0], embeddings[1], dim=0))
 
 def _citations(config: dict) -> str:
     """SimCSE's BibTeX, and the objective's own when it has one of another paper."""
-    own = ((config.get("objective") or {}).get("citation") or "").strip()
+    from simcse_hn.losses.registry import BUILTIN
+
+    builtin = BUILTIN.get(config.get("loss", ""))
+    own = ((config.get("objective") or {}).get("citation") or (builtin.citation if builtin else "")).strip()
     return SIMCSE_BIBTEX if not own or own == SIMCSE_BIBTEX.strip() else f"{SIMCSE_BIBTEX}\n\n{own}"
 
 
