@@ -51,7 +51,7 @@ class ContrastiveTargets:
     negative_bias: Tensor = field(init=False, repr=False)
     negative_offset: Tensor = field(init=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         m, n = self.negative_mask.shape
         if self.positive_index.shape != (m,):
             raise ValueError(f"positive_index {tuple(self.positive_index.shape)} does not match {m} anchors")

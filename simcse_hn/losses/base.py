@@ -13,7 +13,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,8 @@ from simcse_hn.losses.options import NoOptions, ObjectiveOptions
 from simcse_hn.targets import ContrastiveTargets, LossContext
 
 NEG_INF = float("-inf")
+# `NegativeWeights.make` and `LossOutput.weights_fn`: (rows, a slice; all by default) -> the weights of those rows
+WeightsMaker = Callable[..., Tensor]
 
 
 @dataclass(eq=False)
@@ -32,7 +34,7 @@ class LossOutput:
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
-    weights_fn: Callable[[], Tensor] | None = field(default=None, repr=False)
+    weights_fn: WeightsMaker | None = field(default=None, repr=False)
 
     @functools.cached_property
     def weights(self) -> Tensor | None:
@@ -42,7 +44,7 @@ class LossOutput:
 def unit_rows(x: Tensor, dtype: torch.dtype) -> Tensor:
     """Rows of x (K, D) scaled to unit norm (a zero row stays zero), in `dtype`. -> (K, D)"""
     x = x.to(dtype)
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return cast(Tensor, x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12))
 
 
 def cosine_similarities(anchors: Tensor, candidates: Tensor) -> Tensor:
@@ -53,7 +55,7 @@ def cosine_similarities(anchors: Tensor, candidates: Tensor) -> Tensor:
         c = candidates.to(dtype)
         a = a / a.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         c = c / c.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        return a @ c.T
+        return cast(Tensor, a @ c.T)
 
 
 def positive_logits(logits: Tensor, positive_index: Tensor) -> Tensor:
@@ -67,7 +69,7 @@ class NegativeWeights(NamedTuple):
     diagnostics' anchors, and for all when `LossOutput.weights` is read); `max` () the largest weight and `entropy`
     () the mean over the anchors with negatives of the normalised weights' entropy (`weight_stats`)."""
 
-    make: Callable[[], Tensor]
+    make: WeightsMaker
     max: Tensor
     entropy: Tensor
 
@@ -83,7 +85,7 @@ class PlainReductions(NamedTuple):
 
     pos: Tensor
     lse: Tensor
-    count: Tensor
+    count: Tensor  # type: ignore[assignment]  # a field named like tuple.count, the method it shadows: kept (API)
     logits: Tensor
     offset: Tensor | None = None
     exp: Tensor | None = None
@@ -94,7 +96,7 @@ class PlainReductions(NamedTuple):
     def masked(self) -> Tensor:
         """(M, N) l_ij (+ log c_ij) on N(i), -inf elsewhere; a new tensor per read."""
         if self.offset is None:
-            return torch.where(self.mask, self.logits, NEG_INF)
+            return torch.where(cast(Tensor, self.mask), self.logits, NEG_INF)  # plain_reductions sets mask
         return self.logits + self.offset.to(self.logits.dtype)
 
     def loss(self) -> Tensor:
@@ -107,7 +109,7 @@ class PlainReductions(NamedTuple):
         logits and, when they need it, to the weights); e is 0 outside N(i), so the logits' gradient is too."""
         if self.exp is None:
             return torch.logsumexp(self.masked + weights.log(), dim=1)
-        return _WeightedLogSumExp.apply(self.logits, weights, self.exp, self.shift)
+        return cast(Tensor, _WeightedLogSumExp.apply(self.logits, weights, self.exp, self.shift))
 
 
 def plain_reductions(
@@ -141,7 +143,7 @@ class _MaskedLogSumExp(torch.autograd.Function):
     (`set_materialize_grads(False)`: an (M, N) fill per call)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, offset: Tensor | None):
+    def forward(ctx: Any, x: Tensor, offset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         masked = x if offset is None else x + offset  # (M, N); with an offset, a fresh buffer: e is made in it
         shift = masked.amax(dim=1, keepdim=True)  # (M, 1)
@@ -153,7 +155,7 @@ class _MaskedLogSumExp(torch.autograd.Function):
         return total.log() + shift.squeeze(1), e, shift
 
     @staticmethod
-    def backward(ctx, grad: Tensor | None, *_):
+    def backward(ctx: Any, grad: Tensor | None, *_: Tensor | None) -> tuple[Tensor | None, None]:
         if grad is None:
             return None, None
         e, total = ctx.saved_tensors
@@ -161,7 +163,11 @@ class _MaskedLogSumExp(torch.autograd.Function):
         return e * torch.where(total > 0, grad / total, 0.0)[:, None], None
 
 
-def masked_logsumexp(masked: Tensor, keep_exp: bool = False):
+@overload
+def masked_logsumexp(masked: Tensor, keep_exp: Literal[False] = False) -> Tensor: ...
+@overload
+def masked_logsumexp(masked: Tensor, keep_exp: Literal[True]) -> tuple[Tensor, Tensor, Tensor]: ...
+def masked_logsumexp(masked: Tensor, keep_exp: bool = False) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """log sum_j e^{masked_ij} (M,) of (M, N) logits that are -inf outside each row's set: torch.logsumexp's value,
     with a cheaper backward (`_MaskedLogSumExp`). `keep_exp`: -> (lse, e^{masked - shift} (M, N), shift (M, 1))."""
     lse, e, shift = _MaskedLogSumExp.apply(masked, None)
@@ -173,13 +179,13 @@ class _WeightedLogSumExp(torch.autograd.Function):
     masked logits. Gradient: to the logits (those of m; e is 0 outside N(i)), w e / S; to w, e / S."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> Tensor:
+    def forward(ctx: Any, logits: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> Tensor:
         total = torch.linalg.vecdot(e, weights.to(e.dtype))  # (M,)
         ctx.save_for_backward(e, weights, total)
-        return total.log() + shift.squeeze(1)
+        return cast(Tensor, total.log() + shift.squeeze(1))
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         e, weights, total = ctx.saved_tensors
         # an anchor without negatives (a guide removed them all, e = 0): 0, not 0 * inf = NaN
         scale = torch.where(total > 0, grad / total, 0.0)[:, None]  # (M, 1)
@@ -246,7 +252,7 @@ def weight_stats(
         entropy = mean_over_anchors_with_negatives(n.to(torch.float32).log(), n)
         return {"neg_weight_max": torch.ones((), device=negative_mask.device), "neg_weight_entropy": entropy}
     w = weights.detach().float()
-    w_log_w = torch.where(w > 0, w * log_weights.detach().float(), 0.0)
+    w_log_w = torch.where(w > 0, w * cast(Tensor, log_weights).detach().float(), 0.0)  # given with weights
     total = w.sum(dim=1)  # (M,)
     entropy = mean_over_anchors_with_negatives(total.log() - w_log_w.sum(dim=1) / total, n)
     return {"neg_weight_max": w.max(), "neg_weight_entropy": entropy}
@@ -270,7 +276,7 @@ class _SelfLogits(torch.autograd.Function):
     where autograd through the two factors makes two; G + G^T costs a transposed copy and an addition (N, N)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, temperature: float):
+    def forward(ctx: Any, x: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         scaled = x / temperature  # (N, D)
         ctx.temperature = temperature
@@ -278,7 +284,7 @@ class _SelfLogits(torch.autograd.Function):
         return scaled @ x.T, scaled
 
     @staticmethod
-    def backward(ctx, grad_logits: Tensor | None, grad_scaled: Tensor | None):
+    def backward(ctx: Any, grad_logits: Tensor | None, grad_scaled: Tensor | None) -> tuple[Tensor | None, None]:
         (scaled,) = ctx.saved_tensors
         grad = None
         if grad_logits is not None:
@@ -292,11 +298,11 @@ class _DropNonFiniteGrad(torch.autograd.Function):
     """Identity whose backward passes the gradient on only when all of it is finite (its sum is), else zeros."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         # finite iff the sum is (NaN and inf propagate): one read pass instead of isfinite's write and all's read.
         # A finite gradient whose sum overflows float32 (|sum| > 3e38) would be dropped too.
         return torch.where(torch.isfinite(grad.sum()), grad, 0.0)
@@ -305,7 +311,7 @@ class _DropNonFiniteGrad(torch.autograd.Function):
 def drop_nonfinite_grad(x: Tensor) -> Tensor:
     """Guards a tensor that feeds an objective: when the loss falls back, the objective's branch receives a zero
     gradient, but its backward can still turn 0 * inf into NaN; this keeps that NaN out of the embeddings."""
-    return _DropNonFiniteGrad.apply(x)
+    return cast(Tensor, _DropNonFiniteGrad.apply(x))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -436,7 +442,7 @@ class ContrastiveLoss(nn.Module):
         same = targets.anchors_are_candidates
         anchors = candidates if same else candidates[targets.anchor_index]
         if context is not None:  # the anchors' rows of the candidates' per-row extras
-            derived: dict[str, Tensor] = {}
+            derived: dict[str, Any] = {}  # Tensor values; Any: dataclasses.replace checks each field's type
             for anchor_key, candidate_key in (("anchor_features", "candidate_features"),
                                               ("anchor_text_ids", "candidate_text_ids")):  # fmt: skip
                 rows = getattr(context, candidate_key)
@@ -486,22 +492,26 @@ class ContrastiveLoss(nn.Module):
         if self.has_fallback:
             loss = torch.where(finite, loss, plain.loss().mean())
 
-        weights_fn = None
+        weights_fn: WeightsMaker | None = None
         with torch.no_grad():
             if result.weights is None and result.log_weights is None:
                 stats = weight_stats(None, None, negative_mask, count)
             else:
+                make: WeightsMaker
                 if result.weights is not None:
                     make = result.weights.make
                     stats = {"neg_weight_max": result.weights.max.float(),
                              "neg_weight_entropy": result.weights.entropy}  # fmt: skip
                 else:
-                    weights, stats = _masked_weight_stats(result.log_weights, negative_mask, count)  # NaN included
+                    log_weights = cast(Tensor, result.log_weights)  # not None: the first branch
+                    weights, stats = _masked_weight_stats(log_weights, negative_mask, count)  # NaN included
                     make = lambda rows=slice(None): weights[rows]  # noqa: E731
                 # a non-finite weight (NaN reaches the max) or objective: uniform weights
                 usable = finite & torch.isfinite(stats["neg_weight_max"])
 
-                def weights_fn(rows: slice = slice(None), make=make, usable=usable) -> Tensor:
+                def weights_fn(
+                    rows: slice = slice(None), make: WeightsMaker = make, usable: Tensor = usable
+                ) -> Tensor:
                     return torch.where(usable, make(rows), negative_mask[rows])
 
             rows = slice(0, DIAGNOSTIC_ANCHORS)  # the diagnostics' anchors: their cosines and weights only

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor
@@ -127,7 +127,7 @@ class _TiltedLogRatio(torch.autograd.Function):
     makes ~20 (M, N) passes, allocating most; this makes 8 in the forward (3 allocations) and 2 in the backward."""
 
     @staticmethod
-    def forward(ctx, masked: Tensor, beta: float, detach: bool):
+    def forward(ctx: Any, masked: Tensor, beta: float, detach: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         shift = masked.amax(dim=1, keepdim=True)  # (M, 1)
         shift = torch.where(torch.isfinite(shift), shift, 0.0)  # a row without negatives: q = 0, see the result
         # d <= 0 on N(i); elsewhere a huge finite negative instead of -inf, so that e^{b d} = 0 and q * b d = 0 there
@@ -144,7 +144,7 @@ class _TiltedLogRatio(torch.autograd.Function):
         return torch.where(q_sum == 0, 0.0, p_sum.log() - q_sum.log() + shift.squeeze(1)), q, q_sum, q_log_q
 
     @staticmethod
-    def backward(ctx, grad: Tensor, *_):
+    def backward(ctx: Any, grad: Tensor, *_: Tensor | None) -> tuple[Tensor, None, None]:
         p, q, p_sum, q_sum = ctx.saved_tensors
         grad = torch.where(q_sum == 0, 0.0, grad)  # a row without negatives: 0, not 0 * inf = NaN (NaN stays NaN)
         p_sum, q_sum = p_sum.clamp_min(torch.finfo(p.dtype).tiny), q_sum.clamp_min(torch.finfo(q.dtype).tiny)
@@ -158,7 +158,7 @@ class _TiltedLogRatio(torch.autograd.Function):
 def tilted_log_ratio(masked: Tensor, beta: float, detach: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """-> logsumexp_j((1 + beta) m_ij) - logsumexp_j(beta m_ij) (M,); q (M, N), its row sums (M,) and sum_j q log q
     (M,), without gradient (`_TiltedLogRatio`). masked (M, N): logits on N(i), -inf elsewhere; beta > 0."""
-    return _TiltedLogRatio.apply(masked, beta, detach)
+    return cast("tuple[Tensor, Tensor, Tensor, Tensor]", _TiltedLogRatio.apply(masked, beta, detach))
 
 
 class DCLLoss(ContrastiveLoss):

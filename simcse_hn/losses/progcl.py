@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -21,7 +21,7 @@ from simcse_hn.losses.base import (
     mean_over_anchors_with_negatives,
 )
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
-from simcse_hn.targets import LossContext
+from simcse_hn.targets import ContrastiveTargets, LossContext
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
 EPS = 1e-12
@@ -46,9 +46,12 @@ class BetaMixture(NamedTuple):
 def _default_init(device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """BMM_INIT as three (2,) float64 tensors made on `device` from scalars (no copy from host memory)."""
     first = torch.arange(2, device=device) == 0  # (2,) [True, False]
-    return tuple(
-        torch.full((2,), second, dtype=torch.float64, device=device).masked_fill_(first, value)
-        for value, second in BMM_INIT
+    return cast(
+        "tuple[Tensor, Tensor, Tensor]",  # one per BMM_INIT row
+        tuple(
+            torch.full((2,), second, dtype=torch.float64, device=device).masked_fill_(first, value)
+            for value, second in BMM_INIT
+        ),
     )
 
 
@@ -88,7 +91,14 @@ def beta_mixture_em(
     return _em(x, _features(x), m, iters, init, all_reduce)
 
 
-def _em(x: Tensor, features: Tensor, mask: Tensor | None, iters: int, init, all_reduce) -> BetaMixture:
+def _em(
+    x: Tensor,
+    features: tuple[Tensor, Tensor],
+    mask: Tensor | None,
+    iters: int,
+    init: tuple[Tensor, Tensor, Tensor] | None,
+    all_reduce: Callable[[Tensor], Tensor] | None,
+) -> BetaMixture:
     """x (K,) float64 clamped (finite densities everywhere), features = _features(x), mask (K,) bool, or float
     multiplicities (how many times each entry counts as data), or None (all data once).
 
@@ -169,7 +179,8 @@ def negative_posteriors(
     order, _ = identify_components(fit)
     params = (p.index_select(0, order) for p in fit[:3])  # swapping the (2,) parameters, not the (2, K) results
     lik = torch.empty((2, features[0].shape[0]), dtype=torch.float64, device=x.device)
-    _log_likelihoods(features, *params, out=lik).exp_()  # (2, K), no floor here
+    # params: alpha, beta, pi (a generator of three, whose length mypy cannot see)
+    _log_likelihoods(features, *params, out=lik).exp_()  # type: ignore[misc]  # (2, K), no floor here
     post = lik.div_(lik.sum(dim=0, keepdim=True).add_(EPS)).reshape(2, *x.shape)
     return post[0], post[1]
 
@@ -221,7 +232,7 @@ class _MixedLogits(torch.autograd.Function):
     scattered to the partners: 3 (M, N) passes where autograd through the products and the division makes ~8."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, b: Tensor, partner: Tensor, bias: Tensor, usable: Tensor) -> Tensor:
+    def forward(ctx: Any, logits: Tensor, b: Tensor, partner: Tensor, bias: Tensor, usable: Tensor) -> Tensor:
         mu = b.gather(1, partner)  # B_p
         denominator = (b + mu).add_(EPS)
         lam = b / denominator
@@ -232,7 +243,7 @@ class _MixedLogits(torch.autograd.Function):
         return mixed
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
         lam, mu, partner = ctx.saved_tensors
         return torch.mul(grad, lam).scatter_add_(1, partner, grad * mu), None, None, None, None
 
@@ -245,7 +256,7 @@ class _MixedLogSumExp(torch.autograd.Function):
     masked log-sum-exp make seven."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, b: Tensor, partner: Tensor, bias: Tensor, usable: Tensor) -> Tensor:
+    def forward(ctx: Any, logits: Tensor, b: Tensor, partner: Tensor, bias: Tensor, usable: Tensor) -> Tensor:
         mu = b.gather(1, partner)  # B_p
         buffer = torch.add(b, mu).add_(EPS)  # B + B_p + 1e-12
         lam = b.div_(buffer)
@@ -260,7 +271,7 @@ class _MixedLogSumExp(torch.autograd.Function):
         return total.log() + shift.squeeze(1)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
         e, lam, mu, partner, total = ctx.saved_tensors
         scale = torch.where(total > 0, grad / total, 0.0)[:, None]  # (M, 1); 0 for a row without any, not NaN
         grad_mixed = e * scale  # (M, N)
@@ -292,7 +303,9 @@ def standard_partners(permutation: Tensor, anchor_index: Tensor, positive_index:
     return permutation.index_select(0, u.clamp_max_(n - 1).view(-1)).view(u.shape)
 
 
-def shared_sample(population: int, count: int, device: torch.device, all_reduce=None) -> Tensor:
+def shared_sample(
+    population: int, count: int, device: torch.device, all_reduce: Callable[[Tensor], Tensor] | None = None
+) -> Tensor:
     """`count` indices drawn uniformly, with replacement, from range(population). With `all_reduce` (a sum over
     processes) the draw is the same on every process: the fractional part of a sum of uniforms is uniform.
     -> (count,) long"""
@@ -303,7 +316,7 @@ def shared_sample(population: int, count: int, device: torch.device, all_reduce=
     return (u * population).long().clamp_max_(population - 1)
 
 
-def _count(minimum: int):
+def _count(minimum: int) -> Callable[[int], bool]:
     return lambda v: v >= minimum
 
 
@@ -388,6 +401,11 @@ class ProGCLLoss(ContrastiveLoss):
     mix_k: int | None
     warm_start: bool
     fit_pairs: int | None
+    # the fit's buffers (`register_buffer` in __init__)
+    bmm_alpha: Tensor
+    bmm_beta: Tensor
+    bmm_pi: Tensor
+    bmm_valid: Tensor
 
     @classmethod
     def describe_batch(cls, metrics: dict[str, float]) -> str | None:
@@ -397,7 +415,7 @@ class ProGCLLoss(ContrastiveLoss):
 
     def __init__(self, temperature: float = 0.05, **options: Any):
         super().__init__(temperature, **options)
-        self.fit_pairs = self.options.fit_pairs or None  # 0: every pair
+        self.fit_pairs = cast(ProGCLOptions, self.options).fit_pairs or None  # 0: every pair
         alpha, beta, pi = _default_init(torch.device("cpu"))
         self.register_buffer("bmm_alpha", alpha)
         self.register_buffer("bmm_beta", beta)
@@ -579,7 +597,14 @@ class ProGCLLoss(ContrastiveLoss):
         return torch.argsort(noise, stable=True)
 
     def _synthetic_logits(
-        self, logits, negative_mask, hardness, usable, context: LossContext, targets=None, bias=None
+        self,
+        logits: Tensor,
+        negative_mask: Tensor,
+        hardness: Tensor,
+        usable: Tensor,
+        context: LossContext,
+        targets: ContrastiveTargets | None = None,
+        bias: Tensor | None = None,
     ) -> Tensor:
         """Mix mode's synthetic logits m / t = (B_k l_k + B_sk l_sk) / (B_k + B_sk + 1e-12), -inf where there is none.
         `targets`: their standard negatives give the pairing in closed form (`standard_partners`); `bias`: their
@@ -594,7 +619,7 @@ class ProGCLLoss(ContrastiveLoss):
                 b_partner, l_partner = b.gather(1, partner), logits.gather(1, partner)
                 mixed = (b * logits + b_partner * l_partner) / (b + b_partner + EPS)  # (M, N)
                 return torch.where(negative_mask & usable, mixed, NEG_INF)
-            return _MixedLogits.apply(logits, b, partner, bias, usable)
+            return cast(Tensor, _MixedLogits.apply(logits, b, partner, bias, usable))
 
         key = torch.where(negative_mask, hardness, NEG_INF)
         sorted_b, order = torch.sort(key, dim=1, descending=True, stable=True)
@@ -616,12 +641,13 @@ class ProGCLLoss(ContrastiveLoss):
         return torch.where(in_top & usable, mixed, NEG_INF)
 
     @staticmethod
-    def _partners(negative_mask: Tensor, permutation: Tensor, targets=None) -> Tensor:
+    def _partners(negative_mask: Tensor, permutation: Tensor, targets: ContrastiveTargets | None = None) -> Tensor:
         """Mix over all candidates pairs the negatives in candidate order: row i's sigma is the permutation's entries
         that are its negatives, in order (rho_i); its t-th negative is paired with rho_i[t]. `targets`: their standard
         negatives give the pairing in closed form (`standard_partners`). -> partner (M, N) long, meaningful on N(i)."""
         if targets is not None and targets.standard_negatives:
-            return standard_partners(permutation, targets.anchor_index, targets.positive_index)
+            # standard negatives: made by compute(), with anchor_index
+            return standard_partners(permutation, cast(Tensor, targets.anchor_index), targets.positive_index)
         rows, num_candidates = negative_mask.shape
         # one gather of the mask, two cumulative sums, a scatter and a gather: no (M, N) sort
         keep = negative_mask.index_select(1, permutation)  # (M, N): is sigma_t a negative of row i
@@ -631,7 +657,9 @@ class ProGCLLoss(ContrastiveLoss):
         rank = (negative_mask.cumsum(dim=1) - 1).clamp_min_(0)  # (M, N): t of candidate j among N(i)
         return rho.gather(1, rank)  # (M, N), meaningful on N(i)
 
-    def _metrics(self, fit: BetaMixture, est_false: Tensor, fallback: Tensor, unseparated: Tensor) -> dict:
+    def _metrics(
+        self, fit: BetaMixture, est_false: Tensor, fallback: Tensor, unseparated: Tensor
+    ) -> dict[str, Tensor]:
         metrics = {"est_false_neg_frac": est_false, "bmm_fallback": fallback, "bmm_unseparated": unseparated}
         for name, values in zip(("alpha", "beta", "pi"), fit[:3]):
             metrics[f"bmm_{name}_0"], metrics[f"bmm_{name}_1"] = values[0], values[1]

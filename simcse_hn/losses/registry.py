@@ -70,7 +70,8 @@ def _import(module_name: str, name: str) -> Any:
             spec = importlib.util.spec_from_file_location(key, path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
-            module.__objective_file__ = os.path.basename(path)  # what records name: never this machine's folder
+            # what records name: never this machine's folder
+            module.__objective_file__ = os.path.basename(path)  # type: ignore[attr-defined]  # a new module attribute
             sys.modules[key] = module
             try:
                 spec.loader.exec_module(module)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -36,11 +36,11 @@ class _ReverseGrad(torch.autograd.Function):
     """Identity whose backward negates the gradient: what it guards ascends the loss that the rest descends."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         return -grad
 
 
@@ -135,7 +135,8 @@ def centre_standard(x: Tensor, targets: ContrastiveTargets) -> tuple[Tensor, Ten
     place on x (3, M, N): the two excluded entries of each row are set to the mean over N(i), so that after
     subtracting it they are 0 and the std is the norm of the whole row; no (M, N) mask or copy is made.
     -> dev (x itself, 0 outside N(i)), std (3, M, 1)."""
-    excluded = torch.stack([targets.anchor_index, targets.positive_index], dim=1).expand(x.shape[0], -1, -1)
+    anchor_index = cast(Tensor, targets.anchor_index)  # standard negatives: targets made with anchor_index
+    excluded = torch.stack([anchor_index, targets.positive_index], dim=1).expand(x.shape[0], -1, -1)
     n = targets.negative_count.to(x.dtype)[:, None]  # (M, 1)
     x.scatter_(2, excluded, 0.0)
     mean = x.sum(dim=-1, keepdim=True) / n  # (3, M, 1)
@@ -374,6 +375,7 @@ class UnReMixLoss(ContrastiveLoss):
                 torch.index_select(sim, 0, positive_index, out=scores[2]).add_(sim)
                 scores[2].add_((self_sim - 1 - sim.sum(dim=1))[None, :]).add_(n)
             else:
+                mask = cast(Tensor, mask)  # None only on the branch above
                 if 2 * c.shape[1] < n_cand:
                     torch.mm(mask @ c_hat, c_hat.T, out=scores[2])
                 else:
