@@ -20,6 +20,7 @@ from simcse_hn.files import (
     source_record,
     write_json,
 )
+from simcse_hn.losses import BUILTIN, InfoNCELoss
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +45,7 @@ KNOWN_LICENSES = {
     "FacebookAI/roberta-large": "mit",
 }
 
-SIMCSE_BIBTEX = """@inproceedings{gao2021simcse,
-  title = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
-  author = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
-  booktitle = {Empirical Methods in Natural Language Processing (EMNLP)},
-  year = {2021}
-}"""
+SIMCSE_BIBTEX = InfoNCELoss.citation  # SimCSE's paper, which the InfoNCE objective cites
 
 
 def base_model_license(base_model: str | None) -> str | None:
@@ -145,8 +141,7 @@ def sts_section(sts_results: dict | None, model_name: str, command_model: str = 
 def _objective_section(config: dict) -> str:
     """The objective as the run recorded it (`simcse_config["objective"]`, its own summary): nothing is imported."""
     loss = config.get("loss", "infonce")
-    from simcse_hn.losses.registry import BUILTIN  # a built-in's own text for a record without it: nothing imported
-
+    # a built-in's own text for a record without it (nothing of the user's is imported)
     builtin = BUILTIN.get(loss)
     summary = (config.get("objective") or {}).get("summary") or (builtin.summary if builtin else f"`{loss}`")
     lines = [summary, "", "| setting | value |", "|:--|:--|", f"| loss | `{loss}` |"]
@@ -308,8 +303,6 @@ print(F.cosine_similarity(embeddings[0], embeddings[1], dim=0))
 
 def _citations(config: dict) -> str:
     """SimCSE's BibTeX, and the objective's own when it has one of another paper."""
-    from simcse_hn.losses.registry import BUILTIN
-
     builtin = BUILTIN.get(config.get("loss", ""))
     own = ((config.get("objective") or {}).get("citation") or (builtin.citation if builtin else "")).strip()
     return SIMCSE_BIBTEX if not own or own == SIMCSE_BIBTEX.strip() else f"{SIMCSE_BIBTEX}\n\n{own}"
