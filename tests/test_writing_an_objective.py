@@ -150,3 +150,17 @@ def test_hcls_fast_path_equals_the_generic_reweighting_path(detach, weights):
     torch.testing.assert_close(fast.loss, generic.loss, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(torch.autograd.grad(fast.loss, z)[0], torch.autograd.grad(generic.loss, z)[0])
     torch.testing.assert_close(fast.weights, generic.weights)
+
+
+def test_a_class_without_its_method_is_refused_when_named(tmp_path):
+    """A ReweightingLoss without log_weights (or a ContrastiveLoss without per_anchor) fails when --loss names it,
+    not at the first training step."""
+    (tmp_path / "half.py").write_text(
+        "from simcse_hn.losses import ContrastiveLoss, ReweightingLoss\n"
+        "class NoWeights(ReweightingLoss):\n    name = 'no_weights'\n"
+        "class NoLoss(ContrastiveLoss):\n    name = 'no_loss'\n",
+        encoding="utf-8",
+    )
+    for cls in ("NoWeights", "NoLoss"):
+        with pytest.raises(ConfigError, match="defines neither per_anchor nor log_weights"):
+            parse_args(["--loss", f"{tmp_path / 'half.py'}:{cls}", "--output_dir", str(tmp_path)])

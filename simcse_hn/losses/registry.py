@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from simcse_hn.losses.base import ContrastiveLoss
+from simcse_hn.losses.base import ContrastiveLoss, ReweightingLoss
 from simcse_hn.losses.hcl import DCLLoss, HCLLoss
 from simcse_hn.losses.infonce import InfoNCELoss
 from simcse_hn.losses.progcl import ProGCLLoss
@@ -93,7 +93,10 @@ def _import(module_name: str, name: str) -> Any:
 def _checked(cls: Any, name: str) -> type[ContrastiveLoss]:
     if not (isinstance(cls, type) and issubclass(cls, ContrastiveLoss)):
         raise ObjectiveError(f"{name!r} is not a simcse_hn.losses.ContrastiveLoss subclass")
-    if cls.per_anchor is ContrastiveLoss.per_anchor and getattr(cls, "log_weights", None) is None:
+    if cls.per_anchor is ContrastiveLoss.per_anchor or (
+        issubclass(cls, ReweightingLoss) and cls.per_anchor is ReweightingLoss.per_anchor
+        and cls.log_weights is ReweightingLoss.log_weights
+    ):
         raise ObjectiveError(f"{name!r} defines neither per_anchor nor log_weights")
     return cls
 
