@@ -24,6 +24,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
 from simcse_hn.files import is_hub_id
 from simcse_hn.losses.options import TrainingShape
+from simcse_hn.losses.registry import BASELINE
 from simcse_hn.objective_config import (
     HELP_GROUPS as OBJECTIVE_HELP_GROUPS,
 )
@@ -264,7 +265,7 @@ class DataArguments:
 @dataclass
 class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
     # --- the objective ---
-    loss: str = field(default="infonce", metadata={"help": LOSS_HELP, "metavar": LOSS_METAVAR})
+    loss: str = field(default=BASELINE, metadata={"help": LOSS_HELP, "metavar": LOSS_METAVAR})
     loss_options: str | None = field(
         default=None,
         metadata={

@@ -533,7 +533,7 @@ def model_label(name_or_path: str) -> str:
 
 def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
     """Labels made distinct where two coincide: each of those gets the nearest folder above its path that tells
-    them apart (…/infonce/sts/results.json and …/other/sts/results.json: "infonce/x", "other/x"), else a number."""
+    them apart (…/run_a/sts/results.json and …/run_b/sts/results.json: "run_a/x", "run_b/x"), else a number."""
     out = list(labels)
     for label in set(labels):
         same = [k for k, other in enumerate(labels) if other == label]

@@ -7,7 +7,7 @@ import os
 
 SIMCSE_CONFIG = "simcse_config.json"  # pooler, loss, hyper-parameters, training budget (SimCSEModel.save_pretrained)
 HEAD_WEIGHTS = "simcse_head.safetensors"  # SimCSE's MLP head
-LOSS_STATE = "simcse_loss_state.safetensors"  # a hard-negative loss's state (ProGCL's mixture, UnReMix's theta)
+LOSS_STATE = "simcse_loss_state.safetensors"  # an objective's own state (its buffers and parameters)
 ADAPTER_DIR = "adapter"  # a LoRA run's adapter in peft's format, beside the merged weights (simcse_hn.lora)
 MANIFEST = "simcse_files.json"  # the files the last save wrote: the Hub upload is exactly these
 STS_RESULTS = "sts_results.json"  # eval/sts.py --save_to_model

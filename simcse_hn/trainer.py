@@ -56,8 +56,8 @@ def contrastive_loss(
     positive minus `guide_margin` leave N(i) for the step (simcse_hn.guide; metrics `guide_removed*`).
 
     Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
-    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (UnReMix);
-    text_ids (R,): each row's text id (the duplicate diagnostics).
+    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (for an objective
+    that `needs_head_inputs`); text_ids (R,): each row's text id (the duplicate diagnostics).
     """
     candidates, candidate_features, guide_candidates, offset = embeddings, head_inputs, guide_embeddings, 0
     candidate_ids = text_ids
@@ -84,7 +84,7 @@ def contrastive_loss(
     context = LossContext(
         step=step,
         max_steps=max_steps,
-        # every process fits the same ProGCL mixture, from all processes' pairs
+        # for statistics every process must share (an objective fitted on all processes' pairs)
         all_reduce=distributed.all_reduce_sum if several else None,
         candidate_features=candidate_features,
         candidate_text_ids=None if candidate_ids is None else candidate_ids.to(embeddings.device),
