@@ -73,7 +73,7 @@ class ContrastiveTargets:
         """negative_mask and what is made from it (no host synchronisation)."""
         object.__setattr__(self, "negative_mask", negative_mask)
         object.__setattr__(self, "negative_count", negative_mask.sum(dim=1))
-        bias = torch.zeros(negative_mask.shape, device=negative_mask.device).masked_fill_(~negative_mask, NEG_INF)
+        bias = torch.where(negative_mask, 0.0, NEG_INF)  # float32: one pass
         object.__setattr__(self, "negative_bias", bias)
         offset = bias
         if self.negative_log_weights is not None:
