@@ -72,6 +72,7 @@ from common import (  # noqa: E402
     write_json,
 )
 
+from simcse_hn.files import portable_name  # noqa: E402
 from simcse_hn.losses.registry import BASELINE, benchmark_settings, setting_flags  # noqa: E402
 
 BATCH = 64
@@ -594,9 +595,9 @@ def markdown(report: dict) -> str:
 
 
 def settings(args) -> dict:
-    return {"model": args.model, "model_label": args.model_label, "batch": args.batch, "max_length": MAX_LENGTH,
-            "steps": args.steps, "warmup": args.warmup, "threads": args.threads, "bf16": args.bf16,
-            "cache_minibatch": args.cache_minibatch}  # fmt: skip
+    return {"model": portable_name(args.model), "model_label": args.model_label, "batch": args.batch,
+            "max_length": MAX_LENGTH, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+            "bf16": args.bf16, "cache_minibatch": args.cache_minibatch}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
