@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from simcse_hn.data import NAMED_PAIRS, stream_columns
+from simcse_hn.data import NAMED_PAIRS, no_text_field, stream_columns
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.options import TrainingShape
 from simcse_hn.objective_config import ResolvedObjective, option_error
@@ -27,6 +27,7 @@ from simcse_hn.pairs import (
     NO_NEGATIVES,
     PairColumns,
     format_from_columns,
+    is_hub_source,
     is_table,
     pair_columns,
     table_columns,
@@ -95,6 +96,9 @@ def resolve_data(data_args, dataset=None) -> ResolvedData:
     else:
         evidence = f"{', '.join(flags)} set" if flags else where
     if format == "sentences":
+        if columns is not None and data_args.text_column not in columns:  # as the reader would, before it reads
+            first = f"{source}: record 1" if data_args.streaming or not is_hub_source(source) else source
+            raise no_text_field(first, data_args.text_column, columns)
         pair = next((pair for pair in NAMED_PAIRS if set(pair) <= set(columns or ())), None)
         if pair is not None and data_args.text_column in columns:  # sentences of a paired table, as asked: said
             others = [c for c in columns if c != data_args.text_column and c.lower() not in LABEL_COLUMNS]
