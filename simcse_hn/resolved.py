@@ -36,6 +36,7 @@ from simcse_hn.pairs import (
 logger = logging.getLogger(__name__)
 
 COLUMN_FLAGS = ("anchor_column", "positive_column", "negative_columns")
+TEXT_COLUMN = "text"  # --text_column's default: another value was given
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class ResolvedRun:
     data: ResolvedData
     declared_format: str
     column_flags: tuple[str, ...]
+    text_column: str
     streaming: bool
     max_steps: int
     drop_duplicates: bool
@@ -183,6 +185,7 @@ def resolve_run(data_args, training_args, data: ResolvedData) -> ResolvedRun:
         data=data,
         declared_format=data_args.data_format,
         column_flags=tuple(_column_flags(data_args)),
+        text_column=data_args.text_column,
         streaming=data_args.streaming,
         max_steps=training_args.max_steps,
         drop_duplicates=data_args.drop_duplicates,
@@ -210,6 +213,13 @@ def _sentences_with_column_flags(run: ResolvedRun) -> str | None:
     if run.declared_format == "sentences" and run.column_flags:
         return ("data_format: 'sentences' takes text_column; the anchor/positive/negative column flags are for pairs "
                 f"({', '.join(run.column_flags)} set)")  # fmt: skip
+    return None
+
+
+def _pairs_with_text_column(run: ResolvedRun) -> str | None:
+    if run.data.format == "pairs" and run.text_column != TEXT_COLUMN:
+        return (f"text_column: {run.text_column!r} names a sentence column; paired data ({run.data.evidence}) takes "
+                "anchor_column, positive_column and negative_columns")  # fmt: skip
     return None
 
 
@@ -325,6 +335,7 @@ def _objective_refusals(run: ResolvedRun) -> str | None:
 
 CHECKS: tuple[Callable[[ResolvedRun], str | None], ...] = (
     _sentences_with_column_flags,
+    _pairs_with_text_column,
     _streaming_needs_max_steps,
     _streaming_cannot_drop_duplicates,
     _streaming_takes_no_pairs,

@@ -57,7 +57,8 @@ def _main(tmp_path, capsys, cli: list[str], keys: dict | None = None) -> str:
     config = yaml.safe_load((ROOT / "configs" / "debug_tiny.yaml").read_text(encoding="utf-8"))
     config.update(train_file=str(FIXTURES / "tiny_corpus.txt"), eval_file=str(FIXTURES / "sts_tiny.jsonl"),
                   output_dir=str(tmp_path / "out"), max_steps=2, eval_strategy="no", save_strategy="no",
-                  load_best_model_at_end=False, **(keys or {}))  # fmt: skip
+                  load_best_model_at_end=False)  # fmt: skip
+    config.update(keys or {})
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     assert train.main(["--config", str(path), *cli]) == 2
@@ -128,6 +129,12 @@ CASES = [
      "data_format: 'sentences' takes text_column; the anchor/positive/negative column flags are for pairs"),
     ("data_format sentences with a column flag (YAML)", [], {"data_format": "sentences", "positive_column": "p"},
      "data_format: 'sentences' takes text_column; the anchor/positive/negative column flags are for pairs"),
+    ("text_column with column flags", ["--train_file", "{tri}", "--text_column", "anchor", "--anchor_column",
+                                       "anchor"], {},
+     "text_column: 'anchor' names a sentence column; paired data (anchor_column set) takes anchor_column"),
+    ("text_column with data_format pairs (YAML)", ["--text_column", "sent0"], {"train_file": "{nli}",
+                                                                               "data_format": "pairs"},
+     "text_column: 'sent0' names a sentence column; paired data (data_format pairs) takes anchor_column"),
     ("contrast_form simcse on auto-detected pairs", ["--train_file", "{tri}", "--contrast_form", "simcse"], {},
      "contrast_form: 'simcse' pairs a sentence's two dropout views; paired data ({tri}: columns"),
     ("contrast_form simcse with data_format pairs (YAML)", ["--train_file", "{nli}"],
@@ -160,6 +167,7 @@ CASES = [
 def test_a_combination_that_cannot_work_is_one_line_before_anything_loads(tmp_path, capsys, nothing_loads, name,
                                                                           cli, keys, message):  # fmt: skip
     files = {file.split(".")[0]: path for file, path in _write_data(tmp_path).items()}
+    keys = {key: value.format(**files) if isinstance(value, str) else value for key, value in keys.items()}
     err = _main(tmp_path, capsys, [arg.format(**files) for arg in cli], keys)
     assert err.startswith(message.format(**files)), err
 
@@ -192,7 +200,8 @@ def test_deepspeed_combinations_from_a_yaml_key(tmp_path):
 
 def test_every_check_refuses_something_here():
     """Each check of the resolved run has a case above (the DeepSpeed ones: tests/test_scale_config.py)."""
-    covered = {"_sentences_with_column_flags", "_streaming_needs_max_steps", "_streaming_cannot_drop_duplicates",
+    covered = {"_sentences_with_column_flags", "_pairs_with_text_column", "_streaming_needs_max_steps",
+               "_streaming_cannot_drop_duplicates",
                "_streaming_takes_no_pairs", "_streaming_has_no_sampler", "_hard_negatives_need_them",
                "_pairs_have_no_contrast_form", "_objective_form", "_guide_margin_needs_a_guide", "_length_groups",
                "_objective_refusals"}  # fmt: skip
