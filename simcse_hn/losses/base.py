@@ -279,9 +279,7 @@ def targets_from_values(targets: ContrastiveTargets, anchors: Tensor, candidates
     if (targets.anchor_index is not None or anchors.shape != candidates.shape or torch.compiler.is_compiling()
             or not torch.equal(anchors.detach(), candidates.detach())):  # fmt: skip
         return targets
-    rows = torch.arange(anchors.shape[0], device=targets.positive_index.device)
-    return ContrastiveTargets(targets.positive_index, targets.negative_mask, anchor_index=rows,
-                              negative_log_weights=targets.negative_log_weights)  # fmt: skip
+    return targets.anchored_on_candidates()
 
 
 class _SelfLogits(torch.autograd.Function):
