@@ -99,6 +99,31 @@ def resume(out: Path) -> dict:
     }
 
 
+def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[dict, list[dict]]:
+    """bench/results/<name>.{json,md} from the trials so far (rewritten after each trial)."""
+    per = {m: {"trials": sum(t["moment"] == m for t in trials), "kills": sum(t["moment"] == m and t["killed"]
+               for t in trials), "equal": sum(t["moment"] == m and t["final_equal"] for t in trials)}
+           for m in MOMENTS}  # fmt: skip
+    bad = [t for t in trials if not (t["final_equal"] and t["chosen_complete"] and t["chosen_was_newest_complete"])]
+    data = {"environment": env, "reference_seconds": round(seconds, 1), "per_moment": per, "failures": len(bad),
+            "kills": sum(t["killed"] for t in trials), "load_average_now": load_average(), "trials": trials}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_json(RESULTS / f"{args.name}.json", data)
+    lines = ["# Fault injection: SIGKILL, resume, compare with the uninterrupted run", "",
+             f"`python -m bench.fault_injection --trials {args.trials}` (see the module docstring); "
+             f"{len(trials)} of {3 * args.trials} trials done when this was written.",
+             environment_line(env), "",
+             f"**{data['kills']} kills landed, {len(bad)} trials failed** (final weights not bit-equal to the "
+             "uninterrupted run's, or a resume chose a checkpoint that was not the newest complete one).", "",
+             "| moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
+             *[f"| {m} | {v['trials']} | {v['kills']} | {v['equal']} |" for m, v in per.items()], "",
+             "| moment | target | killed after s | killed | resumed from | final equal |", "|---|---|---|---|---|---|",
+             *[f"| {t['moment']} | {t['target'] or ''} | {t['after_s']} | {t['killed']} | {t['resumed_from']} | "
+               f"{t['final_equal']} |" for t in trials]]  # fmt: skip
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return per, bad
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10, help="per moment")
@@ -112,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(command(work / "reference"), cwd=ROOT, env=ENV, check=True, capture_output=True)
     seconds = time.perf_counter() - start
     reference = weights(work / "reference")
-    trials = []
-    for moment in MOMENTS:
-        for i in range(args.trials):
+    trials: list[dict] = []
+    for i in range(args.trials):
+        for moment in MOMENTS:  # in turn, so that results written so far cover every moment
             out = work / f"{moment}{i}"
             kill = killed_run(moment, out, [], seconds, rng)
             if not (out / "simcse_config.json").exists() or kill["killed"]:
@@ -124,29 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                           "chosen_complete": True, "tail": ""}  # fmt: skip  (finished before the kill)
             got = weights(out) if (out / "simcse_config.json").exists() else {}
             same = got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
-            trial = {"moment": moment, **kill, **finish, "final_equal": same}
-            trials.append(trial)
-            print(json.dumps({k: v for k, v in trial.items() if k != "tail"}), flush=True)
+            trials.append({"moment": moment, **kill, **finish, "final_equal": same})
+            print(json.dumps({k: v for k, v in trials[-1].items() if k != "tail"}), flush=True)
             shutil.rmtree(out, ignore_errors=True)
-    per = {m: {"trials": sum(t["moment"] == m for t in trials), "kills": sum(t["moment"] == m and t["killed"]
-               for t in trials), "equal": sum(t["moment"] == m and t["final_equal"] for t in trials)}
-           for m in MOMENTS}  # fmt: skip
-    bad = [t for t in trials if not (t["final_equal"] and t["chosen_complete"] and t["chosen_was_newest_complete"])]
-    data = {"environment": env, "reference_seconds": round(seconds, 1), "per_moment": per, "failures": len(bad),
-            "kills": sum(t["killed"] for t in trials), "load_average_end": load_average(), "trials": trials}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / f"{args.name}.json", data)
-    lines = ["# Fault injection: SIGKILL, resume, compare with the uninterrupted run", "",
-             f"`python -m bench.fault_injection --trials {args.trials}` (see the module docstring).",
-             environment_line(env), "",
-             f"**{data['kills']} kills landed, {len(bad)} trials failed** (final weights not bit-equal to the "
-             "uninterrupted run's, or a resume chose a checkpoint that was not the newest complete one).", "",
-             "| moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
-             *[f"| {m} | {v['trials']} | {v['kills']} | {v['equal']} |" for m, v in per.items()], "",
-             "| moment | killed after s | killed | resumed from | final equal |", "|---|---|---|---|---|",
-             *[f"| {t['moment']} | {t['after_s']} | {t['killed']} | {t['resumed_from']} | {t['final_equal']} |"
-               for t in trials]]  # fmt: skip
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            per, bad = write_results(args, env, seconds, trials)
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"per_moment": per, "failures": len(bad)}))
     return 0 if not bad else 1
