@@ -84,29 +84,6 @@ class ContrastiveTargets:
     def num_anchors(self) -> int:
         return self.negative_mask.shape[0]
 
-    def anchored_on_candidates(self) -> ContrastiveTargets:
-        """These targets (M == N) with anchor_index = arange(N): anchor i is candidate i. Their masks are kept (no
-        (M, N) pass) and `standard_negatives` is checked from the counts in O(M): a row with n_i = N - 2 negatives that
-        excludes itself and a positive other than itself excludes exactly those two."""
-        m, n = self.negative_mask.shape
-        if m != n:
-            raise ValueError(f"{m} anchors are not the {n} candidates")
-        rows = torch.arange(n, device=self.negative_mask.device)
-        mask, positive = self.negative_mask, self.positive_index
-        standard = bool(
-            (self.negative_count == n - 2).all()
-            & ~mask.diagonal().any()
-            & ~mask.gather(1, positive[:, None]).any()
-            & (positive != rows).all()
-        )  # one host synchronisation
-        anchored = object.__new__(ContrastiveTargets)
-        for name, value in vars(self).items():
-            object.__setattr__(anchored, name, value)
-        object.__setattr__(anchored, "anchor_index", rows)
-        object.__setattr__(anchored, "anchors_are_candidates", True)
-        object.__setattr__(anchored, "standard_negatives", standard)
-        return anchored
-
     def restrict_negatives(self, keep: Tensor) -> ContrastiveTargets:
         """These targets with N(i) restricted to the candidates where keep (M, N) bool is True, without a host
         synchronisation: made once per step (a guide model's exclusions), so the facts are not checked again. A
