@@ -80,6 +80,29 @@ class ContrastiveTargets:
             offset = self.negative_log_weights.masked_fill(~negative_mask, NEG_INF)
         object.__setattr__(self, "negative_offset", offset)
 
+    @classmethod
+    def standard(cls, positive_index: Tensor, num_candidates: int, anchors_are_candidates: bool) -> ContrastiveTargets:
+        """Standard negatives stated by the caller, so the facts hold by construction and nothing is read back from
+        the device: N(i) is every candidate but positive_index[i] and, when `anchors_are_candidates` (anchor i is
+        candidate i; M == num_candidates), anchor i itself; then anchor_index is 0..M-1 and `standard_negatives`
+        holds. The plain call makes these when it is given no negative_mask."""
+        m = positive_index.shape[0]
+        if positive_index.dim() != 1 or (anchors_are_candidates and m != num_candidates):
+            raise ValueError(f"positive_index {tuple(positive_index.shape)} does not match {num_candidates} rows")
+        columns = torch.arange(num_candidates, device=positive_index.device)  # (N,)
+        negative_mask = columns[None] != positive_index[:, None]  # (M, N)
+        anchor_index = None
+        if anchors_are_candidates:
+            anchor_index = columns
+            negative_mask &= columns[None] != columns[:, None]
+        targets = object.__new__(cls)
+        for name, value in (("positive_index", positive_index), ("anchor_index", anchor_index),
+                            ("negative_log_weights", None), ("anchors_are_candidates", anchors_are_candidates),
+                            ("standard_negatives", anchors_are_candidates)):  # fmt: skip
+            object.__setattr__(targets, name, value)
+        targets._set_masks(negative_mask)
+        return targets
+
     @property
     def num_anchors(self) -> int:
         return self.negative_mask.shape[0]
