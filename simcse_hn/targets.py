@@ -89,18 +89,25 @@ class ContrastiveTargets:
         m = positive_index.shape[0]
         if positive_index.dim() != 1 or (anchors_are_candidates and m != num_candidates):
             raise ValueError(f"positive_index {tuple(positive_index.shape)} does not match {num_candidates} rows")
-        columns = torch.arange(num_candidates, device=positive_index.device)  # (N,)
-        negative_mask = columns[None] != positive_index[:, None]  # (M, N)
+        device, rows = positive_index.device, positive_index[:, None]  # (M, 1)
+        # written, not compared: an (M, N) fill and M scattered entries, where a comparison, a reduction over the
+        # mask and a `torch.where` are each an (M, N) pass (at 2N = 4096 on 2 CPU cores: 55 ms against 270 ms)
+        negative_mask = torch.ones((m, num_candidates), dtype=torch.bool, device=device).scatter_(1, rows, False)
+        bias = torch.zeros((m, num_candidates), device=device).scatter_(1, rows, NEG_INF)  # float32, as _set_masks
+        count = torch.full((m,), num_candidates - 1, device=device)  # int64, as a mask's sum
         anchor_index = None
         if anchors_are_candidates:
-            anchor_index = columns
-            negative_mask &= columns[None] != columns[:, None]
+            anchor_index = torch.arange(m, device=device)
+            negative_mask.fill_diagonal_(False)
+            bias.fill_diagonal_(NEG_INF)
+            count -= (positive_index != anchor_index).long()  # a positive that is the anchor itself is excluded once
+        facts = {"positive_index": positive_index, "anchor_index": anchor_index, "negative_log_weights": None,
+                 "anchors_are_candidates": anchors_are_candidates, "standard_negatives": anchors_are_candidates,
+                 "negative_mask": negative_mask, "negative_count": count, "negative_bias": bias,
+                 "negative_offset": bias}  # fmt: skip
         targets = object.__new__(cls)
-        for name, value in (("positive_index", positive_index), ("anchor_index", anchor_index),
-                            ("negative_log_weights", None), ("anchors_are_candidates", anchors_are_candidates),
-                            ("standard_negatives", anchors_are_candidates)):  # fmt: skip
+        for name, value in facts.items():
             object.__setattr__(targets, name, value)
-        targets._set_masks(negative_mask)
         return targets
 
     @property

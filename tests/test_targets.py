@@ -96,7 +96,11 @@ def test_the_plain_call_without_a_mask_states_the_standard_negatives():
     checked = build_targets(8, "symmetric")
     assert stated.anchors_are_candidates and stated.standard_negatives
     assert torch.equal(stated.negative_mask, negative_mask) and torch.equal(stated.anchor_index, checked.anchor_index)
-    assert torch.equal(stated.negative_bias, checked.negative_bias)
+    for name in ("negative_bias", "negative_offset", "negative_count"):  # written, not derived from the mask
+        assert torch.equal(getattr(stated, name), getattr(checked, name)), name
+    own = ContrastiveTargets.standard(torch.tensor([0, 2, 1, 4, 3, 5]), 6, anchors_are_candidates=True)
+    assert torch.equal(own.negative_count, own.negative_mask.sum(dim=1))  # rows 0 and 5 are their own positive
+    assert torch.equal(own.negative_bias == 0, own.negative_mask)
     paper = ContrastiveTargets.standard(torch.arange(4), 4, anchors_are_candidates=False)  # SimCSE's z1 against z2
     assert not paper.anchors_are_candidates and not paper.standard_negatives and paper.anchor_index is None
     assert torch.equal(paper.negative_mask, ~torch.eye(4, dtype=torch.bool))
