@@ -1,0 +1,194 @@
+"""Topic-aware batches (TAS-B, arXiv 2104.06967): every gathered batch drawn from one k-means cluster of the corpus.
+
+In-batch negatives of a random batch are mostly unrelated sentences; drawn from one topic cluster they are near
+neighbours, i.e. hard negatives at no extra forward cost. The corpus (the `text` column, or `anchor` for paired data)
+is embedded once by an encoder and clustered by k-means (`kmeans`: seeded Lloyd iterations in torch, or faiss when it
+is installed); `TopicBatchSampler` then orders the dataset so that every window of `window` consecutive indices (one
+gathered batch: per-device batch x processes, which accelerate deals out to the processes batch by batch) takes
+`round(share x window)` rows from one cluster and the rest at random. Like simcse_hn.sampling.NoDuplicatesSampler it
+is a plain index sampler: the order is a function of the seed, the epoch and the assignment only, so every process
+draws the same windows and a resumed run skips exactly the batches it had trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.data import Sampler
+
+try:  # optional extra `faiss-cpu`: faster k-means on large corpora
+    import faiss
+except ImportError:  # pragma: no cover - depends on the environment
+    faiss = None
+
+logger = logging.getLogger(__name__)
+
+LLOYD_ITERATIONS = 20  # TAS-B's clustering is coarse: a few iterations move few points after the first ten
+
+
+def kmeans(embeddings: Tensor, clusters: int, seed: int = 0, iterations: int = LLOYD_ITERATIONS,
+           use_faiss: bool | None = None) -> Tensor:  # fmt: skip
+    """embeddings (n, D) -> the cluster of each row, (n,) int64 on the CPU, by cosine (rows normalised).
+
+    Seeded: the same embeddings give the same assignment. torch: k-means++-free Lloyd from `clusters` distinct rows
+    drawn by the seed; faiss (when installed and `use_faiss` is not False): `faiss.Kmeans` with the same seed."""
+    x = torch.nn.functional.normalize(embeddings.float().cpu(), dim=-1)  # (n, D)
+    n = x.shape[0]
+    if not 1 <= clusters <= n:
+        raise ValueError(f"clusters must be in 1..{n} (the corpus size), got {clusters}")
+    if (faiss is not None) if use_faiss is None else use_faiss:
+        model = faiss.Kmeans(x.shape[1], clusters, niter=iterations, seed=seed, spherical=True, verbose=False)
+        model.train(x.numpy())
+        return torch.from_numpy(model.index.search(x.numpy(), 1)[1][:, 0]).long()
+    generator = torch.Generator().manual_seed(seed)
+    centroids = x[torch.randperm(n, generator=generator)[:clusters]].clone()  # (K, D)
+    assignment = torch.zeros(n, dtype=torch.long)
+    for _ in range(iterations):
+        assignment = (x @ centroids.T).argmax(dim=1)  # (n,)
+        sums = torch.zeros_like(centroids).index_add_(0, assignment, x)  # (K, D)
+        counts = torch.bincount(assignment, minlength=clusters)  # (K,)
+        centroids = torch.nn.functional.normalize(sums, dim=-1)
+        empty = (counts == 0).nonzero()[:, 0]  # re-seeded at the rows farthest from their centroid
+        if len(empty):
+            fit = (x * centroids[assignment]).sum(dim=1)  # (n,)
+            centroids[empty] = x[fit.argsort()[: len(empty)]]
+    return (x @ centroids.T).argmax(dim=1)
+
+
+def cluster_corpus(encode: Callable[[list[str]], Tensor], texts: Sequence[str], clusters: int, seed: int = 0) -> Tensor:
+    """Embed `texts` with `encode` and cluster them: (n,) int64. Logs the time it took."""
+    start = time.perf_counter()
+    embeddings = encode(list(texts))  # (n, D)
+    encoded = time.perf_counter()
+    assignment = kmeans(embeddings, clusters, seed=seed)
+    logger.info("topic batches: %d texts encoded in %.1fs, clustered into %d in %.1fs", len(texts),
+                encoded - start, clusters, time.perf_counter() - encoded)  # fmt: skip
+    return assignment
+
+
+class TopicBatchSampler(Sampler[int]):
+    """Yields len(self) indices in windows of `window`, each window's first round(share x window) rows from one
+    cluster of `assignment` ((n,) int, one cluster per example) and the rest drawn at random.
+
+    rows: one tuple of texts per example (its column values), for `no_duplicates`: no window holds a text twice (a
+    row that would repeat one waits for a later window, as in NoDuplicatesSampler). The order depends only on `seed`,
+    the epoch (`set_epoch`) and `assignment`. Each epoch: the random rows of all windows are set aside from a seeded
+    permutation, every cluster's remaining rows (in permutation order) are cut into chunks of the cluster share, the
+    rows of clusters too small for a chunk are pooled and cut in the same way (those chunks mix clusters: the only
+    windows not from one cluster, counted in `mixed_windows`), and the chunks are taken in a seeded random order.
+    Only floor(n / window) full windows are drawn (drop_last).
+    """
+
+    def __init__(self, assignment: Tensor, window: int, share: float = 1.0, seed: int = 0,
+                 rows: Sequence[tuple[str, ...]] | None = None, no_duplicates: bool = False):  # fmt: skip
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self.assignment = torch.as_tensor(assignment, dtype=torch.long).cpu()
+        if rows is not None and len(rows) != len(self.assignment):
+            raise ValueError(f"{len(rows)} rows for {len(self.assignment)} assigned examples")
+        ids: dict[str, int] = {}
+        self.rows = None
+        if no_duplicates and rows is not None:
+            self.rows = [frozenset(ids.setdefault(text, len(ids)) for text in row) for row in rows]
+        self.window = window
+        self.share = share
+        self.seed = seed
+        self.epoch = 0
+        self.mixed_windows = 0
+
+    @property
+    def from_cluster(self) -> int:
+        return max(1, round(self.share * self.window))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.assignment) // self.window * self.window
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.epoch_order())
+
+    def epoch_windows(self) -> list[list[int]]:
+        """This epoch's windows, in order."""
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        n, full, inside = len(self.assignment), len(self.assignment) // self.window, self.from_cluster
+        permutation = torch.randperm(n, generator=generator)
+        random_rows = permutation[: full * (self.window - inside)].tolist()
+        rest = permutation[full * (self.window - inside) :]
+        members: dict[int, list[int]] = {}
+        for index, cluster in zip(rest.tolist(), self.assignment[rest].tolist()):
+            members.setdefault(cluster, []).append(index)
+        chunks, pooled = [], []
+        for cluster in sorted(members):
+            taken, left = self._chunks(members[cluster], inside)
+            chunks += taken
+            pooled += left
+        pure = len(chunks)
+        taken, left = self._chunks(pooled, inside)
+        chunks += taken
+        order = torch.randperm(pure, generator=generator).tolist()
+        chunks = [chunks[i] for i in order] + chunks[pure:]  # one-cluster windows first, in a random order
+        chunks, spare = chunks[:full], [i for chunk in chunks[full:] for i in chunk] + left
+        self.mixed_windows = max(0, len(chunks) - pure)
+        if self.mixed_windows:
+            logger.warning("topic batches: %d of %d windows mix clusters (clusters smaller than %d rows)",
+                           self.mixed_windows, full, inside)  # fmt: skip
+        queue = random_rows + spare  # the random part, then whatever chunks could not use
+        windows = []
+        for chunk in chunks:
+            extra, queue = self._take(queue, self.window - len(chunk), self._texts(chunk))
+            windows.append(chunk + extra)
+        return [w for w in windows if len(w) == self.window] + self._fill(windows, queue)
+
+    def epoch_order(self) -> list[int]:
+        """The indices of this epoch, in order (len(self) of them)."""
+        return [index for window in self.epoch_windows() for index in window]
+
+    def _texts(self, indices: list[int]) -> set[int]:
+        return set().union(*(self.rows[i] for i in indices)) if self.rows is not None else set()
+
+    def _take(self, queue: list[int], count: int, seen: set[int]) -> tuple[list[int], list[int]]:
+        """Up to `count` indices from the front of `queue` adding no text to `seen`; the rest of the queue, in order."""
+        taken, rest = [], []
+        for position, index in enumerate(queue):
+            if len(taken) == count:
+                return taken, rest + queue[position:]
+            if self.rows is None or seen.isdisjoint(self.rows[index]):
+                taken.append(index)
+                if self.rows is not None:
+                    seen |= self.rows[index]
+            else:
+                rest.append(index)
+        return taken, rest
+
+    def _chunks(self, indices: list[int], size: int) -> tuple[list[list[int]], list[int]]:
+        """Chunks of `size` distinct-text indices cut greedily from `indices`; the indices no chunk took."""
+        chunks = []
+        while len(indices) >= size:
+            chunk, rest = self._take(indices, size, set())
+            if len(chunk) < size:
+                break
+            chunks.append(chunk)
+            indices = rest
+        return chunks, indices
+
+    def _fill(self, windows: list[list[int]], queue: list[int]) -> list[list[int]]:
+        """Windows that ran short of distinct texts, completed anyway (with a warning), keeping the count."""
+        short = [w for w in windows if len(w) < self.window]
+        if not short:
+            return []
+        logger.warning("topic batches: %d windows of %d hold a repeated text (too few distinct texts)",
+                       len(short), self.window)  # fmt: skip
+        out, queue = [], queue + [index for window in windows for index in window]  # never runs dry
+        for window in short:
+            need = self.window - len(window)
+            out.append(window + queue[:need])
+            queue = queue[need:]
+        return out
