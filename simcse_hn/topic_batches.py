@@ -34,8 +34,8 @@ def kmeans(embeddings: Tensor, clusters: int, seed: int = 0, iterations: int = L
            use_faiss: bool | None = None) -> Tensor:  # fmt: skip
     """embeddings (n, D) -> the cluster of each row, (n,) int64 on the CPU, by cosine (rows normalised).
 
-    Seeded: the same embeddings give the same assignment. torch: k-means++-free Lloyd from `clusters` distinct rows
-    drawn by the seed; faiss (when installed and `use_faiss` is not False): `faiss.Kmeans` with the same seed."""
+    Seeded: the same embeddings give the same assignment. torch: Lloyd iterations from a seeded k-means++ start;
+    faiss (when installed and `use_faiss` is not False): `faiss.Kmeans` with the same seed."""
     x = torch.nn.functional.normalize(embeddings.float().cpu(), dim=-1)  # (n, D)
     n = x.shape[0]
     if not 1 <= clusters <= n:
@@ -45,7 +45,7 @@ def kmeans(embeddings: Tensor, clusters: int, seed: int = 0, iterations: int = L
         model.train(x.numpy())
         return torch.from_numpy(model.index.search(x.numpy(), 1)[1][:, 0]).long()
     generator = torch.Generator().manual_seed(seed)
-    centroids = x[torch.randperm(n, generator=generator)[:clusters]].clone()  # (K, D)
+    centroids = _kmeans_plus_plus(x, clusters, generator)  # (K, D)
     assignment = torch.zeros(n, dtype=torch.long)
     for _ in range(iterations):
         assignment = (x @ centroids.T).argmax(dim=1)  # (n,)
@@ -57,6 +57,19 @@ def kmeans(embeddings: Tensor, clusters: int, seed: int = 0, iterations: int = L
             fit = (x * centroids[assignment]).sum(dim=1)  # (n,)
             centroids[empty] = x[fit.argsort()[: len(empty)]]
     return (x @ centroids.T).argmax(dim=1)
+
+
+def _kmeans_plus_plus(x: Tensor, clusters: int, generator: torch.Generator) -> Tensor:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007) on unit rows x (n, D): each next centroid drawn with
+    probability proportional to its squared distance from the nearest one chosen."""
+    chosen = [int(torch.randint(x.shape[0], (1,), generator=generator))]
+    nearest = 2 - 2 * (x @ x[chosen[0]])  # (n,) squared distance to the nearest centroid
+    for _ in range(clusters - 1):
+        weights = nearest.clamp_min(0)
+        pick = int(torch.multinomial(weights, 1, generator=generator)) if weights.sum() > 0 else len(chosen)
+        chosen.append(pick)
+        nearest = torch.minimum(nearest, 2 - 2 * (x @ x[pick]))
+    return x[chosen].clone()
 
 
 def cluster_corpus(encode: Callable[[list[str]], Tensor], texts: Sequence[str], clusters: int, seed: int = 0) -> Tensor:
