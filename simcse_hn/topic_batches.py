@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -72,7 +73,9 @@ def _kmeans_plus_plus(x: Tensor, clusters: int, generator: torch.Generator) -> T
     return x[chosen].clone()
 
 
-def cluster_corpus(encode: Callable[[list[str]], Tensor], texts: Sequence[str], clusters: int, seed: int = 0) -> Tensor:
+def cluster_corpus(
+    encode: Callable[[list[str]], Tensor], texts: Sequence[str], clusters: int, seed: int = 0
+) -> Tensor:
     """Embed `texts` with `encode` and cluster them: (n,) int64. Logs the time it took."""
     start = time.perf_counter()
     embeddings = encode(list(texts))  # (n, D)
@@ -85,14 +88,15 @@ def cluster_corpus(encode: Callable[[list[str]], Tensor], texts: Sequence[str], 
 
 class TopicBatchSampler(Sampler[int]):
     """Yields len(self) indices in windows of `window`, each window's first round(share x window) rows from one
-    cluster of `assignment` ((n,) int, one cluster per example) and the rest drawn at random.
+    cluster of `assignment` ((n,) int, one cluster per example) and the rest drawn at random from the other rows.
 
     rows: one tuple of texts per example (its column values), for `no_duplicates`: no window holds a text twice (a
     row that would repeat one waits for a later window, as in NoDuplicatesSampler). The order depends only on `seed`,
-    the epoch (`set_epoch`) and `assignment`. Each epoch: the random rows of all windows are set aside from a seeded
-    permutation, every cluster's remaining rows (in permutation order) are cut into chunks of the cluster share, the
-    rows of clusters too small for a chunk are pooled and cut in the same way (those chunks mix clusters: the only
-    windows not from one cluster, counted in `mixed_windows`), and the chunks are taken in a seeded random order.
+    the epoch (`set_epoch`) and `assignment`. Each epoch: every cluster's rows, in a seeded permutation's order, are
+    cut into chunks of the cluster share, the rows a cluster leaves over (fewer than a chunk) are pooled and cut in the
+    same way (those chunks mix clusters, and are used only when the one-cluster chunks run out: `mixed_windows`
+    counts them), the first floor(n / window) chunks in a seeded random order begin the windows, and the rows of no
+    chosen chunk, shuffled, complete them.
     Only floor(n / window) full windows are drawn (drop_last).
     """
 
@@ -133,10 +137,8 @@ class TopicBatchSampler(Sampler[int]):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         n, full, inside = len(self.assignment), len(self.assignment) // self.window, self.from_cluster
         permutation = torch.randperm(n, generator=generator)
-        random_rows = permutation[: full * (self.window - inside)].tolist()
-        rest = permutation[full * (self.window - inside) :]
         members: dict[int, list[int]] = {}
-        for index, cluster in zip(rest.tolist(), self.assignment[rest].tolist()):
+        for index, cluster in zip(permutation.tolist(), self.assignment[permutation].tolist()):
             members.setdefault(cluster, []).append(index)
         chunks, pooled = [], []
         for cluster in sorted(members):
@@ -144,21 +146,19 @@ class TopicBatchSampler(Sampler[int]):
             chunks += taken
             pooled += left
         pure = len(chunks)
-        taken, left = self._chunks(pooled, inside)
-        chunks += taken
+        chunks += self._chunks(pooled, inside)[0]
         order = torch.randperm(pure, generator=generator).tolist()
-        chunks = [chunks[i] for i in order] + chunks[pure:]  # one-cluster windows first, in a random order
-        chunks, spare = chunks[:full], [i for chunk in chunks[full:] for i in chunk] + left
-        self.mixed_windows = max(0, len(chunks) - pure)
+        chunks = [chunks[i] for i in order] + chunks[pure:]  # one-cluster chunks first, in a random order
+        self.mixed_windows = max(0, full - pure)
         if self.mixed_windows:
-            logger.warning("topic batches: %d of %d windows mix clusters (clusters smaller than %d rows)",
+            logger.warning("topic batches: %d of %d windows mix clusters (too few clusters of %d rows or more)",
                            self.mixed_windows, full, inside)  # fmt: skip
-        queue = random_rows + spare  # the random part, then whatever chunks could not use
-        windows = []
-        for chunk in chunks:
-            extra, queue = self._take(queue, self.window - len(chunk), self._texts(chunk))
-            windows.append(chunk + extra)
-        return [w for w in windows if len(w) == self.window] + self._fill(windows, queue)
+        chunks, used = chunks[:full], {i for chunk in chunks[:full] for i in chunk}
+        chunks += [[] for _ in range(full - len(chunks))]  # too few chunks (repeated texts): windows of random rows
+        spare = torch.tensor([i for i in permutation.tolist() if i not in used], dtype=torch.long)
+        queue = deque(spare[torch.randperm(len(spare), generator=generator)].tolist())  # the random share's rows
+        windows = [chunk + self._take(queue, self.window - len(chunk), self._texts(chunk)) for chunk in chunks]
+        return [w for w in windows if len(w) == self.window] + self._fill(windows, list(queue))
 
     def epoch_order(self) -> list[int]:
         """The indices of this epoch, in order (len(self) of them)."""
@@ -167,30 +167,31 @@ class TopicBatchSampler(Sampler[int]):
     def _texts(self, indices: list[int]) -> set[int]:
         return set().union(*(self.rows[i] for i in indices)) if self.rows is not None else set()
 
-    def _take(self, queue: list[int], count: int, seen: set[int]) -> tuple[list[int], list[int]]:
-        """Up to `count` indices from the front of `queue` adding no text to `seen`; the rest of the queue, in order."""
-        taken, rest = [], []
-        for position, index in enumerate(queue):
-            if len(taken) == count:
-                return taken, rest + queue[position:]
+    def _take(self, queue: deque[int], count: int, seen: set[int]) -> list[int]:
+        """Up to `count` indices from the front of `queue` (removed from it) adding no text to `seen`; the indices
+        passed over stay at the front, in order. Costs the indices looked at, not the queue's length."""
+        taken, passed = [], []
+        while queue and len(taken) < count:
+            index = queue.popleft()
             if self.rows is None or seen.isdisjoint(self.rows[index]):
                 taken.append(index)
                 if self.rows is not None:
                     seen |= self.rows[index]
             else:
-                rest.append(index)
-        return taken, rest
+                passed.append(index)
+        queue.extendleft(reversed(passed))
+        return taken
 
     def _chunks(self, indices: list[int], size: int) -> tuple[list[list[int]], list[int]]:
-        """Chunks of `size` distinct-text indices cut greedily from `indices`; the indices no chunk took."""
-        chunks = []
-        while len(indices) >= size:
-            chunk, rest = self._take(indices, size, set())
+        """Chunks of `size` distinct-text indices cut greedily from `indices`; the indices no chunk took, in order."""
+        chunks, queue = [], deque(indices)
+        while len(queue) >= size:
+            chunk = self._take(queue, size, set())
             if len(chunk) < size:
+                queue.extendleft(reversed(chunk))
                 break
             chunks.append(chunk)
-            indices = rest
-        return chunks, indices
+        return chunks, list(queue)
 
     def _fill(self, windows: list[list[int]], queue: list[int]) -> list[list[int]]:
         """Windows that ran short of distinct texts, completed anyway (with a warning), keeping the count."""
