@@ -22,13 +22,16 @@ from simcse_hn import distributed, grad_cache
 from simcse_hn.callbacks import ClampWarningCallback
 from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
 from simcse_hn.data import GUIDE_PREFIX, STSPairs
-from simcse_hn.evaluation import sts_dev_metrics
+from simcse_hn.evaluation import load_encoder, simcse_encode_fn, sts_dev_metrics
 from simcse_hn.guide import SELF, Guide, guide_targets, load_guide
 from simcse_hn.losses import ContrastiveLoss, LossOutput
 from simcse_hn.sampling import NoDuplicatesSampler
 from simcse_hn.targets import LossContext, build_paired_targets, build_targets
+from simcse_hn.topic_batches import TopicBatchSampler, cluster_corpus
 
 logger = logging.getLogger(__name__)
+
+TOPIC_CLUSTERS_FILE = "topic_clusters.pt"  # a checkpoint's cluster assignment: a resumed run draws the same batches
 
 
 def contrastive_loss(
@@ -144,9 +147,9 @@ class _SamplerEpoch(TrainerCallback):
         self.trainer = trainer
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        sampler = self.trainer._no_duplicates_sampler
-        if sampler is not None:
-            sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
+        for sampler in (self.trainer._no_duplicates_sampler, self.trainer._topic_sampler):
+            if sampler is not None:
+                sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
 
 
 class SimCSETrainer(Trainer):
@@ -206,6 +209,8 @@ class SimCSETrainer(Trainer):
         self.add_callback(ClampWarningCallback())
         self.add_callback(_SamplerEpoch(self))
         self._no_duplicates_sampler: NoDuplicatesSampler | None = None
+        self._topic_sampler: TopicBatchSampler | None = None
+        self._topic_assignment: Tensor | None = None  # (n,) int64: the cluster of each training example
         self.guide = None
         if args.guide_model not in (None, SELF):
             self.guide = (guide if guide is not None else load_guide(args.guide_model)).to(args.device)
@@ -342,16 +347,46 @@ class SimCSETrainer(Trainer):
         the order accelerate shards batches) holds no text twice; seeded by data_seed (or seed) and the epoch, so
         every process draws the same order and a resumed run the same batches. Otherwise the Trainer's."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if not self.no_duplicates or dataset is None or not isinstance(dataset, datasets.Dataset):
+        in_memory = dataset is not None and isinstance(dataset, datasets.Dataset)
+        if self.args.topic_batches and not in_memory:
+            raise ValueError("topic_batches: needs a corpus in memory (a stream cannot be clustered up front)")
+        if not (self.no_duplicates or self.args.topic_batches) or not in_memory:
             return super()._get_train_sampler(train_dataset)
         window = self.args.per_device_train_batch_size * (self.args.world_size if self.gather_across_devices else 1)
         columns = [c for c in dataset.column_names if c == "text" or c in ("anchor", "positive")
                    or c.startswith("negative_")]  # fmt: skip
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        if self.args.topic_batches:
+            self._topic_sampler = TopicBatchSampler(
+                self.topic_assignment(dataset), window, self.args.topic_share, seed=seed,
+                rows=list(zip(*(dataset[c] for c in columns))), no_duplicates=self.no_duplicates,
+            )  # fmt: skip
+            return self._topic_sampler
         self._no_duplicates_sampler = NoDuplicatesSampler(
             list(zip(*(dataset[c] for c in columns))), window, seed=seed, drop_last=self.args.dataloader_drop_last
         )
         return self._no_duplicates_sampler
+
+    def topic_assignment(self, dataset: datasets.Dataset) -> Tensor:
+        """The cluster of each example (anchor column for pairs): made once per run, by `topic_encoder` or the model
+        before its first step, on process 0 and broadcast, so every process holds the same; a resumed run reads its
+        checkpoint's (TOPIC_CLUSTERS_FILE), so it draws the batches of the uninterrupted run."""
+        if self._topic_assignment is None:
+            assignment = None
+            if distributed.rank() == 0:
+                texts = dataset["anchor" if "anchor" in dataset.column_names else "text"]
+                if self.args.topic_encoder is not None:
+                    encode = load_encoder(self.args.topic_encoder, device=str(self.args.device))[0]
+                else:
+                    encode = simcse_encode_fn(self.accelerator.unwrap_model(self.model), self.processing_class,
+                                              max_length=getattr(self.data_collator, "max_length", None))  # fmt: skip
+                seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+                assignment = cluster_corpus(encode, texts, self.args.topic_clusters, seed=seed)
+            self._topic_assignment = distributed.broadcast_object(assignment)
+        if len(self._topic_assignment) != len(dataset):
+            raise ValueError(f"topic_batches: {len(self._topic_assignment)} cluster assignments (from the "
+                             f"checkpoint) for {len(dataset)} training examples")  # fmt: skip
+        return self._topic_assignment
 
     def get_train_dataloader(self):
         """A streamed corpus (a datasets.IterableDataset, data.load_sentence_stream) is already this process's share
@@ -488,6 +523,8 @@ class SimCSETrainer(Trainer):
         if self.args.should_save:
             run_dir = self._get_output_dir(trial)
             written = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if self._topic_assignment is not None:
+                torch.save(self._topic_assignment, os.path.join(written, TOPIC_CLUSTERS_FILE))
             rotate_checkpoints(run_dir, run_id, limit, {written, self.state.best_model_checkpoint})
 
     def _finalize_training(self, trial, num_train_samples, start_time):
@@ -502,6 +539,10 @@ class SimCSETrainer(Trainer):
             rotate_checkpoints(self._get_output_dir(trial), self.run_id, 1, {self.state.best_model_checkpoint})
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        clusters = os.path.join(resume_from_checkpoint, TOPIC_CLUSTERS_FILE) if isinstance(
+            resume_from_checkpoint, str) else None  # fmt: skip
+        if self.args.topic_batches and clusters is not None and os.path.isfile(clusters):
+            self._topic_assignment = torch.load(clusters)
         if isinstance(resume_from_checkpoint, str) and self._reached_max_steps(resume_from_checkpoint):
             return self._finish_from_checkpoint(resume_from_checkpoint)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
