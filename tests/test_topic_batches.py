@@ -1,0 +1,205 @@
+"""Topic-aware batches (simcse_hn/topic_batches.py): every gathered batch drawn from one k-means cluster, the share
+option, an order that depends on seed, epoch and assignment only (so a resumed run skips to the same batches), the
+same batches on two processes, paired data, GradCache, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from accelerate.data_loader import BatchSamplerShard, skip_first_batches
+from dist_worker_topic import CLUSTERS, EXAMPLES, PER_DEVICE
+from dist_worker_topic import RecordingCollator as AnchorCollator
+from torch.utils.data import BatchSampler, DataLoader
+
+import train
+from simcse_hn.config import SimCSETrainingArguments
+from simcse_hn.losses import build_loss
+from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+from simcse_hn.topic_batches import TopicBatchSampler, kmeans
+from simcse_hn.trainer import TOPIC_CLUSTERS_FILE, SimCSETrainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def topics(count: int = 6, per_topic: int = 50, dim: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embeddings of `count` obvious topics (tight noise around random directions) and each row's topic."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.randn(count, dim, generator=generator)
+    truth = torch.arange(count).repeat_interleave(per_topic)  # (n,)
+    return centres[truth] + 0.1 * torch.randn(len(truth), dim, generator=generator), truth
+
+
+def test_kmeans_finds_obvious_topics_and_is_seeded():
+    embeddings, truth = topics()
+    assignment = kmeans(embeddings, 6, seed=1, use_faiss=False)
+    for topic in range(6):  # each topic is one cluster, each cluster one topic
+        assert len(set(assignment[truth == topic].tolist())) == 1
+    assert len(set(assignment.tolist())) == 6
+    assert torch.equal(assignment, kmeans(embeddings, 6, seed=1, use_faiss=False))
+    with pytest.raises(ValueError, match="clusters must be in 1..300"):
+        kmeans(embeddings, 301)
+
+
+def test_every_window_is_drawn_from_one_cluster():
+    _, truth = topics()
+    sampler = TopicBatchSampler(truth, window=16, seed=3)
+    windows = sampler.epoch_windows()
+    assert len(windows) == 300 // 16 and sampler.mixed_windows == 0
+    assert all(len(set(truth[w].tolist())) == 1 for w in windows)
+    order = list(sampler)
+    assert len(order) == len(sampler) == 288 and len(set(order)) == 288  # no example twice in an epoch
+    plain = torch.randperm(300, generator=torch.Generator().manual_seed(3))[:288].view(-1, 16)
+    assert all(len(set(truth[w].tolist())) > 1 for w in plain)  # a random batch mixes topics
+
+
+def test_clusters_too_small_for_a_window_are_pooled_and_counted():
+    truth = torch.tensor([0] * 40 + [1] * 5 + [2] * 5 + [3] * 6)  # three clusters smaller than a window of 8
+    sampler = TopicBatchSampler(truth, window=8, seed=0)
+    windows = sampler.epoch_windows()
+    assert len(windows) == 7 and sampler.mixed_windows == 2
+    assert sum(len(set(truth[w].tolist())) == 1 for w in windows) == 5  # cluster 0's five windows
+    assert len({i for w in windows for i in w}) == 56
+
+
+def test_the_share_option_takes_that_many_rows_from_one_cluster():
+    _, truth = topics(count=10, per_topic=64)
+    sampler = TopicBatchSampler(truth, window=16, share=0.5, seed=2)
+    windows = sampler.epoch_windows()
+    assert sampler.from_cluster == 8 and len(windows) == 40
+    for w in windows:
+        assert len(set(truth[w[:8]].tolist())) == 1  # the cluster's share
+    rest = torch.tensor([w[8:] for w in windows])  # (40, 8): the random share spans the topics
+    assert len(set(truth[rest.flatten()].tolist())) == 10
+    assert sum(len(set(truth[w].tolist())) > 1 for w in windows) > 30
+
+
+def test_no_duplicates_inside_a_cluster():
+    _, truth = topics(count=4, per_topic=40)
+    rows = [(f"text {i % 60}", f"positive {i}") for i in range(160)]  # each text appears 2-3 times
+    sampler = TopicBatchSampler(truth, window=8, seed=0, rows=rows, no_duplicates=True)
+    windows = sampler.epoch_windows()
+    assert len(windows) == 20
+    for w in windows:
+        texts = [text for i in w for text in rows[i]]
+        assert len(texts) == len(set(texts))
+    plain = TopicBatchSampler(truth, window=8, seed=0).epoch_windows()
+    assert any(len({rows[i][0] for i in w}) < 8 for w in plain)  # without the option a window repeats a text
+
+
+def test_the_order_depends_on_seed_epoch_and_assignment_and_a_resume_skips_to_it():
+    _, truth = topics()
+    sampler = TopicBatchSampler(truth, 16, seed=1)
+    assert list(sampler) == list(TopicBatchSampler(truth.clone(), 16, seed=1))
+    sampler.set_epoch(1)
+    again = TopicBatchSampler(truth, 16, seed=1)
+    again.set_epoch(1)
+    assert list(sampler) == list(again) != list(TopicBatchSampler(truth, 16, seed=1))
+    # a resumed run: a fresh sampler, the epoch set, the first k batches skipped as the Trainer does
+    whole = list(DataLoader(range(300), batch_sampler=BatchSampler(sampler, 16, drop_last=True)))
+    fresh = TopicBatchSampler(truth, 16, seed=1)
+    fresh.set_epoch(1)
+    resumed = skip_first_batches(DataLoader(range(300), batch_sampler=BatchSampler(fresh, 16, drop_last=True)), 5)
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in whole[5:]]
+
+
+def test_accelerate_deals_one_cluster_window_out_to_the_processes():
+    _, truth = topics()
+    sampler = TopicBatchSampler(truth, window=2 * 8, seed=5)  # 2 processes x 8 examples
+    shards = [list(BatchSamplerShard(BatchSampler(sampler, 8, drop_last=True), 2, rank)) for rank in (0, 1)]
+    assert len(shards[0]) == len(shards[1]) == 9
+    for mine, theirs in zip(*shards):
+        assert len(set(truth[mine + theirs].tolist())) == 1
+
+
+def make_trainer(tmp_path, dataset, collator, **overrides):
+    settings = dict(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=8, eval_strategy="no",
+                    save_strategy="no", load_best_model_at_end=False, metric_for_best_model=None, report_to=[],
+                    disable_tqdm=True, learning_rate=1e-3, seed=0, topic_batches=True, topic_clusters=4)  # fmt: skip
+    args = SimCSETrainingArguments(**{**settings, **overrides})
+    model = SimCSEModel(build_tiny_bert(seed=0, dropout=0.0)[0], pooler="avg")
+    return SimCSETrainer(model=model, args=args, loss_fn=build_loss("infonce"), train_dataset=dataset,
+                         data_collator=collator)  # fmt: skip
+
+
+def pairs(count: int = 64) -> datasets.Dataset:
+    anchors = [f"topic {i % 4} " + " ".join(["alpha", "beta", "gamma", "delta"][i % 4] * (1 + i % 3)) + f" {i // 4}"
+               for i in range(count)]  # fmt: skip
+    return datasets.Dataset.from_dict({"anchor": anchors, "positive": [f"positive {i}" for i in range(count)]})
+
+
+def test_the_trainer_clusters_paired_anchors_and_a_resumed_run_reads_the_checkpoints_clusters(tmp_path):
+    """Clustered by the model being trained: the resumed run's model (the checkpoint's weights) would cluster
+    differently, so the checkpoint carries the assignment; the resumed batches are the uninterrupted run's."""
+    tokenizer = build_tiny_bert()[1]
+    whole = AnchorCollator(tokenizer, 32)
+    trainer = make_trainer(tmp_path / "whole", pairs(), whole, max_steps=12)  # 8 batches an epoch: into epoch 1
+    trainer.train()
+    sampler, assignment = trainer._topic_sampler, trainer._topic_assignment
+    anchors = pairs()["anchor"]
+    cluster = {text: int(c) for text, c in zip(anchors, assignment)}
+    pure = sum(len({cluster[t] for t in batch}) == 1 for batch in whole.batches[:8])
+    assert pure == 8 - sampler.mixed_windows >= 6 and sampler.epoch == 1
+    first = AnchorCollator(tokenizer, 32)
+    make_trainer(tmp_path / "cut", pairs(), first, max_steps=10, save_strategy="steps", save_steps=10).train()
+    assert os.path.isfile(tmp_path / "cut" / "checkpoint-10" / TOPIC_CLUSTERS_FILE)
+    resumed = AnchorCollator(tokenizer, 32)
+    again = make_trainer(tmp_path / "cut", pairs(), resumed, max_steps=12)
+    again.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-10"))
+    assert torch.equal(again._topic_assignment, assignment)
+    assert first.batches[:10] == whole.batches[:10] and resumed.batches[:2] == whole.batches[10:12]
+
+
+@pytest.mark.multiprocess
+def test_two_processes_hold_process_0s_clusters_and_draw_one_window_per_step(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(ROOT / "tests" / "dist_worker_topic.py"), str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"topic_rank{r}.pt") for r in (0, 1)]
+    assert torch.equal(ranks[0]["assignment"], ranks[1]["assignment"])
+    # the same windows as one process's sampler over process 0's assignment, dealt out batch by batch
+    sampler = TopicBatchSampler(ranks[0]["assignment"], 2 * PER_DEVICE, seed=3, no_duplicates=False)
+    anchors = [f"topic {i % 4} sentence {i}" for i in range(EXAMPLES)]
+    windows = [[anchors[i] for i in w] for w in sampler.epoch_windows()]
+    steps = len(windows)
+    assert [a + b for a, b in zip(ranks[0]["batches"][:steps], ranks[1]["batches"][:steps])] == windows
+    assert len(set(ranks[0]["assignment"].tolist())) <= CLUSTERS
+
+
+def test_train_with_topic_batches_and_grad_cache(tiny_args, tmp_path):
+    extra = ["--topic_batches", "true", "--topic_clusters", "8", "--cache_minibatch_size", "4",
+             "--per_device_train_batch_size", "8", "--max_steps", "3", "--logging_steps", "1", "--eval_steps", "3",
+             "--save_steps", "3"]  # fmt: skip
+    trainer = train.run(tiny_args + extra)
+    assert trainer._topic_sampler is not None and len(trainer._topic_assignment) == 400
+    assert sum("loss" in entry for entry in trainer.state.log_history) == 3
+    assert os.path.isfile(Path(trainer.args.output_dir) / "checkpoint-3" / TOPIC_CLUSTERS_FILE)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--topic_share", "0"], "topic_share: must be in (0, 1], got 0.0"),
+        (["--topic_share", "1.5"], "topic_share: must be in (0, 1], got 1.5"),
+        (["--topic_clusters", "0"], "topic_clusters: must be >= 1, got 0"),
+        (["--topic_clusters", "401"], "topic_clusters: 401 clusters for 400 sentences"),
+        (["--streaming", "true", "--max_steps", "2"], "topic_batches: needs the corpus in memory"),
+    ],
+)
+def test_bad_settings_are_one_line(tiny_args, monkeypatch, capsys, extra, message):
+    def no_model_loads(*args, **kwargs):
+        raise AssertionError("a model was loaded before the configuration was validated")
+
+    monkeypatch.setattr(SimCSEModel, "from_pretrained", no_model_loads)
+    assert train.main(tiny_args + ["--topic_batches", "true"] + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
