@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import square_targets, symmetric_targets
 from torch.func import functional_call, grad, vmap
 
-from simcse_hn.losses import ContrastiveTargets, InfoNCELoss, LossContext, UnReMixLoss, base, build_loss, unremix
+from simcse_hn.losses import ContrastiveTargets, InfoNCELoss, LossContext, UnReMixLoss, build_loss
 from simcse_hn.losses.unremix import standardise, uncertainty_scores
 
 TAU = 0.1
@@ -324,31 +324,3 @@ def _check_learned_mixture():
     learned = train_mixture("ours")
     assert learned.min() > 0.15 and learned[0] == learned.max() and learned[0] > 0.4, learned
 
-
-@pytest.mark.parametrize("gradient", ["embedding", "head"])
-def test_plain_call_on_copied_rows_takes_the_training_loops_shortcuts_with_the_same_result(gradient, monkeypatch):
-    """loss_fn(anchors, candidates, ...) with anchors a copy of the candidates (symmetric targets): the targets learn
-    anchor_index from the values, the scores take compute()'s shortcuts, and loss, gradients and weights are those
-    of the general path (the shortcuts switched off)."""
-    h, _, _, z = head_batch(16, seed=5)
-    positive_index, negative_mask = symmetric_targets(16)
-    plain_targets = ContrastiveTargets(positive_index, negative_mask)
-    learned = base.targets_from_values(plain_targets, z.clone(), z.clone())
-    assert learned.anchors_are_candidates and learned.standard_negatives
-    nudged = z.clone()
-    nudged[3, 0] += 1e-9
-    assert base.targets_from_values(plain_targets, nudged, z) is plain_targets  # other values: nothing learned
-    context = LossContext(anchor_features=h, candidate_features=h)
-
-    def call():
-        loss_fn = UnReMixLoss(TAU, beta=1.0, gradient=gradient).double()
-        a, c = z.clone().requires_grad_(), z.clone().requires_grad_()
-        out = loss_fn(a, c, positive_index, negative_mask, context)
-        out.loss.backward()
-        return out.loss.detach(), a.grad, c.grad, out.weights
-
-    fast = call()
-    monkeypatch.setattr(unremix, "targets_from_values", lambda targets, anchors, candidates: targets)
-    general = call()
-    for got, want in zip(fast, general):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)

@@ -85,3 +85,4 @@ def test_the_step_function_equals_the_plain_call_on_the_same_rows(name, form):
     want.loss.backward()
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-10, atol=0)
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-12)
+

@@ -192,7 +192,7 @@ def test_train_with_topic_batches_and_grad_cache(tiny_args, tmp_path):
         (["--topic_share", "1.5"], "topic_share: must be in (0, 1], got 1.5"),
         (["--topic_clusters", "0"], "topic_clusters: must be >= 1, got 0"),
         (["--topic_clusters", "401"], "topic_clusters: 401 clusters for 400 sentences"),
-        (["--streaming", "true", "--max_steps", "2"], "topic_batches: needs the corpus in memory"),
+        (["--streaming", "true", "--max_steps", "2"], "topic_batches: not available with streaming"),
     ],
 )
 def test_bad_settings_are_one_line(tiny_args, monkeypatch, capsys, extra, message):

@@ -270,20 +270,6 @@ def _masked_weight_stats(
     return w, {"neg_weight_max": w.max().float(), "neg_weight_entropy": entropy}
 
 
-def targets_from_values(targets: ContrastiveTargets, anchors: Tensor, candidates: Tensor) -> ContrastiveTargets:
-    """The targets of a plain call with the fact its values show: when the anchors equal the candidates row for row
-    (a caller that passes a copy of its rows), anchor_index = arange(N), so `anchors_are_candidates` and
-    `standard_negatives` are checked as the training loop's targets are. The targets as they are when they already
-    know their anchors, the shapes differ, or under torch.compile (the check is an (M, D) comparison and host
-    synchronisations). For detached computations only: to autograd, anchors and candidates stay two tensors."""
-    if (targets.anchor_index is not None or anchors.shape != candidates.shape or torch.compiler.is_compiling()
-            or not torch.equal(anchors.detach(), candidates.detach())):  # fmt: skip
-        return targets
-    rows = torch.arange(anchors.shape[0], device=targets.positive_index.device)
-    return ContrastiveTargets(targets.positive_index, targets.negative_mask, anchor_index=rows,
-                              negative_log_weights=targets.negative_log_weights)  # fmt: skip
-
-
 class _SelfLogits(torch.autograd.Function):
     """The logits of unit rows against themselves, x (N, D) -> (x / t) x^T (N, N), and x / t (N, D) (for the
     positives' logits). Backward: (G + G^T)(x / t) (+ the second output's gradient / t): one (N, N, D) matrix product

@@ -19,7 +19,6 @@ from simcse_hn.losses.base import (
     drop_nonfinite_grad,
     masked_logsumexp,
     mean_over_anchors_with_negatives,
-    targets_from_values,
 )
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
 from simcse_hn.targets import ContrastiveTargets, LossContext
@@ -485,10 +484,7 @@ class ProGCLLoss(ContrastiveLoss):
             # over all candidates: the synthetic logits' log-sum-exp in one autograd node from the unguarded logits,
             # guarded as an (M,) result (B consumed: its memory becomes the mixing coefficients)
             unguarded = batch.unguarded.logits
-            # a plain call on copies of the candidates' rows pairs in closed form too (the same pairing); the fit keeps
-            # the call's own targets (its pairs are drawn from the full matrix)
-            pairing = targets_from_values(targets, batch.anchors, batch.candidates)
-            partner = self._partners(negative_mask, self._permutation(num_candidates, logits.device, context), pairing)
+            partner = self._partners(negative_mask, self._permutation(num_candidates, logits.device, context), targets)
             synthetic_lse = drop_nonfinite_grad(
                 _MixedLogSumExp.apply(unguarded, hardness, partner, targets.negative_bias, usable)
             )  # (M,)

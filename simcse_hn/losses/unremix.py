@@ -19,7 +19,6 @@ from simcse_hn.losses.base import (
     debiased_from_log_r,
     drop_nonfinite_grad,
     mean_over_anchors_with_negatives,
-    targets_from_values,
 )
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
 from simcse_hn.targets import ContrastiveTargets
@@ -251,9 +250,6 @@ class UnReMixLoss(ContrastiveLoss):
         weights, log_r = None, plain.lse
         if self.beta > 0:
             unguarded = batch.unguarded
-            # a plain call on copies of the candidates' rows gets the training loop's shortcuts (the scores are
-            # detached)
-            targets = targets_from_values(targets, anchors, candidates)
             with torch.no_grad():
                 features = (anchor_features, candidate_features) if use_head else (None, None)
                 # the anchors' pseudo-posteriors run over the positive and the negatives: the masked logits with the
