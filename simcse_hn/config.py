@@ -311,6 +311,13 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
     topic_share: float = field(
         default=1.0, metadata={"help": "Topic batches: share of a gathered batch from one cluster; the rest random."}
     )
+    topic_recluster_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Topic batches: re-encode the corpus with the model being trained and re-cluster it every this "
+            "many optimizer steps (0: never); the new clusters draw the batches from two steps later on."
+        },
+    )
     topic_encoder: str | None = field(
         default=None,
         metadata={
@@ -405,6 +412,8 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
         )
         _check(self.length_groups is None or self.length_groups >= 1, "length_groups", "must be >= 1")
         _check(self.topic_clusters >= 1, "topic_clusters", f"must be >= 1, got {self.topic_clusters}")
+        recluster = self.topic_recluster_steps
+        _check(recluster >= 0, "topic_recluster_steps", f"must be >= 0, got {recluster}")
         _check(0 < self.topic_share <= 1, "topic_share", f"must be in (0, 1], got {self.topic_share}")
         if self.hub_model_id is not None:
             _check_repo_id(self.hub_model_id)

@@ -16,6 +16,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -86,18 +87,42 @@ def cluster_corpus(
     return assignment
 
 
+@dataclass(frozen=True)
+class InForce:
+    """A cluster assignment ((n,) int64) in force from window `window` of epoch `epoch` on, made at optimizer step
+    `step` (0: before training)."""
+
+    epoch: int
+    window: int
+    step: int
+    assignment: Tensor
+
+    @property
+    def start(self) -> tuple[int, int]:
+        return (self.epoch, self.window)
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "window": self.window, "step": self.step, "assignment": self.assignment}
+
+
 class TopicBatchSampler(Sampler[int]):
     """Yields len(self) indices in windows of `window`, each window's first round(share x window) rows from one
     cluster of `assignment` ((n,) int, one cluster per example) and the rest drawn at random from the other rows.
 
     rows: one tuple of texts per example (its column values), for `no_duplicates`: no window holds a text twice (a
     row that would repeat one waits for a later window, as in NoDuplicatesSampler). The order depends only on `seed`,
-    the epoch (`set_epoch`) and `assignment`. Each epoch: every cluster's rows, in a seeded permutation's order, are
-    cut into chunks of the cluster share, the rows a cluster leaves over (fewer than a chunk) are pooled and cut in the
-    same way (those chunks mix clusters, and are used only when the one-cluster chunks run out: `mixed_windows`
-    counts them), the first floor(n / window) chunks in a seeded random order begin the windows, and the rows of no
-    chosen chunk, shuffled, complete them.
+    the epoch (`set_epoch`) and the assignments in force (`assignment`, then those of `recluster`). Each epoch: every
+    cluster's rows, in a seeded permutation's order, are cut into chunks of the cluster share, the rows a cluster
+    leaves over (fewer than a chunk) are pooled and cut in the same way (those chunks mix clusters, and are used only
+    when the one-cluster chunks run out: `mixed_windows` counts them), the first floor(n / window) chunks in a seeded
+    random order begin the windows, and the rows of no chosen chunk, shuffled, complete them.
     Only floor(n / window) full windows are drawn (drop_last).
+
+    Re-clustering: `recluster(assignment, epoch, window)` puts a new assignment in force from that window of that
+    epoch on; the epoch's windows from there are drawn again, in the same way, from the rows its earlier windows left
+    (seeded by seed, epoch and window). Windows are made as they are read, so a window not read yet can change;
+    asking for one already read is an error. `schedule` (the assignments in force from the current epoch's start on,
+    each an `InForce`) is what a checkpoint keeps to draw the same batches again.
     """
 
     def __init__(self, assignment: Tensor, window: int, share: float = 1.0, seed: int = 0,
@@ -106,18 +131,26 @@ class TopicBatchSampler(Sampler[int]):
             raise ValueError(f"window must be >= 1, got {window}")
         if not 0.0 < share <= 1.0:
             raise ValueError(f"share must be in (0, 1], got {share}")
-        self.assignment = torch.as_tensor(assignment, dtype=torch.long).cpu()
-        if rows is not None and len(rows) != len(self.assignment):
-            raise ValueError(f"{len(rows)} rows for {len(self.assignment)} assigned examples")
+        assignment = torch.as_tensor(assignment, dtype=torch.long).cpu()
+        if rows is not None and len(rows) != len(assignment):
+            raise ValueError(f"{len(rows)} rows for {len(assignment)} assigned examples")
         ids: dict[str, int] = {}
         self.rows = None
         if no_duplicates and rows is not None:
             self.rows = [frozenset(ids.setdefault(text, len(ids)) for text in row) for row in rows]
+        self.size = len(assignment)
+        self.schedule: list[InForce] = [InForce(0, 0, 0, assignment)]
         self.window = window
         self.share = share
         self.seed = seed
         self.epoch = 0
         self.mixed_windows = 0
+        self.read = (0, 0)  # (epoch, windows) read so far by the iterator of that epoch
+
+    @property
+    def assignment(self) -> Tensor:
+        """The assignment in force last (the latest of the schedule)."""
+        return self.schedule[-1].assignment
 
     @property
     def from_cluster(self) -> int:
@@ -126,19 +159,75 @@ class TopicBatchSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def recluster(self, assignment: Tensor, epoch: int, window: int, step: int = 0) -> None:
+        """Put `assignment` (made at optimizer step `step`, a record) in force from `window` of `epoch` on."""
+        assignment = torch.as_tensor(assignment, dtype=torch.long).cpu()
+        if len(assignment) != self.size:
+            raise ValueError(f"{len(assignment)} cluster assignments for {self.size} examples")
+        last = self.schedule[-1]
+        if (epoch, window) < last.start:
+            raise ValueError(f"an assignment from epoch {epoch} window {window} is before the one in force from "
+                             f"epoch {last.epoch} window {last.window}")  # fmt: skip
+        if self.read[0] == epoch and window < self.read[1]:
+            raise RuntimeError(f"topic batches: re-clustering from window {window} of epoch {epoch}, but the loader "
+                               f"has already read {self.read[1]} windows of it")  # fmt: skip
+        self.schedule = self._from_epoch_start(epoch, [e for e in self.schedule if e.start < (epoch, window)])
+        self.schedule.append(InForce(epoch, window, step, assignment))
+
+    @staticmethod
+    def _from_epoch_start(epoch: int, schedule: list[InForce]) -> list[InForce]:
+        """The entries an epoch from its start on can still read: the one in force at its window 0, and later ones."""
+        first = max([i for i, e in enumerate(schedule) if e.start <= (epoch, 0)], default=0)
+        return schedule[first:]
+
+    def load_schedule(self, schedule: list[InForce]) -> None:
+        """A checkpoint's schedule (`schedule` as saved): the same windows as the run that saved it."""
+        if any(len(e.assignment) != self.size for e in schedule):
+            raise ValueError(f"topic_batches: the checkpoint's cluster assignments are not of the {self.size} "
+                             "training examples")  # fmt: skip
+        self.schedule = sorted(schedule, key=lambda e: e.start)
+
     def __len__(self) -> int:
-        return len(self.assignment) // self.window * self.window
+        return self.size // self.window * self.window
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.epoch_order())
+        for window in self._epoch_windows(track=True):
+            yield from window
 
     def epoch_windows(self) -> list[list[int]]:
-        """This epoch's windows, in order."""
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        n, full, inside = len(self.assignment), len(self.assignment) // self.window, self.from_cluster
-        permutation = torch.randperm(n, generator=generator)
+        """This epoch's windows, in order, as the iterator draws them (without counting them as read)."""
+        return list(self._epoch_windows(track=False))
+
+    def _epoch_windows(self, track: bool) -> Iterator[list[int]]:
+        epoch, full = self.epoch, self.size // self.window
+        if track:
+            self.read = (epoch, 0)
+        drawn: list[list[int]] = []
+        drawn_with: InForce | None = None
+        for position in range(full):
+            in_force = self._in_force(epoch, position)
+            if in_force is not drawn_with:  # the epoch's start, or a re-clustering from this window on
+                used = {i for w in drawn[:position] for i in w}
+                left = torch.tensor([i for i in range(self.size) if i not in used], dtype=torch.long)
+                seed = self.seed + epoch if position == 0 else (self.seed + epoch) * 2**20 + position
+                generator = torch.Generator().manual_seed(seed)
+                drawn = drawn[:position] + self._draw(left, full - position, in_force.assignment, generator)
+                drawn_with = in_force
+            if track:
+                self.read = (epoch, position + 1)
+            yield drawn[position]
+
+    def _in_force(self, epoch: int, position: int) -> InForce:
+        """The latest entry of the schedule from (epoch, position) or before (the first, before any)."""
+        return max((e for e in self.schedule if e.start <= (epoch, position)), key=lambda e: e.start,
+                   default=self.schedule[0])  # fmt: skip
+
+    def _draw(self, indices: Tensor, full: int, assignment: Tensor, generator: torch.Generator) -> list[list[int]]:
+        """`full` windows from the rows `indices` under `assignment`, as the class docstring says."""
+        inside = self.from_cluster
+        permutation = indices[torch.randperm(len(indices), generator=generator)]
         members: dict[int, list[int]] = {}
-        for index, cluster in zip(permutation.tolist(), self.assignment[permutation].tolist()):
+        for index, cluster in zip(permutation.tolist(), assignment[permutation].tolist()):
             members.setdefault(cluster, []).append(index)
         chunks, pooled = [], []
         for cluster in sorted(members):
@@ -162,7 +251,7 @@ class TopicBatchSampler(Sampler[int]):
 
     def epoch_order(self) -> list[int]:
         """The indices of this epoch, in order (len(self) of them)."""
-        return [index for window in self.epoch_windows() for index in window]
+        return list(self)
 
     def _texts(self, indices: list[int]) -> set[int]:
         return set().union(*(self.rows[i] for i in indices)) if self.rows is not None else set()

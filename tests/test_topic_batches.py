@@ -4,6 +4,7 @@ same batches on two processes, paired data, GradCache, and one-line errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from accelerate.data_loader import BatchSamplerShard, skip_first_batches
 from dist_worker_topic import CLUSTERS, EXAMPLES, PER_DEVICE
 from dist_worker_topic import RecordingCollator as AnchorCollator
 from torch.utils.data import BatchSampler, DataLoader
+from transformers import TrainerCallback
 
 import train
 from simcse_hn.config import SimCSETrainingArguments
@@ -186,6 +188,25 @@ def test_train_with_topic_batches_and_grad_cache(tiny_args, tmp_path):
     assert os.path.isfile(Path(trainer.args.output_dir) / "checkpoint-3" / TOPIC_CLUSTERS_FILE)
 
 
+def test_train_paired_data_with_topic_batches_grad_cache_and_re_clustering(tiny_args, tmp_path):
+    """Paired data (anchor, positive, negative) through train.py: clustered on the anchors, re-clustered after
+    step 2, GradCache mini-batches; the checkpoint keeps both assignments."""
+    rows = [{"anchor": f"topic {i % 5} anchor {i}", "positive": f"positive {i}", "negative": f"negative {i}"}
+            for i in range(96)]  # fmt: skip
+    data = tmp_path / "tri.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    extra = ["--train_file", str(data), "--topic_batches", "true", "--topic_clusters", "4",
+             "--topic_recluster_steps", "2", "--cache_minibatch_size", "6", "--hard_negative_weight", "1",
+             "--per_device_train_batch_size", "8", "--max_steps", "4", "--logging_steps", "1", "--eval_steps", "4",
+             "--save_steps", "4"]  # fmt: skip
+    trainer = train.run(tiny_args + extra)
+    assert trainer.args.no_duplicates is not False and trainer.group_size == 3
+    assert sum("loss" in entry for entry in trainer.state.log_history) == 4
+    saved = torch.load(Path(trainer.args.output_dir) / "checkpoint-4" / TOPIC_CLUSTERS_FILE)
+    assert [(e["epoch"], e["window"], e["step"]) for e in saved] == [(0, 0, 0), (0, 3, 2)]
+    assert all(len(e["assignment"]) == 96 for e in saved)
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -204,3 +225,68 @@ def test_bad_settings_are_one_line(tiny_args, monkeypatch, capsys, extra, messag
     assert train.main(tiny_args + ["--topic_batches", "true"] + extra) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_a_re_clustering_draws_the_rest_of_the_epoch_from_the_new_clusters_and_a_resume_draws_it_again():
+    _, truth = topics()  # 6 topics of 50
+    shuffled = truth[torch.randperm(300, generator=torch.Generator().manual_seed(9))]  # another clustering
+    sampler = TopicBatchSampler(truth, 16, seed=4)
+    sampler.set_epoch(1)
+    before = sampler.epoch_windows()
+    reader = iter(sampler)
+    read = [next(reader) for _ in range(5 * 16)]  # 5 windows read
+    sampler.recluster(shuffled, epoch=1, window=6, step=3)
+    rest = [index for index in reader]
+    windows = [(read + rest)[i : i + 16] for i in range(0, 288, 16)]
+    assert windows[:6] == before[:6] and windows[6:] != before[6:]
+    assert all(len(set(shuffled[w].tolist())) == 1 for w in windows[6:] if w not in before)
+    assert sum(len(set(shuffled[w].tolist())) == 1 for w in windows[6:]) >= 12 - sampler.mixed_windows
+    assert len(set(read + rest)) == 288  # no example twice in the epoch
+    with pytest.raises(RuntimeError, match="from window 10 of epoch 1, but the loader has already read 18 windows"):
+        sampler.recluster(shuffled, epoch=1, window=10)
+    # resumed: a fresh sampler given the schedule the checkpoint keeps draws the same epoch
+    resumed = TopicBatchSampler(truth, 16, seed=4)
+    resumed.load_schedule(list(sampler.schedule))
+    resumed.set_epoch(1)
+    assert list(resumed) == read + rest
+    assert [(e.epoch, e.window, e.step) for e in sampler.schedule] == [(0, 0, 0), (1, 6, 3)]
+    sampler.recluster(truth, epoch=3, window=0, step=30)  # from epoch 3's start: epoch 1's entries are not needed
+    assert [(e.epoch, e.window) for e in sampler.schedule] == [(1, 6), (3, 0)]
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_the_trainer_re_clusters_every_k_steps_and_a_resume_across_it_draws_the_same_batches(tmp_path):
+    """64 pairs in windows of 8: 8 steps an epoch; re-clustering after steps 3, 6, 9 and a run stopped at 7. The
+    learning rate moves the model enough that its clusters change."""
+    tokenizer = build_tiny_bert()[1]
+    whole = AnchorCollator(tokenizer, 32)
+    moving = {"topic_recluster_steps": 3, "learning_rate": 1e-2}
+    trainer = make_trainer(tmp_path / "whole", pairs(), whole, max_steps=12, **moving)
+    trainer.train()
+    schedule = trainer._topic_sampler.schedule
+    # made after step 9 (epoch 1, one step done): from window 2 of epoch 1; steps 3 and 6 were epoch 0's
+    assert [(e.epoch, e.window, e.step) for e in schedule] == [(0, 7, 6), (1, 2, 9)]
+    anchors = pairs()["anchor"]
+    late = {text: int(c) for text, c in zip(anchors, schedule[-1].assignment)}
+    assert not torch.equal(schedule[-1].assignment, trainer._topic_assignment)  # re-encoded by the model as trained
+    pure = sum(len({late[t] for t in batch}) == 1 for batch in whole.batches[10:12])
+    assert pure >= 2 - trainer._topic_sampler.mixed_windows
+    cut = AnchorCollator(tokenizer, 32)
+    interrupted = make_trainer(tmp_path / "cut", pairs(), cut, max_steps=12, save_strategy="steps", save_steps=7,
+                               **moving)  # fmt: skip
+    interrupted.add_callback(StopAt(7))  # killed after step 7's checkpoint (same learning-rate schedule as `whole`)
+    interrupted.train()
+    saved = torch.load(tmp_path / "cut" / "checkpoint-7" / TOPIC_CLUSTERS_FILE)
+    assert [(e["epoch"], e["window"], e["step"]) for e in saved] == [(0, 0, 0), (0, 4, 3), (0, 7, 6)]  # all epoch 0's
+    resumed = AnchorCollator(tokenizer, 32)
+    again = make_trainer(tmp_path / "cut", pairs(), resumed, max_steps=12, **moving)
+    again.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-7"))
+    assert cut.batches[:7] == whole.batches[:7] and resumed.batches[:5] == whole.batches[7:12]
