@@ -1,7 +1,7 @@
 """Run under `torch.distributed.run --nproc_per_node 2` by tests/test_topic_batches.py: each process builds a trainer
 with topic batches over the same paired dataset, but with a model of its own seed (so that clustering on each
 process would disagree), and records the cluster assignment it holds and the anchors of every batch its sharded
-training loader yields."""
+training loader yields, with a re-clustering after the first step."""
 
 from __future__ import annotations
 
@@ -44,10 +44,14 @@ def main(out: str) -> None:
     collator = RecordingCollator(tokenizer, 32, negatives=0)
     trainer = SimCSETrainer(model=SimCSEModel(encoder, pooler="avg"), args=args, loss_fn=build_loss("infonce"),
                             train_dataset=dataset(), data_collator=collator)  # fmt: skip
-    for _ in trainer.get_train_dataloader():
-        pass
-    torch.save({"rank": rank, "assignment": trainer._topic_assignment, "batches": collator.batches},
-               f"{out}/topic_rank{rank}.pt")  # fmt: skip
+    for step, _ in enumerate(trainer.get_train_dataloader(), start=1):
+        if step == 1:  # re-clustered after step 1 by process 0's model, its word embeddings redrawn: other clusters
+            words = trainer.model.encoder.embeddings.word_embeddings.weight
+            words.data.normal_(generator=torch.Generator().manual_seed(7))
+            trainer.recluster_topics(1)
+    schedule = [entry.as_dict() for entry in trainer._topic_sampler.schedule]
+    torch.save({"rank": rank, "assignment": trainer._topic_assignment, "batches": collator.batches,
+                "schedule": schedule}, f"{out}/topic_rank{rank}.pt")  # fmt: skip
 
 
 if __name__ == "__main__":

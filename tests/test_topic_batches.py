@@ -23,7 +23,7 @@ import train
 from simcse_hn.config import SimCSETrainingArguments
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.topic_batches import TopicBatchSampler, kmeans
+from simcse_hn.topic_batches import InForce, TopicBatchSampler, kmeans
 from simcse_hn.trainer import TOPIC_CLUSTERS_FILE, SimCSETrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -160,7 +160,7 @@ def test_the_trainer_clusters_paired_anchors_and_a_resumed_run_reads_the_checkpo
 
 
 @pytest.mark.multiprocess
-def test_two_processes_hold_process_0s_clusters_and_draw_one_window_per_step(tmp_path):
+def test_two_processes_hold_process_0s_clusters_and_re_clustering_and_draw_one_window_per_step(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(ROOT / "tests" / "dist_worker_topic.py"), str(tmp_path)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -169,8 +169,13 @@ def test_two_processes_hold_process_0s_clusters_and_draw_one_window_per_step(tmp
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"topic_rank{r}.pt") for r in (0, 1)]
     assert torch.equal(ranks[0]["assignment"], ranks[1]["assignment"])
-    # the same windows as one process's sampler over process 0's assignment, dealt out batch by batch
+    schedules = [[(e["epoch"], e["window"], e["step"], e["assignment"].tolist()) for e in rank["schedule"]]
+                 for rank in ranks]  # fmt: skip
+    assert schedules[0] == schedules[1] and [entry[:3] for entry in schedules[0]] == [(0, 0, 0), (0, 2, 1)]
+    assert schedules[0][0][3] != schedules[0][1][3]  # the re-clustering changed the clusters
+    # the same windows as one process's sampler over process 0's assignments, dealt out batch by batch
     sampler = TopicBatchSampler(ranks[0]["assignment"], 2 * PER_DEVICE, seed=3, no_duplicates=False)
+    sampler.load_schedule([InForce(**entry) for entry in ranks[0]["schedule"]])
     anchors = [f"topic {i % 4} sentence {i}" for i in range(EXAMPLES)]
     windows = [[anchors[i] for i in w] for w in sampler.epoch_windows()]
     steps = len(windows)
