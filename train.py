@@ -241,6 +241,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         simcse_config["topic_batches"] = {
             "clusters": training_args.topic_clusters, "share": training_args.topic_share,
             "encoder": source_record(topic_encoder)["name"] if topic_encoder else "the model being trained",
+            "recluster_steps": training_args.topic_recluster_steps,
         }  # fmt: skip
     if training_args.no_duplicates is not None or data_format == "pairs":
         simcse_config["no_duplicates"] = training_args.no_duplicates is not False
