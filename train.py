@@ -143,6 +143,11 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if training_args.guide_model not in (None, SELF):
         guide_path = resolve_packaged(training_args.guide_model, field="guide_model")
         load_encoder_config(guide_path, field="guide_model")
+    topic_encoder = None  # the encoder that clusters the corpus for topic batches: found before any data is read
+    if training_args.topic_batches and training_args.topic_encoder is not None:
+        topic_encoder = resolve_packaged(training_args.topic_encoder, field="topic_encoder")
+        load_encoder_config(topic_encoder, field="topic_encoder")
+        training_args = dataclasses.replace(training_args, topic_encoder=topic_encoder)
     if model_args.tokenizer_name_or_path is not None:
         tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, field="tokenizer_name_or_path")
     else:
@@ -178,6 +183,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
                 f"{data_args.train_source}: {count} {unit}, fewer than one batch "
                 f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
             )
+        if training_args.topic_batches and training_args.topic_clusters > count:
+            raise ConfigError(f"topic_clusters: {training_args.topic_clusters} clusters for {count} {unit}")
     eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
     dev = len(eval_pairs.scores) if eval_pairs else 0
     logger.info("%s training %s, %s STS dev pairs", count, unit, dev)
@@ -230,6 +237,12 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         # by name only: a local guide by its folder's name, no path of this machine (files.source_record)
         simcse_config.update(guide_model=source_record(training_args.guide_model)["name"],
                              guide_margin=training_args.guide_margin)  # fmt: skip
+    if training_args.topic_batches:
+        simcse_config["topic_batches"] = {
+            "clusters": training_args.topic_clusters, "share": training_args.topic_share,
+            "encoder": source_record(topic_encoder)["name"] if topic_encoder else "the model being trained",
+            "recluster_steps": training_args.topic_recluster_steps,
+        }  # fmt: skip
     if training_args.no_duplicates is not None or data_format == "pairs":
         simcse_config["no_duplicates"] = training_args.no_duplicates is not False
     guide_tokenize = guide.tokenize if guide is not None else None

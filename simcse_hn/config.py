@@ -298,6 +298,33 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
             "no_duplicates sampler). Default: on for paired data, off for sentences."
         },
     )
+    topic_batches: bool = field(
+        default=False,
+        metadata={
+            "help": "Topic-aware batches (TAS-B): each gathered batch (per-device batch x processes) drawn from one "
+            "k-means cluster of the corpus, so in-batch negatives are near neighbours (docs/topic-batches.md)."
+        },
+    )
+    topic_clusters: int = field(
+        default=64, metadata={"help": "Topic batches: k-means clusters (about corpus size / (10 x gathered batch))."}
+    )
+    topic_share: float = field(
+        default=1.0, metadata={"help": "Topic batches: share of a gathered batch from one cluster; the rest random."}
+    )
+    topic_recluster_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Topic batches: re-encode the corpus with the model being trained and re-cluster it every this "
+            "many optimizer steps (0: never); the new clusters draw the batches from two steps later on."
+        },
+    )
+    topic_encoder: str | None = field(
+        default=None,
+        metadata={
+            "help": "Topic batches: the encoder that embeds the corpus for clustering (a model folder or Hub id, "
+            "sentence-transformers or simcse-hn). Default: the model being trained, before training, in eval mode."
+        },
+    )
     # --- scale ---
     gather_across_devices: bool | None = field(
         default=None,
@@ -384,6 +411,10 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
             self.cache_minibatch_size is None or self.cache_minibatch_size >= 1, "cache_minibatch_size", "must be >= 1"
         )
         _check(self.length_groups is None or self.length_groups >= 1, "length_groups", "must be >= 1")
+        _check(self.topic_clusters >= 1, "topic_clusters", f"must be >= 1, got {self.topic_clusters}")
+        recluster = self.topic_recluster_steps
+        _check(recluster >= 0, "topic_recluster_steps", f"must be >= 0, got {recluster}")
+        _check(0 < self.topic_share <= 1, "topic_share", f"must be in (0, 1], got {self.topic_share}")
         if self.hub_model_id is not None:
             _check_repo_id(self.hub_model_id)
         _check(

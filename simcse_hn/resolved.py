@@ -133,6 +133,9 @@ class ResolvedRun:
     max_steps: int
     drop_duplicates: bool
     no_duplicates: bool | None
+    topic_batches: bool
+    topic_recluster_steps: int
+    topic_encoder: str | None
     hard_negative_weight: float
     guide_model: str | None
     guide_margin: float
@@ -190,6 +193,9 @@ def resolve_run(data_args, training_args, data: ResolvedData) -> ResolvedRun:
         max_steps=training_args.max_steps,
         drop_duplicates=data_args.drop_duplicates,
         no_duplicates=training_args.no_duplicates,
+        topic_batches=training_args.topic_batches,
+        topic_recluster_steps=training_args.topic_recluster_steps,
+        topic_encoder=training_args.topic_encoder,
         hard_negative_weight=training_args.hard_negative_weight,
         guide_model=training_args.guide_model,
         guide_margin=training_args.guide_margin,
@@ -252,6 +258,24 @@ def _streaming_has_no_sampler(run: ResolvedRun) -> str | None:
     if run.streaming and run.no_duplicates:
         return ("no_duplicates: not available with streaming (its sampler draws each batch from the whole corpus, "
                 "in memory); leave it out, or train without streaming")  # fmt: skip
+    return None
+
+
+def _streaming_has_no_topic_batches(run: ResolvedRun) -> str | None:
+    if run.streaming and run.topic_batches:
+        return ("topic_batches: not available with streaming (the corpus is clustered up front, in memory); leave it "
+                "out, or train without streaming")  # fmt: skip
+    return None
+
+
+def _topic_re_clustering(run: ResolvedRun) -> str | None:
+    if not run.topic_recluster_steps:
+        return None
+    if not run.topic_batches:
+        return f"topic_recluster_steps: {run.topic_recluster_steps} needs topic_batches (nothing else is clustered)"
+    if run.topic_encoder is not None:
+        return (f"topic_recluster_steps: re-clusters with the model being trained; topic_encoder {run.topic_encoder} "
+                "is fixed and would give the same clusters again: leave out one of them")  # fmt: skip
     return None
 
 
@@ -340,6 +364,8 @@ CHECKS: tuple[Callable[[ResolvedRun], str | None], ...] = (
     _streaming_cannot_drop_duplicates,
     _streaming_takes_no_pairs,
     _streaming_has_no_sampler,
+    _streaming_has_no_topic_batches,
+    _topic_re_clustering,
     _hard_negatives_need_them,
     _pairs_have_no_contrast_form,
     _objective_form,

@@ -110,6 +110,15 @@ CASES = [
      "no_duplicates: not available with streaming"),
     ("stream, no_duplicates (YAML)", [], {"streaming": True, "no_duplicates": True},
      "no_duplicates: not available with streaming"),
+    ("stream, topic_batches", ["--streaming", "true", "--topic_batches", "true"], {},
+     "topic_batches: not available with streaming (the corpus is clustered up front, in memory)"),
+    ("stream, topic_batches (YAML)", ["--streaming", "true"], {"topic_batches": True},
+     "topic_batches: not available with streaming (the corpus is clustered up front, in memory)"),
+    ("topic_recluster_steps without topic batches", ["--topic_recluster_steps", "5"], {},
+     "topic_recluster_steps: 5 needs topic_batches"),
+    ("topic_recluster_steps with a fixed topic_encoder (YAML)", ["--topic_batches", "true"],
+     {"topic_recluster_steps": 5, "topic_encoder": "some/encoder"},
+     "topic_recluster_steps: re-clusters with the model being trained; topic_encoder some/encoder is fixed"),
     # hard negatives need explicit negatives
     ("hard_negative_weight, a text file", ["--hard_negative_weight", "1"], {},
      f"hard_negative_weight: needs paired data with explicit negatives; {FIXTURES / 'tiny_corpus.txt'} holds single "
@@ -202,7 +211,8 @@ def test_every_check_refuses_something_here():
     """Each check of the resolved run has a case above (the DeepSpeed ones: tests/test_scale_config.py)."""
     covered = {"_sentences_with_column_flags", "_pairs_with_text_column", "_streaming_needs_max_steps",
                "_streaming_cannot_drop_duplicates",
-               "_streaming_takes_no_pairs", "_streaming_has_no_sampler", "_hard_negatives_need_them",
+               "_streaming_takes_no_pairs", "_streaming_has_no_sampler", "_streaming_has_no_topic_batches",
+               "_topic_re_clustering", "_hard_negatives_need_them",
                "_pairs_have_no_contrast_form", "_objective_form", "_guide_margin_needs_a_guide", "_length_groups",
                "_objective_refusals"}  # fmt: skip
     deepspeed = {"_grad_cache", "_zero3_saves_weights"}
