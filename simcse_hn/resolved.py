@@ -279,6 +279,15 @@ def _topic_re_clustering(run: ResolvedRun) -> str | None:
     return None
 
 
+def _topic_clusters_with_a_sharded_model(run: ResolvedRun) -> str | None:
+    # process 0 encodes the corpus alone: a sharded model's forward needs every process (its all-gathers would hang)
+    sharded = run.engine == "FSDP" or run.engine == "DeepSpeed ZeRO-3"
+    if run.topic_batches and run.topic_encoder is None and sharded:
+        return (f"topic_batches: clustering with the model being trained runs on process 0 alone, which {run.engine} "
+                "shards; give topic_encoder (a separate encoder, e.g. the start model's Hub id) or train without it")
+    return None
+
+
 def _hard_negatives_need_them(run: ResolvedRun) -> str | None:
     if run.hard_negative_weight == 0 or run.streaming:  # streamed: refused above
         return None
@@ -366,6 +375,7 @@ CHECKS: tuple[Callable[[ResolvedRun], str | None], ...] = (
     _streaming_has_no_sampler,
     _streaming_has_no_topic_batches,
     _topic_re_clustering,
+    _topic_clusters_with_a_sharded_model,
     _hard_negatives_need_them,
     _pairs_have_no_contrast_form,
     _objective_form,

@@ -190,6 +190,14 @@ def test_the_engines_are_refused_from_the_launch_and_the_settings(tmp_path, monk
         with pytest.raises(ConfigError) as error:
             parse_args([*argv, "--output_dir", str(tmp_path)])
         assert str(error.value).startswith("length_groups: > 1 is not supported with FSDP"), str(error.value)
+    # clustering with the model being trained (process 0 alone) under a sharded model; a separate encoder is fine
+    config.write_text("topic_batches: true\n", encoding="utf-8")
+    for argv in (["--topic_batches", "true"], ["--config", str(config)]):
+        with pytest.raises(ConfigError) as error:
+            parse_args([*argv, "--output_dir", str(tmp_path)])
+        assert str(error.value).startswith("topic_batches: clustering with the model being trained runs on process 0 "
+                                           "alone, which FSDP shards"), str(error.value)  # fmt: skip
+    parse_args(["--topic_batches", "true", "--topic_encoder", "some/encoder", "--output_dir", str(tmp_path)])
 
 
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="needs deepspeed")
@@ -212,7 +220,8 @@ def test_every_check_refuses_something_here():
     covered = {"_sentences_with_column_flags", "_pairs_with_text_column", "_streaming_needs_max_steps",
                "_streaming_cannot_drop_duplicates",
                "_streaming_takes_no_pairs", "_streaming_has_no_sampler", "_streaming_has_no_topic_batches",
-               "_topic_re_clustering", "_hard_negatives_need_them",
+               "_topic_re_clustering", "_topic_clusters_with_a_sharded_model",
+               "_hard_negatives_need_them",
                "_pairs_have_no_contrast_form", "_objective_form", "_guide_margin_needs_a_guide", "_length_groups",
                "_objective_refusals"}  # fmt: skip
     deepspeed = {"_grad_cache", "_zero3_saves_weights"}
