@@ -9,8 +9,10 @@ evaluation), kills it once with SIGKILL at one moment, then runs the same comman
 * checkpoint: as soon as checkpoint-N (N drawn from 4, 8, ..., 24) exists without its trainer_state.json (the
   Trainer writes it last);
 * final: as soon as the final folder's model.safetensors exists and its simcse_config.json does not (the final save).
-Checks: the checkpoint a resume names is complete and the newest complete one at that moment; the final weights are
-bit-equal to the uninterrupted run's. Not covered: kills during a push to the Hub.
+Checks: the checkpoint a resume names is complete and the newest complete one at that moment (both judged on a
+snapshot of the checkpoint folders taken after the kill and before the resume, since the resumed run's rotation may
+delete the one it resumed from); the final weights are bit-equal to the uninterrupted run's.
+Not covered: kills during a push to the Hub.
 
     python -m bench.fault_injection --trials 10   # 10 per moment
 """
@@ -83,9 +85,16 @@ def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: ra
             "after_s": round(time.perf_counter() - start, 2)}
 
 
+def checkpoint_snapshot(out: Path) -> dict[str, bool]:
+    """Each checkpoint folder left by the kill -> whether it is complete, taken before the resume runs (the resumed
+    run's save_total_limit rotation deletes old checkpoints, the one it resumed from among them)."""
+    return {p.name: checkpoint_problem(str(p)) is None for p in sorted(out.glob("checkpoint-*")) if p.is_dir()}
+
+
 def resume(out: Path) -> dict:
     run_id = read_run_id(str(out))
     newest = last_complete_checkpoint(str(out), run_id) if run_id else None
+    before = checkpoint_snapshot(out)
     extra = ["--resume_from_checkpoint", "true"] if newest else ["--overwrite_output_dir", "true"]
     result = subprocess.run(command(out) + extra, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     chosen = re.search(r"resuming from (\S+)", result.stdout + result.stderr)
@@ -93,8 +102,10 @@ def resume(out: Path) -> dict:
     return {
         "returncode": result.returncode,
         "resumed_from": os.path.basename(chosen) if chosen else None,
-        "chosen_was_newest_complete": chosen == newest,
-        "chosen_complete": chosen is None or checkpoint_problem(chosen) is None,
+        "chosen_was_newest_complete": (os.path.basename(chosen) if chosen else None)
+        == (os.path.basename(newest) if newest else None),
+        "chosen_complete": chosen is None or before.get(os.path.basename(chosen)) is True,
+        "checkpoints_after_kill": before,
         "tail": "" if result.returncode == 0 else (result.stdout + result.stderr)[-2000:].replace(str(out), "<out>"),
     }
 
@@ -146,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 finish = resume(out)
             else:
                 finish = {"returncode": 0, "resumed_from": None, "chosen_was_newest_complete": True,
-                          "chosen_complete": True, "tail": ""}  # fmt: skip  (finished before the kill)
+                          "chosen_complete": True, "checkpoints_after_kill": {}, "tail": ""}  # fmt: skip  (no kill)
             got = weights(out) if (out / "simcse_config.json").exists() else {}
             same = got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
             trials.append({"moment": moment, **kill, **finish, "final_equal": same})
