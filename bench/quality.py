@@ -502,9 +502,11 @@ def report(index: dict) -> None:
             values = [e["diagnostics"][d] for e in members if d in e["diagnostics"]]
             cells.append(f"{statistics.mean(values):.4g}" if values else "–")
         lines.append(f"| {arm} | {batch} | {len(members)} | " + " | ".join(cells) + " |")
-    mixed = mixed_provenance(runs)
-    if mixed:  # flagged, not hidden: an arm's means below then pool runs of different code or data
-        lines += ["", "## Runs that do not share code or data", "", *[f"* {problem}" for problem in mixed]]
+    # flagged, not hidden: an arm's means below may pool runs of different code or data
+    unrecorded = sum(not (e.get("provenance") or {}).get("train_code_sha256") for e in runs.values())
+    lines += ["", "## Provenance", "", f"{unrecorded} of {len(runs)} runs record no training code or data hash (run "
+              "before train.py wrote them, or references without training).",
+              *[f"* {problem}" for problem in mixed_provenance(runs)]]
     lines += sweep_table(runs)
     lines += sick_label_table(runs)
     (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
