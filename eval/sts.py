@@ -23,13 +23,12 @@ import logging
 import os
 import sys
 
-_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isdir(os.path.join(_TREE, "simcse_hn")):  # a checkout evaluates with its own code, never an installed copy
-    sys.path.insert(0, _TREE)
+# a checkout runs its own simcse_hn, never an installed copy (check_own_checkout refuses a mix)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from simcse_hn.data import STS_FILES, STS_HUB, DataError, STSPairs, load_sts_pairs, load_sts_task, read_sts_jsonl  # noqa: E402
-from simcse_hn.errors import UserError  # noqa: E402
-from simcse_hn.evaluation import (  # noqa: E402
+from simcse_hn.data import STS_FILES, STS_HUB, DataError, STSPairs, load_sts_pairs, load_sts_task, read_sts_jsonl
+from simcse_hn.errors import UserError
+from simcse_hn.evaluation import (
     AGGREGATION_HELP,
     AGGREGATIONS,
     PREDICTIONS,
@@ -45,7 +44,7 @@ from simcse_hn.evaluation import (  # noqa: E402
     score_encoded_tasks,
     sts_results,
 )
-from simcse_hn.provenance import check_own_checkout, code_identity  # noqa: E402
+from simcse_hn.provenance import check_own_checkout, code_identity
 
 logger = logging.getLogger("eval.sts")
 
