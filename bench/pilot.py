@@ -99,8 +99,9 @@ def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: ar
             raise SystemExit(f"error: run {out.name} failed ({done.returncode}): {' | '.join(tail)}")
         seconds = time.time() - start
         (state.parent / "optimizer.pt").unlink(missing_ok=True)  # the logs are what the pilot keeps
-    else:
-        seconds, load = None, None
+        (out / "pilot_run.json").write_text(json.dumps({"seconds": seconds, "load_average_before": load}))
+    timing = json.loads((out / "pilot_run.json").read_text()) if (out / "pilot_run.json").is_file() else {}
+    seconds, load = timing.get("seconds"), timing.get("load_average_before")
     history = _history(state)
     windows = [{k: entry[k] for k in ("step", *KEYS) if k in entry} for entry in history if "loss" in entry]
     return {"regime": regime, "arm": arm, "seconds": seconds, "load_average_before": load, "windows": windows,
@@ -150,6 +151,8 @@ def markdown(report: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
     def show(value, digits=4):
+        if isinstance(value, bool):
+            return "yes" if value else "no"
         return "–" if value is None else f"{value:.{digits}g}"
 
     for regime, v in report["verdicts"].items():
