@@ -66,6 +66,7 @@ from common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, wri
 from quality_checks import mixed_provenance, run_provenance, sweep_no_op  # noqa: E402
 
 from simcse_hn.files import portable_name  # noqa: E402
+from simcse_hn.losses.registry import flag_prefix, resolve_objective  # noqa: E402
 
 BASELINE = "infonce"
 OUT = RESULTS / "quality"
@@ -100,13 +101,15 @@ DIAGNOSTICS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_we
 def arm_flags(arm: str) -> list[str]:
     """The objective keys of configs/unsup_bert_base_<arm>.yaml as flags (every other key is the recipe's)."""
     config = yaml.safe_load((ROOT / "configs" / f"unsup_bert_base_{arm}.yaml").read_text(encoding="utf-8"))
-    prefixes = {"dcl": ("dcl_",), "hcl": ("hcl_",), "progcl": ("progcl_",), "unremix": ("unremix_",)}
-    keys = ["loss", "contrast_form", "temperature"] + [
-        k for k in config if k.startswith(prefixes.get(config["loss"], ("\0",)))
+    prefix = flag_prefix(resolve_objective(config["loss"]))
+    keys = ["loss", "contrast_form", "temperature", *(["loss_options"] if "loss_options" in config else [])] + [
+        k for k in config if prefix is not None and k.startswith(f"{prefix}_")
     ]
     flags = []
     for key in keys:
         value = config[key]
+        if isinstance(value, dict):  # loss_options: JSON on the command line
+            value = json.dumps(value)
         flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     return flags
 
