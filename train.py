@@ -48,7 +48,8 @@ from simcse_hn.modeling import (
     model_max_length,
     resolve_packaged,
 )
-from simcse_hn.pairs import PairCollator, is_hub_source, load_pairs, num_negatives, resolve_data_format
+from simcse_hn.pairs import PairCollator, is_hub_source, load_pairs, num_negatives
+from simcse_hn.resolved import ResolvedData, resolve_data, resolve_run
 from simcse_hn.trainer import SimCSETrainer
 
 logger = logging.getLogger("simcse_hn.train")
@@ -114,7 +115,16 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     hub_target = HubTarget.from_args(training_args) if training_args.push_to_hub else None
     training_args = dataclasses.replace(training_args, push_to_hub=False, hub_token=None)
 
-    # Everything that can be known without data or weights, in the order a user would fix it.
+    # The run as it will train: the data's format and columns (a table's header, a stream's first record; a Hub
+    # dataset is loaded once, here) with every other setting, and the combinations that cannot work refused at once.
+    hub_dataset = None
+    if not data_args.streaming and is_hub_source(data_args.train_source):
+        hub_dataset = load_hub_dataset(data_args.train_source, data_args.train_data_files, data_args.dataset_split,
+                                       data_args.dataset_config_name)  # fmt: skip
+    data = resolve_data(data_args, hub_dataset)
+    resolve_run(data_args, training_args, data).check()
+
+    # Everything else that can be known without data rows or weights, in the order a user would fix it.
     encoder_config = load_encoder_config(model_args.model_name_or_path)
     positions = model_max_length(encoder_config)
     if positions is not None and data_args.max_seq_length > positions:
@@ -133,6 +143,11 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if training_args.guide_model not in (None, SELF):
         guide_path = resolve_packaged(training_args.guide_model, field="guide_model")
         load_encoder_config(guide_path, field="guide_model")
+    topic_encoder = None  # the encoder that clusters the corpus for topic batches: found before any data is read
+    if training_args.topic_batches and training_args.topic_encoder is not None:
+        topic_encoder = resolve_packaged(training_args.topic_encoder, field="topic_encoder")
+        load_encoder_config(topic_encoder, field="topic_encoder")
+        training_args = dataclasses.replace(training_args, topic_encoder=topic_encoder)
     if model_args.tokenizer_name_or_path is not None:
         tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, field="tokenizer_name_or_path")
     else:
@@ -144,10 +159,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     run_id = _prepare_output_dir(training_args, checkpoint)
 
     global_batch = training_args.per_device_train_batch_size * training_args.world_size
-    if data_args.streaming:
-        if data_args.data_format == "pairs" or training_args.hard_negative_weight != 0:
-            raise ConfigError("streaming: streams single-sentence corpora only; paired data (data_format pairs, "
-                              "hard_negative_weight) is read into memory")  # fmt: skip
+    if data_args.streaming:  # single sentences (resolve_run refuses a streamed paired corpus)
         train_dataset = load_sentence_stream(
             data_args.train_source,
             data_args.text_column,
@@ -163,7 +175,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         )
         data_format, count, unit = "sentences", "streamed", "sentences"
     else:
-        train_dataset, data_format = load_training_data(data_args, training_args)
+        train_dataset, data_format = load_training_data(data_args, data, hub_dataset)
         unit = "sentences" if data_format == "sentences" else "examples"
         count = len(train_dataset)
         if count < global_batch:
@@ -171,6 +183,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
                 f"{data_args.train_source}: {count} {unit}, fewer than one batch "
                 f"({training_args.per_device_train_batch_size} x {training_args.world_size} processes)"
             )
+        if training_args.topic_batches and training_args.topic_clusters > count:
+            raise ConfigError(f"topic_clusters: {training_args.topic_clusters} clusters for {count} {unit}")
     eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
     dev = len(eval_pairs.scores) if eval_pairs else 0
     logger.info("%s training %s, %s STS dev pairs", count, unit, dev)
@@ -223,6 +237,12 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         # by name only: a local guide by its folder's name, no path of this machine (files.source_record)
         simcse_config.update(guide_model=source_record(training_args.guide_model)["name"],
                              guide_margin=training_args.guide_margin)  # fmt: skip
+    if training_args.topic_batches:
+        simcse_config["topic_batches"] = {
+            "clusters": training_args.topic_clusters, "share": training_args.topic_share,
+            "encoder": source_record(topic_encoder)["name"] if topic_encoder else "the model being trained",
+            "recluster_steps": training_args.topic_recluster_steps,
+        }  # fmt: skip
     if training_args.no_duplicates is not None or data_format == "pairs":
         simcse_config["no_duplicates"] = training_args.no_duplicates is not False
     guide_tokenize = guide.tokenize if guide is not None else None
@@ -268,21 +288,13 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     return trainer
 
 
-def load_training_data(data_args, training_args) -> tuple[datasets.Dataset, str]:
-    """The training set and its format: single sentences (a `text` column, load_sentences as SimCSE reads them) or
-    paired examples (`anchor`, `positive`, `negative_1..k`: simcse_hn.pairs), as --data_format says or, with auto,
-    as the data's columns say. Settings that need paired data fail here, before the model loads."""
+def load_training_data(data_args, data: ResolvedData, dataset=None) -> tuple[datasets.Dataset, str]:
+    """The training set in the format resolved (`data`, simcse_hn.resolved.resolve_data): single sentences (a `text`
+    column, load_sentences as SimCSE reads them) or paired examples (`anchor`, `positive`, `negative_1..k`:
+    simcse_hn.pairs, in the columns resolved). `dataset`: a Hub dataset's split, already loaded."""
     source = data_args.train_source
-    hub = {"config_name": data_args.dataset_config_name, "split": data_args.dataset_split}
-    if is_hub_source(source):  # loaded once, for its columns and its rows
-        hub["dataset"] = load_hub_dataset(source, data_args.train_data_files, hub["split"], hub["config_name"])
-    data_format = resolve_data_format(
-        source, data_args.data_format, data_args.text_column, data_args.column_flags, data_args.train_data_files, **hub
-    )
-    if data_format == "sentences":
-        if training_args.hard_negative_weight != 0:
-            raise ConfigError(f"hard_negative_weight: needs paired data with explicit negatives; {source} holds "
-                              "single sentences")  # fmt: skip
+    hub = {"config_name": data_args.dataset_config_name, "split": data_args.dataset_split, "dataset": dataset}
+    if data.format == "sentences":
         sentences = load_sentences(
             source,
             data_args.text_column,
@@ -291,7 +303,7 @@ def load_training_data(data_args, training_args) -> tuple[datasets.Dataset, str]
             data_args.drop_duplicates,
             **hub,
         )
-        return datasets.Dataset.from_dict({"text": sentences}), data_format
+        return datasets.Dataset.from_dict({"text": sentences}), data.format
     dataset = load_pairs(
         source,
         data_args.anchor_column,
@@ -300,12 +312,10 @@ def load_training_data(data_args, training_args) -> tuple[datasets.Dataset, str]
         data_args.train_data_files,
         data_args.max_train_samples,
         data_args.drop_duplicates,
+        columns=data.columns,
         **hub,
     )
-    if training_args.hard_negative_weight != 0 and num_negatives(dataset) == 0:
-        raise ConfigError(f"hard_negative_weight: {source} has no negative columns (set --negative_columns, or "
-                          "mine some with scripts/mine_negatives.py)")  # fmt: skip
-    return dataset, data_format
+    return dataset, data.format
 
 
 def training_budget(trainer: SimCSETrainer) -> dict:
@@ -341,4 +351,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from simcse_hn.process_exit import finish
+
+    finish(main())  # not sys.exit: see simcse_hn/process_exit.py (issue 39)

@@ -69,6 +69,7 @@ from simcse_hn.evaluation import (  # noqa: E402
     sentence_transformers_encode_fn,
     simcse_encode_fn,
 )
+from simcse_hn.files import portable_name  # noqa: E402
 
 SAME_SCORE = 1e-4  # per sub-file, Spearman x 100
 # the full suite's sub-files and their pairs (shared/data/sts): the synthetic suite's shape where the files are absent
@@ -284,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     if data_dir is None:
         tasks, suite = synthetic_suite(), "synthetic (no task files here; scores mean nothing)"
     else:
-        tasks, suite = [load_sts_task(name, str(data_dir)) for name in STS_TASKS], f"full suite from {data_dir}"
+        tasks = [load_sts_task(name, str(data_dir)) for name in STS_TASKS]
+        suite = f"full suite from {portable_name(str(data_dir))}"
     if args.quick:
         tasks, suite = first_pairs(tasks, 40), suite + ", first 40 pairs of each sub-file (quick)"
     our_batch = args.our_batch_size or args.batch_size
@@ -344,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio["simcse_wall"] = st_time["wall_s"] / timings["ours_simcse_avg"]["wall_s"]
     record = {
         "benchmark": "STS suite (STS12-16 all sub-files, STS-B test, SICK-R test), one process",
-        "model_name": model_name, "model_path": args.model, "suite": suite, "data_dir": str(data_dir),
+        "model_name": model_name, "model_path": portable_name(args.model), "suite": suite,
+        "data_dir": portable_name(str(data_dir)),
         "pairs": sum(task.pairs for task in tasks), "batch_size": args.batch_size, "our_batch_size": our_batch,
         "device": args.device, "timings": timings, "ratio": ratio, "work": work, "rates": rate,
         "same_scores": same_scores(ours, cosines, theirs, tasks), "scores": scores,

@@ -46,7 +46,7 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from simcse_hn.losses import benchmark_settings, build_loss  # noqa: E402
+from simcse_hn.losses import BASELINE, benchmark_settings, build_loss  # noqa: E402
 from simcse_hn.trainer import contrastive_loss  # noqa: E402
 
 BUDGET_S = 420  # gpu.sh kills the run at 470 s; the optional compile section needs what is left
@@ -105,9 +105,9 @@ def training(model: str, corpus: Path, cpu_check: bool, threads: int) -> tuple[d
             "bf16": not cpu_check}  # fmt: skip
     specs = tt.objectives_specs(base, rounds)
     large = {**base, "batch": 16 if cpu_check else 512}
-    specs.append({**tt.objective_spec("infonce", large), "name": f"infonce-b{large['batch']}", "round": 0,
+    specs.append({**tt.objective_spec(BASELINE, large), "name": f"{BASELINE}-b{large['batch']}", "round": 0,
                   "section": "objectives"})  # fmt: skip
-    compile_specs = tt.compile_specs(base, "aot_eager", ["infonce"]) if cpu_check else []
+    compile_specs = tt.compile_specs(base, "aot_eager", [BASELINE]) if cpu_check else []
     out = tt.launch(specs + compile_specs, corpus, threads)
     results, compiled = out["results"][: len(specs)], out["results"][len(specs) :]
     return {"settings": base, **tt.summarise_objectives(results, tt.ALTERNATION, out["rates"])}, compiled
@@ -116,10 +116,10 @@ def training(model: str, corpus: Path, cpu_check: bool, threads: int) -> tuple[d
 def two_devices(model: str, corpus: Path, cpu_check: bool, threads: int, one_process: dict) -> dict:
     """Section 4: InfoNCE in two processes (DDP), each at the one-process run's batch."""
     base = dict(one_process["settings"])
-    spec = {**tt.objective_spec("infonce", base), "round": 0, "section": "objectives"}
+    spec = {**tt.objective_spec(BASELINE, base), "round": 0, "section": "objectives"}
     out = tt.launch([spec], corpus, threads, processes=2)
     result = out["results"][0]
-    single = one_process["summary"]["infonce"]
+    single = one_process["summary"][BASELINE]
     both = result["sentences_per_s"] * out["world_size"]
     return {"processes": out["world_size"], "per_device_batch": base["batch"],
             "sentences_per_s_one_process": single["sentences_per_s"], "sentences_per_s_two_processes": both,

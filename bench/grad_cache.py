@@ -59,7 +59,7 @@ def child(config: str, quick: bool, steps: int, max_length: int, threads: int) -
     torch.set_num_threads(threads)
     from simcse_hn.config import SimCSETrainingArguments
     from simcse_hn.data import SimCSECollator
-    from simcse_hn.losses import build_loss
+    from simcse_hn.losses import BASELINE, build_loss
     from simcse_hn.modeling import TINY_MODEL, SimCSEModel, load_tokenizer
     from simcse_hn.trainer import SimCSETrainer
 
@@ -73,11 +73,11 @@ def child(config: str, quick: bool, steps: int, max_length: int, threads: int) -
     batches = [collator(texts[i * sentences : (i + 1) * sentences]) for i in range(steps + 1)]
     with tempfile.TemporaryDirectory() as out:
         args = SimCSETrainingArguments(
-            output_dir=out, use_cpu=True, loss="infonce", contrast_form="symmetric", temperature=0.05,
+            output_dir=out, use_cpu=True, loss=BASELINE, contrast_form="symmetric", temperature=0.05,
             per_device_train_batch_size=sentences, cache_minibatch_size=cache, eval_strategy="no",
             save_strategy="no", load_best_model_at_end=False, metric_for_best_model=None, report_to=[],
         )  # fmt: skip
-        trainer = SimCSETrainer(model=model, args=args, loss_fn=build_loss("infonce", temperature=0.05))
+        trainer = SimCSETrainer(model=model, args=args, loss_fn=build_loss(BASELINE, temperature=0.05))
         trainer.current_gradient_accumulation_steps = 1
         rss_before = status_kib("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident size

@@ -64,6 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, whatever pip installed
 from common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json  # noqa: E402
 
+from simcse_hn.files import portable_name  # noqa: E402
+
 BASELINE = "infonce"
 OUT = RESULTS / "quality"
 RECIPE = ["--model_name_or_path", "builtin:all-MiniLM-L6-v2", "--pooler", "cls", "--mlp_only_train", "true",
@@ -142,7 +144,7 @@ def locked_index():
 def save_entry(key: str, entry: dict, work_dir: str) -> None:
     with locked_index() as index:
         index["runs"][key] = entry
-        index["work_dir"] = work_dir
+        index["work_dir"] = portable_name(work_dir)
 
 
 def run(command: list[str], log: Path, threads: int | None = None) -> float:
@@ -641,7 +643,7 @@ def main() -> None:  # noqa: C901
         if failed:
             raise SystemExit(f"{len(failed)} run(s) failed; their logs are under {work}")
     with locked_index() as index:
-        index["work_dir"] = args.work_dir
+        index["work_dir"] = portable_name(args.work_dir)
     report(load_index())
     print(f"report: {OUT}", flush=True)
 

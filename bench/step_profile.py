@@ -38,6 +38,8 @@ from common import (  # noqa: E402
     write_json,
 )
 
+from simcse_hn.losses.registry import BASELINE  # noqa: E402
+
 PHASES = ("collate", "forward", "loss", "backward", "clip_and_zero_grad", "optimizer", "between_steps")
 ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", ATTENTION, ATTENTION + "_backward")
@@ -127,7 +129,7 @@ def run(model: str, corpus: Path, steps: int, warmup: int, profile_steps: int, t
         argv = ["--model_name_or_path", model, "--train_file", str(corpus), "--max_seq_length", "32",
                 "--per_device_train_batch_size", "64", "--max_steps", str(steps), "--temperature", "0.05",
                 "--learning_rate", "3e-5", "--seed", "42", "--output_dir", output_dir, "--logging_steps", "1000",
-                "--report_to", "none", "--disable_tqdm", "true", "--pooler", "cls", "--loss", "infonce",
+                "--report_to", "none", "--disable_tqdm", "true", "--pooler", "cls", "--loss", BASELINE,
                 "--contrast_form", "symmetric"]  # fmt: skip
         train.SimCSETrainer = Timed
         try:

@@ -72,7 +72,8 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from simcse_hn.losses.registry import benchmark_settings, setting_flags  # noqa: E402
+from simcse_hn.files import portable_name  # noqa: E402
+from simcse_hn.losses.registry import BASELINE, benchmark_settings, setting_flags  # noqa: E402
 
 BATCH = 64
 MAX_LENGTH = 32
@@ -91,9 +92,9 @@ OBJECTIVE_TARGET = 1.03  # issue 15: every objective within 3 % of InfoNCE per s
 def versus_spec(name: str, base: dict, cache_minibatch: int = CACHE_MINIBATCH) -> dict:
     spec = {**base, "name": name, "kind": "st" if name == "st-mnrl" else "ours"}
     if name == "ours-avg":
-        spec["args"] = ["--pooler", "avg", "--loss", "infonce", "--contrast_form", "simcse"]
+        spec["args"] = ["--pooler", "avg", "--loss", BASELINE, "--contrast_form", "simcse"]
     elif name.startswith("ours-cls"):
-        spec["args"] = ["--pooler", "cls", "--loss", "infonce", "--contrast_form", "simcse"]
+        spec["args"] = ["--pooler", "cls", "--loss", BASELINE, "--contrast_form", "simcse"]
         if name.endswith("1group"):  # one padded forward per batch, as before length groups
             spec["args"] += ["--length_groups", "1"]
         if name.endswith("gradcache"):
@@ -454,7 +455,7 @@ def summarise_versus(runs: list[dict], mode: str) -> dict:
 
 def summarise_objectives(runs: list[dict], mode: str, rates: dict) -> dict:
     summary = {}
-    reference = {x["round"]: x for x in runs if x["name"] == "infonce"}
+    reference = {x["round"]: x for x in runs if x["name"] == BASELINE}
     for name in dict.fromkeys(x["name"] for x in runs):
         mine = [x for x in runs if x["name"] == name]
         summary[name] = {"median_step_s": statistics.median(x["median_step_s"] for x in mine),
@@ -594,9 +595,9 @@ def markdown(report: dict) -> str:
 
 
 def settings(args) -> dict:
-    return {"model": args.model, "model_label": args.model_label, "batch": args.batch, "max_length": MAX_LENGTH,
-            "steps": args.steps, "warmup": args.warmup, "threads": args.threads, "bf16": args.bf16,
-            "cache_minibatch": args.cache_minibatch}  # fmt: skip
+    return {"model": portable_name(args.model), "model_label": args.model_label, "batch": args.batch,
+            "max_length": MAX_LENGTH, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+            "bf16": args.bf16, "cache_minibatch": args.cache_minibatch}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,8 +11,9 @@ from simcse_hn.losses.registry import flag_prefix
 logger = logging.getLogger(__name__)
 
 def debiasing_setting(args) -> str | None:
-    """'loss dcl, dcl_tau_plus 0.001, temperature 0.05' for a debiased objective (one whose class prior, tau+, is
-    > 0), else None. Options are named by their flags (a user's objective: by their loss_options keys)."""
+    """'loss NAME, NAME_tau_plus 0.001, temperature 0.05' (the prior named by its flag) for a debiased objective
+    (one whose class prior, tau+, is > 0), else None. Options are named by their flags (a user's objective: by
+    their loss_options keys)."""
     objective = getattr(args, "objective", None)
     if objective is None or objective.cls.class_prior is None:
         return None

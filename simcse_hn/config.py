@@ -23,7 +23,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
 from simcse_hn.files import is_hub_id
-from simcse_hn.losses.options import TrainingShape
+from simcse_hn.losses.registry import BASELINE
 from simcse_hn.objective_config import (
     HELP_GROUPS as OBJECTIVE_HELP_GROUPS,
 )
@@ -34,9 +34,10 @@ from simcse_hn.objective_config import (
     ResolvedObjective,
     resolve_objective_arguments,
 )
+from simcse_hn.pairs import DATA_FORMATS
+from simcse_hn.resolved import declared_data, resolve_run, sentence_negatives
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
-DATA_FORMATS = ("auto", "pairs", "sentences")
 CONTRAST_FORMS = ("simcse", "symmetric")
 HUB_STRATEGIES = ("end", "every_save")
 
@@ -226,15 +227,7 @@ class DataArguments:
             "data_format",
             f"must be one of {', '.join(DATA_FORMATS)}, got {self.data_format!r}",
         )
-        if self.data_format == "sentences" and self.column_flags:
-            _check(False, "data_format", "'sentences' takes text_column; the anchor/positive/negative column flags "
-                   "are for pairs")  # fmt: skip
         _check(self.streaming_shuffle_buffer >= 0, "streaming_shuffle_buffer", "must be >= 0")
-        _check(
-            not (self.streaming and self.drop_duplicates),
-            "drop_duplicates",
-            "not available with streaming (finding repeats needs the whole corpus in memory)",
-        )
         for name in ("train_file", "eval_file"):
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
@@ -264,7 +257,7 @@ class DataArguments:
 @dataclass
 class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
     # --- the objective ---
-    loss: str = field(default="infonce", metadata={"help": LOSS_HELP, "metavar": LOSS_METAVAR})
+    loss: str = field(default=BASELINE, metadata={"help": LOSS_HELP, "metavar": LOSS_METAVAR})
     loss_options: str | None = field(
         default=None,
         metadata={
@@ -303,6 +296,33 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
         metadata={
             "help": "Batches in which no text appears twice, across columns and processes (sentence-transformers' "
             "no_duplicates sampler). Default: on for paired data, off for sentences."
+        },
+    )
+    topic_batches: bool = field(
+        default=False,
+        metadata={
+            "help": "Topic-aware batches (TAS-B): each gathered batch (per-device batch x processes) drawn from one "
+            "k-means cluster of the corpus, so in-batch negatives are near neighbours (docs/topic-batches.md)."
+        },
+    )
+    topic_clusters: int = field(
+        default=64, metadata={"help": "Topic batches: k-means clusters (about corpus size / (10 x gathered batch))."}
+    )
+    topic_share: float = field(
+        default=1.0, metadata={"help": "Topic batches: share of a gathered batch from one cluster; the rest random."}
+    )
+    topic_recluster_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Topic batches: re-encode the corpus with the model being trained and re-cluster it every this "
+            "many optimizer steps (0: never); the new clusters draw the batches from two steps later on."
+        },
+    )
+    topic_encoder: str | None = field(
+        default=None,
+        metadata={
+            "help": "Topic batches: the encoder that embeds the corpus for clustering (a model folder or Hub id, "
+            "sentence-transformers or simcse-hn). Default: the model being trained, before training, in eval mode."
         },
     )
     # --- scale ---
@@ -391,6 +411,10 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
             self.cache_minibatch_size is None or self.cache_minibatch_size >= 1, "cache_minibatch_size", "must be >= 1"
         )
         _check(self.length_groups is None or self.length_groups >= 1, "length_groups", "must be >= 1")
+        _check(self.topic_clusters >= 1, "topic_clusters", f"must be >= 1, got {self.topic_clusters}")
+        recluster = self.topic_recluster_steps
+        _check(recluster >= 0, "topic_recluster_steps", f"must be >= 0, got {recluster}")
+        _check(0 < self.topic_share <= 1, "topic_share", f"must be in (0, 1], got {self.topic_share}")
         if self.hub_model_id is not None:
             _check_repo_id(self.hub_model_id)
         _check(
@@ -400,14 +424,9 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
             f"got {self.hub_strategy!r}",
         )
         super().__post_init__()
-        self._check_engine()
-        gathered = self.world_size if self.gathers else 1
-        shape = TrainingShape(
-            negatives_per_anchor=self.negatives_per_anchor(),
-            negatives_note=f"2 x {self.per_device_train_batch_size} sentences x {gathered} processes - 2",
-            engine=self.sharding_engine(),
-        )
-        self._objective = resolve_objective_arguments(self, shape)
+        # the objective's own values here; what it refuses of the run (check_for_training), with the data's format,
+        # the engine and the rest of the run's combinations: simcse_hn.resolved (parse_args and train.py)
+        self._objective = resolve_objective_arguments(self)
 
     def __getstate__(self) -> dict:
         # the Trainer pickles its arguments into every checkpoint: a user's objective class must not be pickled
@@ -433,42 +452,16 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
             return "FSDP"
         return None
 
-    def _check_engine(self) -> None:
-        """Combinations that cannot work, refused before anything loads."""
-        engine = self.sharding_engine() or ""
-        if self.cache_minibatch_size is not None:
-            _check(
-                not engine.startswith("DeepSpeed"),
-                "cache_minibatch_size",
-                f"GradCache does not work with {engine} (its mini-batches back-propagate under no_sync, which ZeRO "
-                "partitioning does not allow); use FSDP or DDP, or drop cache_minibatch_size",
-            )
-            _check(self.n_gpu <= 1, "cache_minibatch_size", "not supported with DataParallel; launch one process per "
-                   "GPU (accelerate launch / torchrun)")  # fmt: skip
-        if self.length_groups is not None and self.length_groups > 1:
-            # several forwards of each sharded layer per step, and data-dependent shapes in a compiled forward: not
-            # tested there, so not offered
-            _check(not engine, "length_groups", f"> 1 is not supported with {engine}; use 1 or leave it unset")
-            _check(not self.torch_compile, "length_groups", "> 1 is not supported with torch_compile (each length "
-                   "group would be another compiled shape); use 1 or leave it unset")  # fmt: skip
-        if engine == "DeepSpeed ZeRO-3":
-            zero = self.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
-            _check(
-                zero.get("stage3_gather_16bit_weights_on_model_save") is True,
-                "deepspeed",
-                "ZeRO-3 saves no model weights without stage3_gather_16bit_weights_on_model_save: set "
-                "zero3_save_16bit_model: true in the accelerate config (or it in the DeepSpeed JSON)",
-            )
-
     @property
     def gathers(self) -> bool:
         """Whether every process's rows are candidates (gather_across_devices, default on with > 1 process)."""
         return self.world_size > 1 if self.gather_across_devices is None else self.gather_across_devices
 
     def negatives_per_anchor(self) -> int:
-        """In-batch negatives of one anchor: all candidate rows but itself and its positive (symmetric form)."""
-        candidates = 2 * self.per_device_train_batch_size * (self.world_size if self.gathers else 1)
-        return candidates - 2 if self.contrast_form == "symmetric" else candidates // 2 - 1
+        """In-batch negatives of one anchor of single sentences: all candidate rows but itself and its positive
+        (symmetric form); paired data has others (simcse_hn.resolved.ResolvedRun.shape)."""
+        processes = self.world_size if self.gathers else 1
+        return sentence_negatives(self.per_device_train_batch_size, processes, self.contrast_form)
 
     def loss_kwargs(self) -> dict:
         """build_loss() keyword arguments of the objective: the temperature and its options, in the paper's symbols."""
@@ -610,6 +603,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     yaml_argv = _yaml_to_argv(config, known_args.config, known, takes_lists)
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)
+        # the combinations the configuration alone shows (train.py checks the same, complete, on the resolved data)
+        resolve_run(data_args, training_args, declared_data(data_args)).check()
     except ConfigError as e:
         name = str(e).split(":")[0]
         if name in config and f"--{name}" not in rest:
@@ -619,14 +614,4 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         raise ConfigError(str(e).strip().splitlines()[0]) from None
     except ImportError as e:  # a launch config for DeepSpeed without deepspeed installed
         raise ConfigError(f"deepspeed: {str(e).strip().splitlines()[0]} (pip install deepspeed)") from None
-    _check_together(data_args, training_args)
     return model_args, data_args, training_args
-
-
-def _check_together(data_args: DataArguments, training_args: SimCSETrainingArguments) -> None:
-    """Settings of different groups that exclude each other."""
-    _check(
-        not data_args.streaming or training_args.max_steps > 0,
-        "max_steps",
-        "required with streaming (a stream has no length to count epochs in), e.g. --max_steps 10000",
-    )

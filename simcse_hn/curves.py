@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simcse_hn.data import DataError
+from simcse_hn.files import portable_name
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +45,18 @@ TITLES = {
 
 @dataclass
 class Curves:
-    """One run's metrics: series {key: {step: value}}, and the files they came from."""
+    """One run's metrics: series {key: {step: value}}, the files they came from and the run's folder (when read from
+    one)."""
 
     name: str
     series: dict[str, dict[int, float]] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+    folder: str | None = None
+
+    def recorded_sources(self) -> list[str]:
+        """The sources as a record names them (`files.portable_name`; relative to the run folder's parent)."""
+        roots = () if self.folder is None else (os.path.dirname(os.path.abspath(self.folder)),)
+        return [portable_name(source, roots) for source in self.sources]
 
     def steps(self, key: str) -> np.ndarray:
         return np.asarray(sorted(self.series.get(key, {})), dtype=np.int64)
@@ -138,7 +146,7 @@ def load_curves(run: str, name: str | None = None) -> Curves:
 
     if not os.path.isdir(run):
         raise DataError(f"{run}: no such folder")
-    curves = Curves(name or model_label(run))
+    curves = Curves(name or model_label(run), folder=run)
     folders = event_folders(run)
     if folders:
         try:
@@ -269,7 +277,7 @@ def curves_markdown(
             _fmt(loss[-1]) if loss.size else "–",
             f"{dev[best]:.2f} ({best})" if dev else "–",
             f"{dev[max(dev)]:.2f}" if dev else "–",
-            ", ".join(f"`{s}`" for s in run.sources),
+            ", ".join(f"`{s}`" for s in run.recorded_sources()),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "First -> last logged value, and the range over the run:", ""]
@@ -298,7 +306,7 @@ def _series_record(run: Curves) -> dict[str, dict[str, float]]:
 def save_record(runs: Sequence[Curves], path: str) -> None:
     """The runs' curves as curves.json: {name: {"sources": [...], "series": {key: {step: value}}}}, what
     `load_record` reads back (a run's curves kept without its training folder)."""
-    record = {run.name: {"sources": run.sources, "series": _series_record(run)} for run in runs}
+    record = {run.name: {"sources": run.recorded_sources(), "series": _series_record(run)} for run in runs}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
         f.write("\n")
@@ -316,7 +324,7 @@ def load_record(path: str) -> list[Curves]:
         if not isinstance(run, dict) or not isinstance(run.get("series"), dict):
             raise DataError(f"{path}: run {name!r} has no 'series'; expected a curves.json of eval/curves.py")
         series = {key: {int(step): float(v) for step, v in points.items()} for key, points in run["series"].items()}
-        runs.append(Curves(name, series, [*run.get("sources", []), path]))
+        runs.append(Curves(name, series, [*run.get("sources", []), path], folder=os.path.dirname(path)))
     if not runs:
         raise DataError(f"{path}: no runs; expected a curves.json of eval/curves.py")
     return runs

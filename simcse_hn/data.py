@@ -28,6 +28,19 @@ logger = logging.getLogger(__name__)
 GUIDE_PREFIX = "guide_"  # the batch keys of a guide model's own tokenisation (simcse_hn.guide)
 
 
+NAMED_PAIRS = (("anchor", "positive"), ("sent0", "sent1"))  # sentence-transformers', SimCSE's NLI file's pair columns
+
+
+def no_text_field(where: str, column: str, columns) -> DataError:
+    """A record or header without the sentence column. When it holds pair columns, the hint is not --text_column
+    (that would train on one column and drop the rest): it says the data is paired."""
+    pair = next((pair for pair in NAMED_PAIRS if set(pair) <= set(columns or ())), None)
+    if pair is None:
+        return DataError(f"{where}: no field {column!r} (set --text_column)")
+    return DataError(f"{where}: no field {column!r}, and its columns {list(columns)} are paired data ({pair[0]!r}, "
+                     f"{pair[1]!r}): train on them with --data_format pairs, read into memory (not with streaming)")
+
+
 def _read_text(path: str) -> str:
     """The whole file decoded as UTF-8, a leading byte-order mark dropped (every reader goes through here). Bytes
     that are not UTF-8 and NUL bytes (a binary or UTF-16 file) are a DataError naming the line."""
@@ -66,8 +79,10 @@ def _read_jsonl_column(path: str, column: str) -> list[str]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
-        if not isinstance(record, dict) or column not in record:
-            raise DataError(f"{path}:{number}: no field {column!r} (set --text_column)")
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        if column not in record:
+            raise no_text_field(f"{path}:{number}", column, record)
         value = record[column]
         if value is not None and not isinstance(value, str):
             raise DataError(f"{path}:{number}: field {column!r} is not a string: {_short(value)}")
@@ -80,6 +95,8 @@ def _read_csv_column(path: str, column: str) -> list[str]:
     delimiters and line breaks. A record whose field count differs from the header's is a DataError."""
     header, records = read_csv_table(path)
     if header is None or column not in header:
+        if header and any(set(pair) <= set(header) for pair in NAMED_PAIRS):
+            raise no_text_field(f"{path}:1", column, header)
         raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
     index = header.index(column)
     return [row[index] if row else "" for _, row in records]
@@ -134,6 +151,8 @@ def _read_hub_column(
 ) -> list[str]:
     dataset = load_hub_dataset(name, data_files, split, config_name) if dataset is None else dataset
     if column not in dataset.column_names:
+        if any(set(pair) <= set(dataset.column_names) for pair in NAMED_PAIRS):
+            raise no_text_field(name, column, dataset.column_names)
         raise DataError(f"{name}: no column {column!r} in {dataset.column_names} (set --text_column)")
     return [t or "" for t in dataset[column]]
 
@@ -219,12 +238,27 @@ def _open_stream(path: str, column: str, data_files: str | None, config_name: st
         raise DataError(f"{path}: could not stream the corpus ({reason})") from None
 
 
+def stream_columns(path: str, text_column: str = "text", data_files: str | None = None,
+                   config_name: str | None = None, split: str = "train") -> list[str] | None:  # fmt: skip
+    """The columns of a streamed corpus's first record (only that record is read): what decides its data format, as a
+    table's columns do in memory. None for a text file (one sentence per line)."""
+    raw, kind = _open_stream(path, text_column, data_files, config_name, split)
+    if kind == "text":
+        return None
+    try:
+        first = next(iter(raw), None)
+    except Exception as e:  # datasets' reader on a malformed first block: user-facing
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        raise DataError(f"{path}: could not stream the corpus ({reason})") from None
+    return list(first) if first is not None else []
+
+
 def _clean_record(record: dict, index: int, *, path: str, column: str, kind: str) -> dict:
     """One streamed record -> {"text": the stripped sentence, "" for a blank one}; the checks of the in-memory readers
     that a single record allows, as DataErrors naming the line (text) or record (json, csv, hub)."""
     where = f"{path}:{index + 1}" if kind == "text" else f"{path}: record {index + 1}"
     if column not in record:
-        raise DataError(f"{where}: no field {column!r} (set --text_column)")
+        raise no_text_field(where, column, record)
     value = record[column]
     if value is not None and not isinstance(value, str):
         raise DataError(f"{where}: field {column!r} is not a string: {_short(value)}")

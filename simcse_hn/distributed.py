@@ -67,7 +67,7 @@ def all_gather_with_grad(tensor: Tensor) -> Tensor:
 def all_reduce_sum(tensor: Tensor) -> Tensor:
     """Sum over processes, as a new tensor (the input is left unchanged); no gradient. Identity with one process.
 
-    For statistics that every process must agree on (ProGCL's Beta-mixture EM sums).
+    For statistics that every process must agree on (an objective's fit on all processes' pairs).
     """
     if world_size() == 1:
         return tensor

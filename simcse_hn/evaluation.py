@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from simcse_hn.data import STS_TASKS, DataError, STSPairs, STSTask
+from simcse_hn.files import is_generic_folder, portable_name
 
 logger = logging.getLogger(__name__)
 
@@ -250,18 +251,26 @@ def sts_results(
 
     `alignment_uniformity`: analysis.alignment_uniformity_encoded's record (None when STS-B dev was not there);
     `training`: the evaluated folder's simcse_config.json (loss, loss_kwargs, contrast_form, seed, ...), None for
-    a model this project did not train, so that a results file says what it measures by itself.
+    a model this project did not train, so that a results file says what it measures by itself. Models, data and
+    files are named as `files.portable_name` names them (no machine's absolute path).
     """
     from datetime import datetime, timezone
 
+    settings = dict(settings or {})
+    if "data" in settings:
+        settings["data"] = portable_name(settings["data"])
+    if "sources" in settings:
+        settings["sources"] = {task: portable_name(source) for task, source in settings["sources"].items()}
+    if alignment_uniformity and "source" in alignment_uniformity:
+        alignment_uniformity = {**alignment_uniformity, "source": portable_name(alignment_uniformity["source"])}
     return {
-        "model": model,
+        "model": portable_name(model),
         "pooler": pooler,
         "aggregation": scores["aggregation"],
         "sickr_pairs": "all" if sickr_all else "test",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": package_versions(),
-        "settings": settings or {},
+        "settings": settings,
         "training": training,
         "tasks": scores["tasks"],
         "average": scores["average"],
@@ -511,7 +520,6 @@ def _task_columns(runs: Sequence[tuple[str, dict]]) -> list[str]:
     return [name for name in STS_TASKS if name in present]
 
 
-GENERIC_FOLDERS = ("model", "final", "final_model", "best", "best_model")  # names that say nothing of the run
 
 
 def model_label(name_or_path: str) -> str:
@@ -525,7 +533,7 @@ def model_label(name_or_path: str) -> str:
         return name_or_path
     path = os.path.normpath(name_or_path)
     name = os.path.basename(path)
-    generic = name.startswith("checkpoint-") or name in GENERIC_FOLDERS
+    generic = is_generic_folder(name)
     if generic and os.path.basename(os.path.dirname(path)):
         return f"{os.path.basename(os.path.dirname(path))}/{name}"
     return name
@@ -533,7 +541,7 @@ def model_label(name_or_path: str) -> str:
 
 def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
     """Labels made distinct where two coincide: each of those gets the nearest folder above its path that tells
-    them apart (…/infonce/sts/results.json and …/other/sts/results.json: "infonce/x", "other/x"), else a number."""
+    them apart (…/run_a/sts/results.json and …/run_b/sts/results.json: "run_a/x", "run_b/x"), else a number."""
     out = list(labels)
     for label in set(labels):
         same = [k for k, other in enumerate(labels) if other == label]

@@ -7,7 +7,7 @@ import os
 
 SIMCSE_CONFIG = "simcse_config.json"  # pooler, loss, hyper-parameters, training budget (SimCSEModel.save_pretrained)
 HEAD_WEIGHTS = "simcse_head.safetensors"  # SimCSE's MLP head
-LOSS_STATE = "simcse_loss_state.safetensors"  # a hard-negative loss's state (ProGCL's mixture, UnReMix's theta)
+LOSS_STATE = "simcse_loss_state.safetensors"  # an objective's own state (its buffers and parameters)
 ADAPTER_DIR = "adapter"  # a LoRA run's adapter in peft's format, beside the merged weights (simcse_hn.lora)
 MANIFEST = "simcse_files.json"  # the files the last save wrote: the Hub upload is exactly these
 STS_RESULTS = "sts_results.json"  # eval/sts.py --save_to_model
@@ -56,6 +56,42 @@ def source_record(name: str | None) -> dict | None:
         return {"name": PACKAGED_MODELS[name][2], "local": False}
     local = not is_hub_id(name) and ":" not in name  # "builtin:tiny-bert" is neither
     return {"name": os.path.basename(os.path.normpath(name)) if local else name, "local": local}
+
+
+GENERIC_FOLDERS = ("model", "final", "final_model", "best", "best_model")  # names that say nothing of the run
+
+
+def is_generic_folder(name: str) -> bool:
+    """A folder name that says nothing of its run ('final', 'checkpoint-500'): its parent's name does."""
+    return name.startswith("checkpoint-") or name in GENERIC_FOLDERS
+
+
+def portable_name(name: str | None, roots: tuple[str, ...] = ()) -> str | None:
+    """How a record (a report, a study's results, a bench's JSON) names a model, a file or a folder, so that it means
+    the same on another machine: a Hub id, a builtin or any name that is not a local path as it is; a pip package's
+    copy of a Hub model by its Hub id; a local path by its path relative to the first of `roots` (then the working
+    directory) that holds it or whose parent does ('../shared/data/sts'), else by its name alone (with its parent's
+    for a generic name: 'run/final'); never a machine's absolute path or a virtual environment's site-packages."""
+    if not name or not isinstance(name, str):
+        return name
+    if name in PACKAGED_MODELS:
+        return PACKAGED_MODELS[name][2]
+    if not os.path.exists(name) and not os.path.isabs(name):
+        return name  # a Hub id, a builtin, a name
+    path = os.path.realpath(name)
+    for module, _, hub_id in PACKAGED_MODELS.values():
+        if os.sep + module + os.sep in path + os.sep:  # inside the package that carries that model
+            return hub_id
+    parts = path.split(os.sep)
+    for marker in ("site-packages", "dist-packages"):  # an installed package's file: from the package on
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1:])
+    for root in (*roots, os.getcwd()):
+        relative = os.path.relpath(path, os.path.realpath(root))
+        if relative.split(os.sep).count(os.pardir) <= 1:  # inside the root, or beside it
+            return relative.replace(os.sep, "/")
+    parent, base = os.path.split(path)
+    return f"{os.path.basename(parent)}/{base}" if is_generic_folder(base) else base
 
 
 def read_json(path: str) -> dict | list | None:

@@ -20,7 +20,7 @@ from simcse_hn.files import (
     source_record,
     write_json,
 )
-from simcse_hn.losses import BUILTIN, InfoNCELoss
+from simcse_hn.losses import BASELINE, BUILTIN
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ KNOWN_LICENSES = {
     "FacebookAI/roberta-large": "mit",
 }
 
-SIMCSE_BIBTEX = InfoNCELoss.citation  # SimCSE's paper, which the InfoNCE objective cites
+SIMCSE_BIBTEX = BUILTIN[BASELINE].citation  # SimCSE's paper, which the baseline objective cites
 
 
 def base_model_license(base_model: str | None) -> str | None:
@@ -140,7 +140,7 @@ def sts_section(sts_results: dict | None, model_name: str, command_model: str = 
 
 def _objective_section(config: dict) -> str:
     """The objective as the run recorded it (`simcse_config["objective"]`, its own summary): nothing is imported."""
-    loss = config.get("loss", "infonce")
+    loss = config.get("loss", BASELINE)
     # a built-in's own text for a record without it (nothing of the user's is imported)
     builtin = BUILTIN.get(loss)
     summary = (config.get("objective") or {}).get("summary") or (builtin.summary if builtin else f"`{loss}`")
@@ -312,7 +312,7 @@ def _card_data(config: dict, sts_results: dict | None, model_name: str):
     from huggingface_hub import ModelCardData
 
     base, data, loss = _hub_name(config.get("base_model")), _hub_name(config.get("train_file")), config.get("loss")
-    loss = (config.get("objective") or {}).get("name") or loss or "infonce"
+    loss = (config.get("objective") or {}).get("name") or loss or BASELINE
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "simcse", loss]
     eval_results = sts_eval_results(sts_results) if sts_results else []
     return ModelCardData(
@@ -342,7 +342,7 @@ def model_card(
     from huggingface_hub import ModelCard
 
     config = simcse_config
-    loss = (config.get("objective") or {}).get("name") or config.get("loss", "infonce")
+    loss = (config.get("objective") or {}).get("name") or config.get("loss", BASELINE)
     base = _source_cell(config.get("base_model"))
     intro = (
         f"A sentence encoder trained with unsupervised [SimCSE](https://arxiv.org/abs/2104.08821) (two dropout views "

@@ -4,8 +4,9 @@
   choices; its default is None, meaning "not given": the objective's Options class holds the real default, once.
 * `--loss_options '{"gamma": 2}'` (YAML: a `loss_options:` mapping) gives any objective's options, a user's own too.
 * `resolve_objective_arguments` turns `--loss` and those into the objective class and its validated options, with
-  one-line errors that name the flag: a bad value, an option of another objective than the selected one, a
-  combination the objective refuses for training.
+  one-line errors that name the flag: a bad value, an option of another objective than the selected one. What the
+  objective refuses of the run it would train in (`check_for_training`, the contrast form) is checked with the rest of
+  the resolved run, in simcse_hn.resolved.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import json
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +67,7 @@ class ResolvedObjective:
 
     cls: type[ContrastiveLoss]
     options: ObjectiveOptions
+    flags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # option -> the flag it came from
 
     def record(self) -> dict[str, Any]:
         """What simcse_config.json and the card say of it: plain data, never imported back."""
@@ -82,7 +85,7 @@ def _flag_name(cls: type[ContrastiveLoss], option: str) -> str:
     return f"{flag_prefix(cls)}_{option}"
 
 
-def _option_error(error: ValueError, flags: dict[str, str]) -> ConfigError:
+def option_error(error: ValueError, flags: Mapping[str, str]) -> ConfigError:
     """An Options ValueError "key: ..." as a ConfigError naming the flag the value came from (or loss_options)."""
     message = str(error).strip().splitlines()[0]
     match = re.match(r"(\w+): ", message)
@@ -110,7 +113,8 @@ def _parse_loss_options(text: str | dict[str, Any] | None) -> dict[str, Any]:
 
 def resolve_objective_arguments(args: Any, shape: TrainingShape | None = None) -> ResolvedObjective:
     """`args.loss`, the built-in objectives' flags and `args.loss_options` -> the objective and its options.
-    Raises ConfigError (one line). `shape`: the run's facts, for the objective's own training checks."""
+    Raises ConfigError (one line). `shape`: the run's facts, for the objective's own training checks (train.py
+    makes them once the data is resolved: simcse_hn.resolved)."""
     try:
         cls = resolve_objective(args.loss)
     except ObjectiveError as e:
@@ -132,7 +136,7 @@ def resolve_objective_arguments(args: Any, shape: TrainingShape | None = None) -
             try:  # a bad value is named as such first, whichever objective is selected
                 other.Options(**{item.name: given[flag]})
             except ValueError as e:
-                raise _option_error(e, {item.name: flag}) from None
+                raise option_error(e, {item.name: flag}) from None
             hint = ""
             if own_prefix is not None and item.name in {f.name for f in dataclasses.fields(cls.Options)}:
                 hint = f"; set {_flag_name(cls, item.name)}"
@@ -148,9 +152,5 @@ def resolve_objective_arguments(args: Any, shape: TrainingShape | None = None) -
         if shape is not None:
             options.check_for_training(shape)
     except ValueError as e:
-        raise _option_error(e, flags) from None
-    if args.contrast_form not in cls.forms:
-        raise ConfigError(f"contrast_form: loss {args.loss!r} is defined on the {' and '.join(map(repr, cls.forms))} "
-                          "form only")  # fmt: skip
-    return ResolvedObjective(cls, options)
-
+        raise option_error(e, flags) from None
+    return ResolvedObjective(cls, options, flags)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from simcse_hn.config import DATA_FORMATS
 from simcse_hn.data import (
+    NAMED_PAIRS,
     DataError,
     SimCSECollator,
     _read_lines,
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 LABEL_COLUMNS = ("label", "labels", "score", "scores")  # sentence-transformers' label columns: not texts
 NO_NEGATIVES = "none"  # --negative_columns none: no explicit negatives even if the file has more columns
-NAMED_PAIRS = (("anchor", "positive"), ("sent0", "sent1"))  # sentence-transformers', SimCSE's NLI file's
+DATA_FORMATS = ("auto", "pairs", "sentences")  # --data_format
 _NEGATIVE_NAME = re.compile(r"(negative|hard_neg)(?:_(\d+))?$")
 TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 
@@ -58,7 +58,7 @@ def is_hub_source(path: str) -> bool:
     return not os.path.exists(path) and not os.path.splitext(path)[1]
 
 
-def _is_table(path: str) -> bool:
+def is_table(path: str) -> bool:
     return is_hub_source(path) or os.path.splitext(path)[1].lower() in TABLE_SUFFIXES
 
 
@@ -156,26 +156,40 @@ def resolve_data_format(
     --data_format, never a guess."""
     if data_format not in DATA_FORMATS:
         raise DataError(f"data_format: must be one of {', '.join(DATA_FORMATS)}, got {data_format!r}")
-    if not _is_table(path):
+    if not is_table(path):
+        return format_from_columns(None, path, data_format, text_column, column_flags)
+    if data_format != "auto" or column_flags:
+        return format_from_columns([], path, data_format, text_column, column_flags)
+    columns = table_columns(path, data_files, config_name, split, dataset)
+    return format_from_columns(columns, path, data_format, text_column, column_flags)
+
+
+def format_from_columns(
+    columns: list[str] | None, source: str, data_format: str = "auto", text_column: str = "text",
+    column_flags: bool = False,
+) -> str:  # fmt: skip
+    """resolve_data_format's rule on the data's columns (None: a text file, one sentence per line), for a table read
+    into memory and for the first record of a stream alike."""
+    if columns is None:
         if data_format == "pairs" or column_flags:
-            raise DataError(f"{path}: one sentence per line; paired data needs columns (.jsonl, .csv, .tsv or a Hub "
-                            "dataset)")  # fmt: skip
+            raise DataError(f"{source}: one sentence per line; paired data needs columns (.jsonl, .csv, .tsv or a "
+                            "Hub dataset)")  # fmt: skip
         return "sentences"
     if data_format != "auto":
         return data_format
     if column_flags:
         return "pairs"
-    columns = table_columns(path, data_files, config_name, split, dataset)
     named = [pair for pair in NAMED_PAIRS if set(pair) <= set(columns)]
     if text_column in columns:
         if named:
-            raise DataError(f"{path}: columns {columns} hold both a {text_column!r} column (sentences) and pair "
-                            f"columns {named[0]}: set --data_format")  # fmt: skip
+            raise DataError(f"{source}: columns {columns} hold both a {text_column!r} column (sentences) and pair "
+                            f"columns {named[0]}: set --data_format (pairs: the pairs; sentences: the {text_column!r} "
+                            "column alone)")  # fmt: skip
         return "sentences"
     if named:
         return "pairs"
     raise DataError(
-        f"{path}: cannot tell sentences from pairs by the columns {columns}: set --data_format sentences (with "
+        f"{source}: cannot tell sentences from pairs by the columns {columns}: set --data_format sentences (with "
         "--text_column) or pairs (columns by order: anchor, positive, negatives; or --anchor_column, "
         "--positive_column, --negative_columns)"
     )
@@ -226,20 +240,23 @@ def load_pairs(
     config_name: str | None = None,
     split: str = "train",
     dataset=None,
+    columns: PairColumns | None = None,
 ):
     """Paired examples from a .jsonl/.csv/.tsv file or a Hub dataset id (with its `config_name`, `split` and
-    `data_files`; `dataset`: that split, already loaded) -> a `datasets.Dataset` with columns
+    `data_files`; `dataset`: that split, already loaded; `columns`: the pair columns, already found) -> a
+    `datasets.Dataset` with columns
     `anchor`, `positive`, `negative_1..k` (k fixed by the columns).
 
     Texts are stripped; an example with an empty text (a blank line, a null) is dropped and counted; repeated
     examples are counted and dropped on request (`drop_duplicates`)."""
     import datasets
 
-    if not _is_table(path):
+    if not is_table(path):
         raise DataError(f"{path}: one sentence per line; paired data needs columns (.jsonl, .csv, .tsv or a Hub "
                         "dataset)")  # fmt: skip
-    columns = table_columns(path, data_files, config_name, split, dataset)
-    columns = pair_columns(columns, path, anchor_column, positive_column, negative_columns)
+    if columns is None:
+        found = table_columns(path, data_files, config_name, split, dataset)
+        columns = pair_columns(found, path, anchor_column, positive_column, negative_columns)
     raw = _read_rows(path, columns, data_files, config_name, split, dataset)
     rows = [tuple(t.strip() for t in row) for row in raw]
     rows = [row for row in rows if all(row)]

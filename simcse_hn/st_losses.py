@@ -16,11 +16,11 @@ batch of B pairs becomes the rows [a_0, p_0, a_1, p_1, ...] of simcse-hn's train
 what `SimCSETrainer` computes on those rows (`simcse_hn.trainer.contrastive_loss`): symmetric form by default, every
 row an anchor against the 2B - 2 others; across processes the rows are gathered with an exact gradient.
 
-The keyword arguments are the objective's own (`simcse_hn.losses`, docs/losses.md): HCL `beta`, `tau_plus`; ProGCL
-`mode`, `warmup_ratio`, ...; UnReMix `beta`, ... UnReMix takes its uncertainty gradient at the embedding here (a
-SentenceTransformer has no MLP head whose inputs the loss could see). ProGCL's warm-up needs the run's length: pass
-`max_steps` (optimizer steps) and, with gradient accumulation, `gradient_accumulation_steps`; each training-mode call
-counts 1 / gradient_accumulation_steps of a step. Without `max_steps` there is no warm-up.
+The keyword arguments are the objective's own options (its `Options` dataclass; docs/losses.md), on top of its
+`sentence_transformers_options` (what a SentenceTransformer, which has no MLP head whose inputs a loss could see,
+needs instead of the training defaults). An objective with a schedule (`uses_schedule`: a warm-up) needs the run's
+length: pass `max_steps` (optimizer steps) and, with gradient accumulation, `gradient_accumulation_steps`; each
+training-mode call counts 1 / gradient_accumulation_steps of a step. Without `max_steps` there is no schedule.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from simcse_hn.losses import BUILTIN, ContrastiveLoss, InfoNCELoss, build_loss, objective_class_path, resolve_objective
+from simcse_hn.losses import BASELINE, BUILTIN, ContrastiveLoss, build_loss, objective_class_path, resolve_objective
 from simcse_hn.targets import FORMS
 
 
@@ -48,7 +48,7 @@ class SimCSELoss(nn.Module):
     yours (`SimCSELoss(model, FocalLoss, gamma=2.0)`). The keyword arguments are the objective's options; one it
     declares for models without an MLP head (`sentence_transformers_options`) is its default here."""
 
-    objective: str | type[ContrastiveLoss] = "infonce"  # the named subclasses below set it
+    objective: str | type[ContrastiveLoss] = BASELINE  # the named subclasses below set it
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class SimCSELoss(nn.Module):
         self.max_steps = max_steps
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.loss_kwargs = loss_kwargs
-        self.calls = 0  # training-mode calls: the step counter of a schedule (ProGCL's warm-up)
+        self.calls = 0  # training-mode calls: the step counter of a schedule
         self.last_metrics: dict[str, Tensor] = {}  # the objective's diagnostics of the last call (tensors)
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
@@ -129,7 +129,7 @@ class SimCSELoss(nn.Module):
         return own if own else SIMCSE_CITATION
 
 
-SIMCSE_CITATION = InfoNCELoss.citation
+SIMCSE_CITATION = BUILTIN[BASELINE].citation
 
 
 def _named_loss(cls: type[ContrastiveLoss]) -> type[SimCSELoss]:

@@ -22,13 +22,16 @@ from simcse_hn import distributed, grad_cache
 from simcse_hn.callbacks import ClampWarningCallback
 from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
 from simcse_hn.data import GUIDE_PREFIX, STSPairs
-from simcse_hn.evaluation import sts_dev_metrics
+from simcse_hn.evaluation import load_encoder, simcse_encode_fn, sts_dev_metrics
 from simcse_hn.guide import SELF, Guide, guide_targets, load_guide
 from simcse_hn.losses import ContrastiveLoss, LossOutput
 from simcse_hn.sampling import NoDuplicatesSampler
 from simcse_hn.targets import LossContext, build_paired_targets, build_targets
+from simcse_hn.topic_batches import InForce, TopicBatchSampler, cluster_corpus
 
 logger = logging.getLogger(__name__)
+
+TOPIC_CLUSTERS_FILE = "topic_clusters.pt"  # a checkpoint's assignments in force: a resume draws the same batches
 
 
 def contrastive_loss(
@@ -56,8 +59,8 @@ def contrastive_loss(
     positive minus `guide_margin` leave N(i) for the step (simcse_hn.guide; metrics `guide_removed*`).
 
     Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
-    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (UnReMix);
-    text_ids (R,): each row's text id (the duplicate diagnostics).
+    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (for an objective
+    that `needs_head_inputs`); text_ids (R,): each row's text id (the duplicate diagnostics).
     """
     candidates, candidate_features, guide_candidates, offset = embeddings, head_inputs, guide_embeddings, 0
     candidate_ids = text_ids
@@ -84,7 +87,7 @@ def contrastive_loss(
     context = LossContext(
         step=step,
         max_steps=max_steps,
-        # every process fits the same ProGCL mixture, from all processes' pairs
+        # for statistics every process must share (an objective fitted on all processes' pairs)
         all_reduce=distributed.all_reduce_sum if several else None,
         candidate_features=candidate_features,
         candidate_text_ids=None if candidate_ids is None else candidate_ids.to(embeddings.device),
@@ -144,9 +147,22 @@ class _SamplerEpoch(TrainerCallback):
         self.trainer = trainer
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        sampler = self.trainer._no_duplicates_sampler
-        if sampler is not None:
-            sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
+        for sampler in (self.trainer._no_duplicates_sampler, self.trainer._topic_sampler):
+            if sampler is not None:
+                sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
+
+
+class _Recluster(TrainerCallback):
+    """Topic batches with `topic_recluster_steps` K: after every K-th optimizer step (but the last), the corpus is
+    re-encoded by the model as it is and re-clustered (SimCSETrainer.recluster_topics), on every process together."""
+
+    def __init__(self, trainer: SimCSETrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        every = args.topic_recluster_steps
+        if every and state.global_step % every == 0 and state.global_step < state.max_steps:
+            self.trainer.recluster_topics(state.global_step)
 
 
 class SimCSETrainer(Trainer):
@@ -205,7 +221,12 @@ class SimCSETrainer(Trainer):
         self.add_callback(_NonFiniteGradientGuard(self))
         self.add_callback(ClampWarningCallback())
         self.add_callback(_SamplerEpoch(self))
+        if args.topic_batches and args.topic_recluster_steps:
+            self.add_callback(_Recluster(self))
         self._no_duplicates_sampler: NoDuplicatesSampler | None = None
+        self._topic_sampler: TopicBatchSampler | None = None
+        self._topic_assignment: Tensor | None = None  # (n,) int64: each example's cluster, first made
+        self._topic_schedule: list[InForce] | None = None  # a resumed run's: the checkpoint's assignments in force
         self.guide = None
         if args.guide_model not in (None, SELF):
             self.guide = (guide if guide is not None else load_guide(args.guide_model)).to(args.device)
@@ -342,16 +363,68 @@ class SimCSETrainer(Trainer):
         the order accelerate shards batches) holds no text twice; seeded by data_seed (or seed) and the epoch, so
         every process draws the same order and a resumed run the same batches. Otherwise the Trainer's."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if not self.no_duplicates or dataset is None or not isinstance(dataset, datasets.Dataset):
+        in_memory = dataset is not None and isinstance(dataset, datasets.Dataset)
+        if self.args.topic_batches and not in_memory:
+            raise ValueError("topic_batches: needs a corpus in memory (a stream cannot be clustered up front)")
+        if not (self.no_duplicates or self.args.topic_batches) or not in_memory:
             return super()._get_train_sampler(train_dataset)
         window = self.args.per_device_train_batch_size * (self.args.world_size if self.gather_across_devices else 1)
         columns = [c for c in dataset.column_names if c == "text" or c in ("anchor", "positive")
                    or c.startswith("negative_")]  # fmt: skip
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        if self.args.topic_batches:
+            self._topic_sampler = TopicBatchSampler(
+                self.topic_assignment(dataset), window, self.args.topic_share, seed=seed,
+                rows=list(zip(*(dataset[c] for c in columns))), no_duplicates=self.no_duplicates,
+            )  # fmt: skip
+            if self._topic_schedule is not None:
+                self._topic_sampler.load_schedule(self._topic_schedule)
+            return self._topic_sampler
         self._no_duplicates_sampler = NoDuplicatesSampler(
             list(zip(*(dataset[c] for c in columns))), window, seed=seed, drop_last=self.args.dataloader_drop_last
         )
         return self._no_duplicates_sampler
+
+    def topic_assignment(self, dataset: datasets.Dataset) -> Tensor:
+        """The cluster of each example (anchor column for pairs): made once per run, by `topic_encoder` or the model
+        before its first step, on process 0 and broadcast, so every process holds the same; a resumed run reads its
+        checkpoint's (TOPIC_CLUSTERS_FILE), so it draws the batches of the uninterrupted run."""
+        if self._topic_assignment is None:
+            self._topic_assignment = self._cluster(dataset, encoder=self.args.topic_encoder)
+        if len(self._topic_assignment) != len(dataset):
+            raise ValueError(f"topic_batches: {len(self._topic_assignment)} cluster assignments (from the "
+                             f"checkpoint) for {len(dataset)} training examples")  # fmt: skip
+        return self._topic_assignment
+
+    def _cluster(self, dataset: datasets.Dataset, encoder: str | None) -> Tensor:
+        """The corpus (anchors for pairs) embedded by `encoder` (None: the model as it is now) and clustered, on
+        process 0; every process returns process 0's assignment."""
+        assignment = None
+        if distributed.rank() == 0:
+            texts = dataset["anchor" if "anchor" in dataset.column_names else "text"]
+            if encoder is not None:
+                encode = load_encoder(encoder, device=str(self.args.device))[0]
+            else:
+                tokenizer = self.processing_class or getattr(self.data_collator, "tokenizer", None)
+                encode = simcse_encode_fn(self.accelerator.unwrap_model(self.model), tokenizer,
+                                          max_length=getattr(self.data_collator, "max_length", None))  # fmt: skip
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            assignment = cluster_corpus(encode, texts, self.args.topic_clusters, seed=seed)
+        return distributed.broadcast_object(assignment)
+
+    def recluster_topics(self, step: int) -> None:
+        """Re-cluster with the model after `step` optimizer steps. The loader has already drawn the next step's
+        batches (and one more mini-batch), so the new assignment draws from the step after it: window (s + 1) x GA of
+        the epoch, s the steps done in it, or the next epoch's start. A function of the step only, so an uninterrupted
+        and a resumed run re-cluster at the same windows."""
+        sampler = self._topic_sampler
+        accumulation, full = self.args.gradient_accumulation_steps, sampler.size // sampler.window
+        per_epoch = max(full // accumulation + int(full % accumulation > 0), 1)
+        epoch, done = divmod(step, per_epoch)
+        window = (done + 1) * accumulation if done else 0
+        if window >= full:
+            epoch, window = epoch + 1, 0
+        sampler.recluster(self._cluster(self.train_dataset, encoder=None), epoch, window, step)
 
     def get_train_dataloader(self):
         """A streamed corpus (a datasets.IterableDataset, data.load_sentence_stream) is already this process's share
@@ -488,6 +561,9 @@ class SimCSETrainer(Trainer):
         if self.args.should_save:
             run_dir = self._get_output_dir(trial)
             written = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if self._topic_sampler is not None:
+                schedule = [entry.as_dict() for entry in self._topic_sampler.schedule]
+                torch.save(schedule, os.path.join(written, TOPIC_CLUSTERS_FILE))
             rotate_checkpoints(run_dir, run_id, limit, {written, self.state.best_model_checkpoint})
 
     def _finalize_training(self, trial, num_train_samples, start_time):
@@ -502,6 +578,11 @@ class SimCSETrainer(Trainer):
             rotate_checkpoints(self._get_output_dir(trial), self.run_id, 1, {self.state.best_model_checkpoint})
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        clusters = os.path.join(resume_from_checkpoint, TOPIC_CLUSTERS_FILE) if isinstance(
+            resume_from_checkpoint, str) else None  # fmt: skip
+        if self.args.topic_batches and clusters is not None and os.path.isfile(clusters):
+            self._topic_schedule = [InForce(**entry) for entry in torch.load(clusters)]
+            self._topic_assignment = self._topic_schedule[0].assignment
         if isinstance(resume_from_checkpoint, str) and self._reached_max_steps(resume_from_checkpoint):
             return self._finish_from_checkpoint(resume_from_checkpoint)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)

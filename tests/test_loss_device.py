@@ -121,9 +121,10 @@ def test_plain_call_and_several_processes_make_no_host_tensors():
         context = LossContext(all_reduce=lambda t: t * 1.0, anchor_features=z, candidate_features=z)
         recorder = HostTensorRecorder([leaf, z, positive_index, negative_mask, *loss_fn.parameters(),
                                        *loss_fn.buffers()])
-        with recorder:
-            loss_fn(leaf, leaf, positive_index, negative_mask, context).loss.backward()
-        assert recorder.violations == [], name
+        for mask in (negative_mask, None):  # None: the standard negatives stated by the call (the shortcuts)
+            with recorder:
+                loss_fn(leaf, leaf, positive_index, mask, context).loss.backward()
+            assert recorder.violations == [], (name, mask is None)
 
 
 def test_recorder_catches_what_the_old_loss_path_did():

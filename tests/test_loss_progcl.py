@@ -586,3 +586,4 @@ def test_closed_form_pairing_equals_the_general_one_under_standard_negatives(ran
         assert ((partner >= 0) & (partner < logits.shape[1])).all()
         mask = targets.negative_mask
         assert mask.gather(1, partner)[mask].all()  # negatives are paired with negatives
+

@@ -173,7 +173,7 @@ def test_gradcheck_with_detached_scores_and_learned_mixture(monkeypatch):
     unit = F.normalize(z, dim=1)
     scores = learned.raw_scores(unit @ unit.T, z, z, ContrastiveTargets(positive_index, negative_mask), h, h)
     for loss_fn in (learned, fixed):
-        monkeypatch.setattr(loss_fn, "raw_scores", lambda *args, **kwargs: scores)  # detached: held constant
+        monkeypatch.setattr(loss_fn, "raw_scores", lambda *args, **kwargs: scores.clone())  # constant, fresh
     context = LossContext(anchor_features=h, candidate_features=h)
     theta = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64, requires_grad=True)
     a, c = (z.clone().requires_grad_(True) for _ in range(2))
@@ -323,3 +323,4 @@ def _check_learned_mixture():
     assert greedy[0] > 0.95, greedy
     learned = train_mixture("ours")
     assert learned.min() > 0.15 and learned[0] == learned.max() and learned[0] > 0.4, learned
+

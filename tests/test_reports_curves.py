@@ -118,7 +118,8 @@ def test_a_curves_json_redraws_its_runs_without_their_folders(tmp_path, capsys):
     record = json.loads((again / "curves.json").read_text())
     assert list(record) == ["run-a", "B"]  # the record's name kept, the label for the folder
     assert record["run-a"]["series"]["loss"] == {"10": 2.0, "20": 1.0, "30": 0.0}
-    assert record["run-a"]["sources"][-1] == str(first / "curves.json")
+    # named from the run's folder's parent on, not by this machine's absolute path (issue 39)
+    assert record["run-a"]["sources"][-1] == "first/curves.json"
     assert "| run-a | 30 | 0 |" in (again / "curves.md").read_text()
     (tmp_path / "bad.json").write_text('{"x": {"loss": []}}')
     capsys.readouterr()

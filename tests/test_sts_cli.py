@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -74,6 +75,22 @@ def model_dir(tmp_path_factory):
     return path
 
 
+def absolute_paths(record) -> list[str]:
+    """Every string in a JSON record that is an absolute path or holds one (a machine's path)."""
+    if isinstance(record, dict):
+        return [p for key, value in record.items() for p in absolute_paths(key) + absolute_paths(value)]
+    if isinstance(record, list):
+        return [p for value in record for p in absolute_paths(value)]
+    machine = isinstance(record, str) and ("site-packages" in record or re.search(r"(^|[\s'\"(])/\w", record))
+    return [record] if machine else []
+
+
+def assert_portable(record, *paths) -> None:
+    assert absolute_paths(record) == [], absolute_paths(record)
+    text = json.dumps(record)
+    assert not any(str(path) in text for path in paths)
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     # this checkout's simcse_hn first, also where another checkout is the editable install
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
@@ -115,7 +132,10 @@ def test_cli_writes_results_json_markdown_plot_and_model_copy(tmp_path, model_di
 
     results = json.loads((out / "results.json").read_text())
     assert set(results) == RESULT_KEYS
-    assert results["model"] == model_dir and results["pooler"] == "avg"  # restored from simcse_config.json
+    # named without this machine's paths (issue 39: records carried absolute paths): the folder's name, outside the
+    # working directory; the data likewise
+    assert results["model"] == os.path.basename(model_dir) and results["pooler"] == "avg"  # pooler: simcse_config
+    assert_portable(results, tmp_path, model_dir)
     assert results["aggregation"] == "wmean" and results["sickr_pairs"] == "test"
     assert list(results["tasks"]) == list(STS_TASKS)
     assert results["tasks"]["STS12"]["pairs"] == 16

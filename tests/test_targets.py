@@ -85,3 +85,60 @@ def test_the_step_function_equals_the_plain_call_on_the_same_rows(name, form):
     want.loss.backward()
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-10, atol=0)
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-8, atol=1e-12)
+
+
+
+def test_the_plain_call_without_a_mask_states_the_standard_negatives():
+    """No negative_mask: N(i) is every candidate but the positive (and the anchor itself when the anchors are the
+    candidates' tensor), with the facts true by construction, equal to the checked ones of build_targets."""
+    positive_index, negative_mask = symmetric_targets(8)
+    stated = ContrastiveTargets.standard(positive_index, 8, anchors_are_candidates=True)
+    checked = build_targets(8, "symmetric")
+    assert stated.anchors_are_candidates and stated.standard_negatives
+    assert torch.equal(stated.negative_mask, negative_mask) and torch.equal(stated.anchor_index, checked.anchor_index)
+    for name in ("negative_bias", "negative_offset", "negative_count"):  # written, not derived from the mask
+        assert torch.equal(getattr(stated, name), getattr(checked, name)), name
+    own = ContrastiveTargets.standard(torch.tensor([0, 2, 1, 4, 3, 5]), 6, anchors_are_candidates=True)
+    assert torch.equal(own.negative_count, own.negative_mask.sum(dim=1))  # rows 0 and 5 are their own positive
+    assert torch.equal(own.negative_bias == 0, own.negative_mask)
+    paper = ContrastiveTargets.standard(torch.arange(4), 4, anchors_are_candidates=False)  # SimCSE's z1 against z2
+    assert not paper.anchors_are_candidates and not paper.standard_negatives and paper.anchor_index is None
+    assert torch.equal(paper.negative_mask, ~torch.eye(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="positive_index"):
+        ContrastiveTargets.standard(torch.arange(6), 8, anchors_are_candidates=True)
+
+
+PLAIN_CASES = {
+    "infonce": {}, "dcl": {}, "hcl": {"beta": 0.5, "tau_plus": 0.01},
+    "progcl": {"fit_pairs": 0}, "progcl_mix": {"mode": "mix"},
+    "unremix": {"gradient": "embedding", "tau_plus": 0.01}, "unremix_head": {"gradient": "head"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PLAIN_CASES))
+def test_the_plain_calls_with_and_without_a_mask_and_the_trainers_call_agree(case):
+    """The same loss, gradient and weights three ways: the stated standard negatives (shortcuts), the same mask given
+    explicitly to a copy of the rows (the general path) and the training loop's call with checked targets."""
+    name = case.split("_")[0]
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    z0 = torch.tanh(h @ torch.randn(5, 6, generator=g, dtype=torch.float64))
+    positive_index, negative_mask = symmetric_targets(12)
+    context = LossContext(step=10, max_steps=10, anchor_features=h, candidate_features=h,
+                          mix_permutation=torch.randperm(12, generator=g))  # fmt: skip
+
+    def run(call):
+        loss_fn = build_loss(name, temperature=0.1, **PLAIN_CASES[case])
+        z = z0.clone().requires_grad_(True)
+        out = call(loss_fn, z)
+        out.loss.backward()
+        return out.loss.detach(), z.grad, out.weights
+
+    stated = run(lambda loss_fn, z: loss_fn(z, z, positive_index, context=context))
+    general = run(lambda loss_fn, z: loss_fn(z, z.clone(), positive_index, negative_mask, context))
+    trainer = run(lambda loss_fn, z: loss_fn.compute(z, build_targets(12, "symmetric"), context))
+    for other in (general, trainer):
+        torch.testing.assert_close(stated[0], other[0], rtol=1e-9, atol=0)
+        torch.testing.assert_close(stated[1], other[1], rtol=1e-7, atol=1e-12)
+        if stated[2] is not None:
+            torch.testing.assert_close(stated[2], other[2], rtol=1e-7, atol=1e-12)

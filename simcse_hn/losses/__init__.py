@@ -21,6 +21,7 @@ from simcse_hn.losses.infonce import InfoNCELoss
 from simcse_hn.losses.options import ObjectiveOptions, option
 from simcse_hn.losses.progcl import ProGCLLoss
 from simcse_hn.losses.registry import (
+    BASELINE,
     BUILTIN,
     ObjectiveError,
     benchmark_settings,
@@ -34,6 +35,7 @@ from simcse_hn.targets import ContrastiveTargets, LossContext, build_targets
 LOSSES = BUILTIN  # the built-in objectives by name (the name simcse-hn 0.1 exported)
 
 __all__ = [
+    "BASELINE",
     "BUILTIN",
     "LOSSES",
     "ContrastiveLoss",

@@ -363,8 +363,9 @@ class ContrastiveLoss(nn.Module):
     a frozen dataclass (`Options`, made with `options.option`); each is also an attribute of the loss (`loss.beta`).
 
     Two calls, one computation:
-    * `loss_fn(anchors, candidates, positive_index, negative_mask, context=None)`: the plain call. No structure is
-      assumed between anchors and candidates.
+    * `loss_fn(anchors, candidates, positive_index, negative_mask=None, context=None)`: the plain call. A mask is
+      read as given (no structure assumed); without one the negatives are the standard ones (`forward`), a stated
+      structure that takes the shortcuts below.
     * `loss_fn.compute(candidates, targets, context=None)`: the training loop's call (`simcse_hn.trainer
       .contrastive_loss`). The anchors are the candidates' rows `targets.anchor_index`, so the targets' checked facts
       (`anchors_are_candidates`, `standard_negatives`) hold for the tensors the loss sees and a loss may use them.
@@ -427,10 +428,19 @@ class ContrastiveLoss(nn.Module):
         anchors: Tensor,
         candidates: Tensor,
         positive_index: Tensor,
-        negative_mask: Tensor,
+        negative_mask: Tensor | None = None,
         context: LossContext | None = None,
     ) -> LossOutput:
-        return self._loss(anchors, candidates, ContrastiveTargets(positive_index, negative_mask), context)
+        """The plain call. negative_mask (M, N) bool: N(i), read as given (no structure assumed, so the general
+        path). None: the standard negatives, every candidate but anchor i's positive and, when `anchors is
+        candidates` (the same tensor: anchor i is candidate i), anchor i itself; the call then states the structure
+        and takes the training loop's shortcuts, with nothing read back from the device."""
+        if negative_mask is None:
+            same = anchors is candidates
+            targets = ContrastiveTargets.standard(positive_index, candidates.shape[0], anchors_are_candidates=same)
+        else:
+            targets = ContrastiveTargets(positive_index, negative_mask)
+        return self._loss(anchors, candidates, targets, context)
 
     def compute(
         self, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None = None

@@ -39,12 +39,18 @@ def _finite_check(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class TrainingShape:
-    """What a training run's configuration says that an objective's checks may need: the in-batch negatives of
-    one anchor (and how they arise, for messages) and the sharding engine (None, 'FSDP', 'DeepSpeed ZeRO-3', ...)."""
+    """What the resolved training run is, for an objective's own refusals (`check_for_training`): the in-batch
+    negatives of one anchor (and how they arise, for messages), the sharding engine (None, 'FSDP', 'DeepSpeed
+    ZeRO-3', ...), the data format ('sentences' or 'pairs', as resolved from the data), whether the corpus is
+    streamed, GradCache's mini-batch (None: off) and the guide model (None, 'self' or its name)."""
 
     negatives_per_anchor: int
     negatives_note: str = ""
     engine: str | None = None
+    data_format: str = "sentences"
+    streaming: bool = False
+    cache_minibatch_size: int | None = None
+    guide_model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ ENTRY_POINTS = "simcse_hn.objectives"
 BUILTIN: dict[str, type[ContrastiveLoss]] = {
     cls.name: cls for cls in (InfoNCELoss, DCLLoss, HCLLoss, ProGCLLoss, UnReMixLoss)
 }
+# the default `--loss` and every comparison's baseline: plain InfoNCE, which every other objective reduces to in its
+# neutral setting
+BASELINE = InfoNCELoss.name
 
 
 class ObjectiveError(ValueError):
