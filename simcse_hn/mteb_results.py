@@ -29,7 +29,7 @@ from scipy.stats import pearsonr, spearmanr
 from torch import Tensor
 
 from simcse_hn.data import STS_TASKS, DataError, STSTask
-from simcse_hn.files import PACKAGED_MODELS, is_hub_id, source_record
+from simcse_hn.files import PACKAGED_MODELS, is_hub_id, portable_name, source_record
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,7 @@ def load_run(folder: str) -> dict:
         "aggregation": "mteb",
         "sickr_pairs": "all",
         "date": (report or {}).get("date", "–"),
-        "settings": {"mteb_folder": folder, "revision": meta.get("revision", os.path.basename(folder)),
+        "settings": {"mteb_folder": portable_name(folder), "revision": meta.get("revision", os.path.basename(folder)),
                      "dataset_revisions": revisions, "mteb_version": sorted(versions)},  # fmt: skip
         "training": (report or {}).get("training"),
         "tasks": tasks,
