@@ -351,4 +351,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from simcse_hn.process_exit import finish
+
+    finish(main())  # not sys.exit: see simcse_hn/process_exit.py (issue 39)

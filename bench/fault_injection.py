@@ -8,9 +8,17 @@ evaluation), kills it once with SIGKILL at one moment, then runs the same comman
 * random: a uniform time within the uninterrupted run's wall time;
 * checkpoint: as soon as checkpoint-N (N drawn from 4, 8, ..., 24) exists without its trainer_state.json (the
   Trainer writes it last);
-* final: as soon as the final folder's model.safetensors exists and its simcse_config.json does not (the final save).
-Checks: the checkpoint a resume names is complete and the newest complete one at that moment; the final weights are
-bit-equal to the uninterrupted run's. Not covered: kills during a push to the Hub.
+* final: as soon as the final folder's model.safetensors exists and its simcse_config.json does not (the final save);
+* push: the run pushes every save (`--push_to_hub true --hub_strategy every_save`) to the stand-in Hub of
+  tests/hub_server.py on 127.0.0.1 (HF_ENDPOINT); killed as soon as the stand-in has answered the preupload of push
+  number K (K drawn from 1..7: six checkpoints, then the final folder), i.e. while that upload is in flight, before
+  its commit. The resume pushes too. Checks besides the ones below: the repo's model files on the stand-in at the
+  end are bit-equal to the uninterrupted run's, the last commit is the final folder's, and every commit the stand-in
+  stored carries a whole model (model.safetensors, config.json and the tokenizer: a commit is one request, stored
+  only once its whole body arrived).
+Checks: the checkpoint a resume names is complete and the newest complete one at that moment (both judged on a
+snapshot of the checkpoint folders taken after the kill and before the resume, since the resumed run's rotation may
+delete the one it resumed from); the final weights are bit-equal to the uninterrupted run's.
 
     python -m bench.fault_injection --trials 10   # 10 per moment
 """
@@ -31,12 +39,15 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 
 from bench.common import RESULTS, ROOT, environment, environment_line, load_average, write_json
 from simcse_hn.checkpoints import checkpoint_problem, last_complete_checkpoint, read_run_id
 
-MOMENTS = ("random", "checkpoint", "final")
+MOMENTS = ("random", "checkpoint", "final", "push")
+FINAL_SUMMARY = "Upload SimCSE sentence encoder"  # the final folder's commit (tests/test_hub.py)
+WHOLE_MODEL = {"model.safetensors", "config.json", "tokenizer.json"}  # in every stored commit (push moment)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 
@@ -56,22 +67,52 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def hub_weights(files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+    """The same from a repo of the stand-in Hub (path -> content)."""
+    if "model.safetensors" not in files:
+        return {}
+    out = dict(safetensors_load(files["model.safetensors"]))
+    if "simcse_head.safetensors" in files:
+        out.update({f"head.{k}": v for k, v in safetensors_load(files["simcse_head.safetensors"]).items()})
+    return out
+
+
+def push_args(repo: str) -> list[str]:
+    return ["--push_to_hub", "true", "--hub_model_id", repo, "--hub_strategy", "every_save"]
+
+
+def hub_env(server, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in ENV.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    return {**env, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": server.url, "HF_TOKEN": server.token, "HF_HOME": str(home)}
+
+
+def preuploads(server, repo: str) -> int:
+    with server._lock:
+        return sum(m == "POST" and p.startswith(f"/api/models/{repo}/preupload/") for m, p in server.requests)
+
+
 def _in_window(moment: str, out: Path, target: str) -> bool:
     if moment == "checkpoint":
         return (out / target).is_dir() and not (out / target / "trainer_state.json").exists()
     return (out / "model.safetensors").exists() and not (out / "simcse_config.json").exists()
 
 
-def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: random.Random) -> dict:
-    """Start the run and SIGKILL it at `moment`; -> what happened."""
+def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: random.Random, env: dict | None = None,
+               hub: tuple | None = None) -> dict:
+    """Start the run and SIGKILL it at `moment`; -> what happened. `hub`: (server, repo) for the push moment."""
     target = f"checkpoint-{rng.choice(range(4, 25, 4))}"  # which checkpoint's writing a "checkpoint" kill hits
-    proc = subprocess.Popen(command(out) + extra, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+    if moment == "push":
+        target = f"push-{rng.randint(1, 7)}"
+    proc = subprocess.Popen(command(out) + extra, cwd=ROOT, env=env or ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     start, deadline = time.perf_counter(), time.perf_counter() + (rng.uniform(0.5, seconds) if moment == "random"
                                                                     else 600)  # fmt: skip
     hit = False
     while proc.poll() is None and time.perf_counter() < deadline:
-        if moment != "random" and _in_window(moment, out, target):
+        if moment == "push" and hub and preuploads(*hub) >= int(target.split("-")[1]):
+            hit = True
+            break
+        if moment in ("checkpoint", "final") and _in_window(moment, out, target):
             hit = True
             break
         time.sleep(0.002)
@@ -79,24 +120,39 @@ def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: ra
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         hit = hit or moment == "random"
-    return {"killed": hit and proc.returncode == -signal.SIGKILL, "target": target if moment == "checkpoint" else None,
+    return {"killed": hit and proc.returncode == -signal.SIGKILL,
+            "target": target if moment in ("checkpoint", "push") else None,
             "after_s": round(time.perf_counter() - start, 2)}
 
 
-def resume(out: Path) -> dict:
+def checkpoint_snapshot(out: Path) -> dict[str, bool]:
+    """Each checkpoint folder left by the kill -> whether it is complete, taken before the resume runs (the resumed
+    run's save_total_limit rotation deletes old checkpoints, the one it resumed from among them)."""
+    return {p.name: checkpoint_problem(str(p)) is None for p in sorted(out.glob("checkpoint-*")) if p.is_dir()}
+
+
+def resume(out: Path, extra: list[str] | None = None, env: dict | None = None) -> dict:
     run_id = read_run_id(str(out))
     newest = last_complete_checkpoint(str(out), run_id) if run_id else None
-    extra = ["--resume_from_checkpoint", "true"] if newest else ["--overwrite_output_dir", "true"]
-    result = subprocess.run(command(out) + extra, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    before = checkpoint_snapshot(out)
+    again = ["--resume_from_checkpoint", "true"] if newest else ["--overwrite_output_dir", "true"]
+    result = subprocess.run(command(out) + (extra or []) + again, cwd=ROOT, env=env or ENV, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
     chosen = re.search(r"resuming from (\S+)", result.stdout + result.stderr)
     chosen = chosen.group(1) if chosen else None
     return {
         "returncode": result.returncode,
         "resumed_from": os.path.basename(chosen) if chosen else None,
-        "chosen_was_newest_complete": chosen == newest,
-        "chosen_complete": chosen is None or checkpoint_problem(chosen) is None,
+        "chosen_was_newest_complete": (os.path.basename(chosen) if chosen else None)
+        == (os.path.basename(newest) if newest else None),
+        "chosen_complete": chosen is None or before.get(os.path.basename(chosen)) is True,
+        "checkpoints_after_kill": before,
         "tail": "" if result.returncode == 0 else (result.stdout + result.stderr)[-2000:].replace(str(out), "<out>"),
     }
+
+
+def _hub_column(trial: dict) -> str:
+    return f"{trial['hub_commits']} ({trial['hub_partial_commits']})" if "hub_commits" in trial else ""
 
 
 def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[dict, list[dict]]:
@@ -104,22 +160,29 @@ def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[
     per = {m: {"trials": sum(t["moment"] == m for t in trials), "kills": sum(t["moment"] == m and t["killed"]
                for t in trials), "equal": sum(t["moment"] == m and t["final_equal"] for t in trials)}
            for m in MOMENTS}  # fmt: skip
-    bad = [t for t in trials if not (t["final_equal"] and t["chosen_complete"] and t["chosen_was_newest_complete"])]
+    bad = [t for t in trials if not (t["final_equal"] and t["chosen_complete"] and t["chosen_was_newest_complete"]
+                                     and t.get("hub_equal", True) and t.get("hub_last_is_final", True)
+                                     and not t.get("hub_partial_commits", 0))]  # fmt: skip
     data = {"environment": env, "reference_seconds": round(seconds, 1), "per_moment": per, "failures": len(bad),
             "kills": sum(t["killed"] for t in trials), "load_average_now": load_average(), "trials": trials}
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json(RESULTS / f"{args.name}.json", data)
     lines = ["# Fault injection: SIGKILL, resume, compare with the uninterrupted run", "",
              f"`python -m bench.fault_injection --trials {args.trials}` (see the module docstring); "
-             f"{len(trials)} of {3 * args.trials} trials done when this was written.",
+             f"{len(trials)} of {len(MOMENTS) * args.trials} trials done when this was written.",
              environment_line(env), "",
              f"**{data['kills']} kills landed, {len(bad)} trials failed** (final weights not bit-equal to the "
-             "uninterrupted run's, or a resume chose a checkpoint that was not the newest complete one).", "",
+             "uninterrupted run's, a resume chose a checkpoint that was not the newest complete one, or, for push, "
+             "the stand-in Hub's model differs from the uninterrupted run's, its last commit is not the final "
+             "folder's, or a stored commit lacks part of a model).", "",
              "| moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
              *[f"| {m} | {v['trials']} | {v['kills']} | {v['equal']} |" for m, v in per.items()], "",
-             "| moment | target | killed after s | killed | resumed from | final equal |", "|---|---|---|---|---|---|",
+             "| moment | target | killed after s | killed | resumed from | chosen complete | final equal | Hub equal "
+             "| Hub commits (partial) |", "|---|---|---|---|---|---|---|---|---|",
              *[f"| {t['moment']} | {t['target'] or ''} | {t['after_s']} | {t['killed']} | {t['resumed_from']} | "
-               f"{t['final_equal']} |" for t in trials]]  # fmt: skip
+               f"{t['chosen_complete']} | {t['final_equal']} | {t.get('hub_equal', '')} | "
+               f"{_hub_column(t)} |"
+               for t in trials]]  # fmt: skip
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return per, bad
 
@@ -138,21 +201,40 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     reference = weights(work / "reference")
     trials: list[dict] = []
-    for i in range(args.trials):
-        for moment in MOMENTS:  # in turn, so that results written so far cover every moment
-            out = work / f"{moment}{i}"
-            kill = killed_run(moment, out, [], seconds, rng)
-            if not (out / "simcse_config.json").exists() or kill["killed"]:
-                finish = resume(out)
-            else:
-                finish = {"returncode": 0, "resumed_from": None, "chosen_was_newest_complete": True,
-                          "chosen_complete": True, "tail": ""}  # fmt: skip  (finished before the kill)
-            got = weights(out) if (out / "simcse_config.json").exists() else {}
-            same = got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
-            trials.append({"moment": moment, **kill, **finish, "final_equal": same})
-            print(json.dumps({k: v for k, v in trials[-1].items() if k != "tail"}), flush=True)
-            shutil.rmtree(out, ignore_errors=True)
-            per, bad = write_results(args, env, seconds, trials)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hub_server import HubStandIn
+
+    with HubStandIn(max_requests=10**9) as server:
+        for i in range(args.trials):
+            for moment in MOMENTS:  # in turn, so that results written so far cover every moment
+                out = work / f"{moment}{i}"
+                repo = f"{server.user}/fault-{i}"
+                extra = push_args(repo) if moment == "push" else []
+                run_env = hub_env(server, work / "hf_home") if moment == "push" else ENV
+                kill = killed_run(moment, out, extra, seconds, rng, run_env, (server, repo))
+                if not (out / "simcse_config.json").exists() or kill["killed"]:
+                    finish = resume(out, extra, run_env)
+                else:
+                    finish = {"returncode": 0, "resumed_from": None, "chosen_was_newest_complete": True,
+                              "chosen_complete": True, "checkpoints_after_kill": {}, "tail": ""}  # fmt: skip
+                got = weights(out) if (out / "simcse_config.json").exists() else {}
+                same = got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
+                trial = {"moment": moment, **kill, **finish, "final_equal": same}
+                if moment == "push":
+                    with server._lock:
+                        files = dict(server.repos.get(repo, {}))
+                        commits = [c for c in server.commits if c["repo"] == repo]
+                    pushed = hub_weights(files)
+                    trial["hub_equal"] = pushed.keys() == reference.keys() and all(
+                        torch.equal(pushed[k], reference[k]) for k in reference
+                    )
+                    trial["hub_commits"] = len(commits)
+                    trial["hub_partial_commits"] = sum(not WHOLE_MODEL <= set(c["paths"]) for c in commits)
+                    trial["hub_last_is_final"] = bool(commits) and commits[-1]["summary"] == FINAL_SUMMARY
+                trials.append(trial)
+                print(json.dumps({k: v for k, v in trials[-1].items() if k != "tail"}), flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+                per, bad = write_results(args, env, seconds, trials)
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"per_moment": per, "failures": len(bad)}))
     return 0 if not bad else 1

@@ -34,7 +34,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
 import numpy as np
 
 from simcse_hn import mteb_results
-from simcse_hn.comparability import TRAINING_NOISE, scored_alike
+from simcse_hn.comparability import group_names, scored_alike, settings_notes
 from simcse_hn.data import STS_TASKS, DataError
 from simcse_hn.evaluation import (
     PREDICTIONS,
@@ -46,9 +46,9 @@ from simcse_hn.evaluation import (
     training_summary,
     unique_labels,
 )
+from simcse_hn.files import portable_name
 
 RESULT_FILES = ("results.json", "sts_results.json")
-OBJECTIVE_KEYS = ("loss", "contrast_form", "loss_kwargs")  # what makes two runs the same objective
 METHOD = (
     "Mean and standard deviation (ddof 1) over seeds; 95% interval: Student t, mean +- t(0.975, n-1) s/sqrt(n). "
     "Paired t-test: scipy.stats.ttest_rel on the per-seed scores of the seeds both groups have. Paired bootstrap: "
@@ -105,50 +105,6 @@ def split_list(value: str | None, count: int, flag: str) -> list[str] | None:
     if len(items) != count:
         raise DataError(f"{flag}: {len(items)} values for {count} runs")
     return items
-
-
-def objective(training: dict | None) -> tuple | None:
-    if not training or "loss" not in training:
-        return None
-    return tuple(json.dumps(training.get(key), sort_keys=True) for key in OBJECTIVE_KEYS)
-
-
-def group_names(runs: list[dict]) -> list[str]:
-    """A name per run: its objective's loss, with the settings that tell it from other groups of the same loss."""
-    keys = [objective(run["results"].get("training")) for run in runs]
-    fields = {}
-    for key, run in zip(keys, runs):
-        if key is not None:
-            training = run["results"]["training"]
-            fields[key] = {"contrast_form": training.get("contrast_form"), **(training.get("loss_kwargs") or {})}
-    names = []
-    for key, run in zip(keys, runs):
-        if key is None:
-            names.append(run["label"])
-            continue
-        loss = run["results"]["training"]["loss"]
-        rivals = [other for other in fields if other != key and json.loads(other[0]) == loss]
-        differing = [f for f in fields[key] if any(fields[other].get(f) != fields[key][f] for other in rivals)]
-        names.append(loss + (" (" + ", ".join(f"{f} {fields[key][f]}" for f in differing) + ")" if differing else ""))
-    return names
-
-
-def settings_notes(group: str, members: list[dict]) -> list[str]:
-    """What differs inside a group besides the seed (base model, learning rate, ...): a reviewer's first question."""
-    trainings = [m["results"].get("training") or {} for m in members]
-    keys = sorted({k for t in trainings for k in t} - TRAINING_NOISE)  # run ids differ in every group
-    notes = []
-    for key in keys:
-        values = [json.dumps(t.get(key), sort_keys=True) for t in trainings]
-        if len(set(values)) > 1:
-            notes.append(f"{group}: runs differ in {key} ({', '.join(dict.fromkeys(values))})")
-    seeds = [m["seed"] for m in members]
-    if len(members) > 1 and None in seeds:
-        notes.append(f"{group}: seed unknown for {sum(s is None for s in seeds)} run(s); no pairing by seed for them")
-    if len([s for s in seeds if s is not None]) != len({s for s in seeds if s is not None}):
-        notes.append(f"{group}: a seed appears more than once (checkpoints of one run?); the statistics use the "
-                     "first run of each seed")  # fmt: skip
-    return notes
 
 
 def scores_of(results: dict) -> dict[str, float]:
@@ -449,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "method": METHOD.format(resamples=args.bootstrap),
         "protocol": sorted({protocol(r["results"]) for r in runs}),
-        "runs": [{k: r[k] for k in ("label", "path", "group", "seed")} | {"model": r["results"].get("model")}
+        "runs": [{k: r[k] for k in ("label", "group", "seed")} | {"path": portable_name(r["path"]),
+                                                              "model": r["results"].get("model")}
                  for r in runs],  # fmt: skip
         **comparison,
     }

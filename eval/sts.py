@@ -33,6 +33,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from simcse_hn import mteb_results
+from simcse_hn.comparability import data_fingerprint
 from simcse_hn.data import STS_FILES, STS_HUB, DataError, STSPairs, load_sts_pairs, load_sts_task, read_sts_jsonl
 from simcse_hn.errors import UserError
 from simcse_hn.evaluation import (
@@ -240,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         "max_seq_length_requested": args.max_seq_length,
         "device": info["device"],
         "predictions": PREDICTIONS,
+        "data_sha256": {task.name: data_fingerprint(task) for task in tasks},  # what eval/compare.py checks
     }
     results = sts_results(
         scores,

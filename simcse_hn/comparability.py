@@ -2,7 +2,8 @@
 pooler or input length are not replicates of each other, whatever their objective and seed.
 
 `scoring_fields` reads these from results records (results.json, or an MTEB folder read by mteb_results.load_run);
-`scored_alike` keeps eval/compare.py's groups to runs that agree on every one.
+`scored_alike` keeps eval/compare.py's groups to runs that agree on every one; `group_names` gives its default groups
+(one per objective) and `settings_notes` what else differs inside one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ WORDS = {"protocol": "protocols", "tasks": "tasks", "data": "data", "pooler": "p
          "max_seq_length": "input lengths (max_seq_length)"}  # fmt: skip
 # keys of a training record that say nothing of the objective or its budget: random ids, derived values
 TRAINING_NOISE = frozenset({"seed", "run_id", "base_model_license"})
+OBJECTIVE_KEYS = ("loss", "contrast_form", "loss_kwargs")  # what makes two runs the same objective
 
 
 def data_fingerprint(task: STSTask) -> str:
@@ -125,4 +127,51 @@ def scored_alike(runs: list[dict], split: bool, baseline: str | None) -> list[st
             raise DataError(f"{name} and the baseline {baseline}: {describe(differing)}: statistics across them "
                             "would mean nothing")  # fmt: skip
         notes.append(f"{name}: beside {baseline}, not tested against it ({describe(differing)})")
+    return notes
+
+
+# --- eval/compare.py's default groups: one per objective ---
+
+
+def objective(training: dict | None) -> tuple | None:
+    if not training or "loss" not in training:
+        return None
+    return tuple(json.dumps(training.get(key), sort_keys=True) for key in OBJECTIVE_KEYS)
+
+
+def group_names(runs: list[dict]) -> list[str]:
+    """A name per run: its objective's loss, with the settings that tell it from other groups of the same loss."""
+    keys = [objective(run["results"].get("training")) for run in runs]
+    fields = {}
+    for key, run in zip(keys, runs):
+        if key is not None:
+            training = run["results"]["training"]
+            fields[key] = {"contrast_form": training.get("contrast_form"), **(training.get("loss_kwargs") or {})}
+    names = []
+    for key, run in zip(keys, runs):
+        if key is None:
+            names.append(run["label"])
+            continue
+        loss = run["results"]["training"]["loss"]
+        rivals = [other for other in fields if other != key and json.loads(other[0]) == loss]
+        differing = [f for f in fields[key] if any(fields[other].get(f) != fields[key][f] for other in rivals)]
+        names.append(loss + (" (" + ", ".join(f"{f} {fields[key][f]}" for f in differing) + ")" if differing else ""))
+    return names
+
+
+def settings_notes(group: str, members: list[dict]) -> list[str]:
+    """What differs inside a group besides the seed (base model, learning rate, ...): a reviewer's first question."""
+    trainings = [m["results"].get("training") or {} for m in members]
+    keys = sorted({k for t in trainings for k in t} - TRAINING_NOISE)  # run ids differ in every group
+    notes = []
+    for key in keys:
+        values = [json.dumps(t.get(key), sort_keys=True) for t in trainings]
+        if len(set(values)) > 1:
+            notes.append(f"{group}: runs differ in {key} ({', '.join(dict.fromkeys(values))})")
+    seeds = [m["seed"] for m in members]
+    if len(members) > 1 and None in seeds:
+        notes.append(f"{group}: seed unknown for {sum(s is None for s in seeds)} run(s); no pairing by seed for them")
+    if len([s for s in seeds if s is not None]) != len({s for s in seeds if s is not None}):
+        notes.append(f"{group}: a seed appears more than once (checkpoints of one run?); the statistics use the "
+                     "first run of each seed")  # fmt: skip
     return notes

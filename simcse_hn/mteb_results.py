@@ -29,7 +29,7 @@ from scipy.stats import pearsonr, spearmanr
 from torch import Tensor
 
 from simcse_hn.data import STS_TASKS, DataError, STSTask
-from simcse_hn.files import PACKAGED_MODELS, is_hub_id, source_record
+from simcse_hn.files import PACKAGED_MODELS, is_hub_id, portable_name, source_record
 
 
 @dataclass(frozen=True)
@@ -66,21 +66,30 @@ def mteb_installed() -> bool:
 
 
 def sts_scores(e1: np.ndarray, e2: np.ndarray, gold, similarity: str = "cosine") -> dict[str, float]:
-    """MTEB's STS scores of one task (AbsTaskSTS._calculate_scores): the pairs' embeddings e1, e2 (n, D), the gold
-    scores (n,). Computed in float64; MTEB normalises the gold scores to 0-1 first, which no correlation sees.
+    """MTEB's STS scores of one task (AnySTSEvaluator + AbsTaskSTS._calculate_scores): the pairs' embeddings e1, e2
+    (n, D), the gold scores (n,). The similarities are computed as MTEB computes them, by scikit-learn's paired
+    cosine, Manhattan and Euclidean distances on the float32 embeddings (the same formulas, in numpy): a float64
+    cosine breaks the ties that float32 rounding makes among near-1 cosines, which moves STS12's Spearman by 1e-5
+    (docs/mteb.md). MTEB normalises the gold scores to 0-1 first, which no correlation sees.
     `similarity`: the model's own function (its `pearson` and `spearman`), cosine for SimCSE models."""
     if similarity not in SIMILARITIES:
         raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
-    a, b = np.asarray(e1, dtype=np.float64), np.asarray(e2, dtype=np.float64)
+    a, b = np.asarray(e1, dtype=np.float32), np.asarray(e2, dtype=np.float32)
     gold = np.asarray(gold, dtype=np.float64)
-    unit_a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    unit_b = b / np.linalg.norm(b, axis=1, keepdims=True)
+
+    def row_norms(x: np.ndarray) -> np.ndarray:  # sklearn.utils.extmath.row_norms
+        return np.sqrt(np.einsum("ij,ij->i", x, x))
+
+    unit_a = a / row_norms(a)[:, None]  # sklearn.preprocessing.normalize
+    unit_b = b / row_norms(b)[:, None]
+    difference = unit_a - unit_b
     values = {
-        "cosine": np.sum(unit_a * unit_b, axis=1),  # (n,)
+        "cosine": 1 - 0.5 * np.einsum("ij,ij->i", difference, difference),  # 1 - paired_cosine_distances
         "manhattan": -np.abs(a - b).sum(axis=1),
-        "euclidean": -np.linalg.norm(a - b, axis=1),
-        "dot": np.sum(a * b, axis=1),
+        "euclidean": -row_norms(a - b),
+        "dot": np.einsum("ij,ij->i", a, b),
     }
+    values = {name: v.astype(np.float64) for name, v in values.items()}  # (n,), as MTEB's .tolist() gives them
     scores = {}
     for name in ("cosine", "manhattan", "euclidean"):
         scores[f"{name}_pearson"] = float(pearsonr(gold, values[name])[0])
@@ -231,8 +240,8 @@ def score_tasks(
         s1 = [s for pairs in task.subsets.values() for s in pairs.sentence1]
         s2 = [s for pairs in task.subsets.values() for s in pairs.sentence2]
         gold = [score for pairs in task.subsets.values() for score in pairs.scores]
-        e1 = embeddings[[index[s] for s in s1]].double().numpy()  # (n, D)
-        e2 = embeddings[[index[s] for s in s2]].double().numpy()  # (n, D)
+        e1 = embeddings[[index[s] for s in s1]].float().numpy()  # (n, D)
+        e2 = embeddings[[index[s] for s in s2]].float().numpy()  # (n, D)
         scores = sts_scores(e1, e2, gold, similarity)
         share = encode_seconds * len(set(s1) | set(s2)) / max(len(index), 1)
         out[task.name] = (scores, share + time.perf_counter() - start)
@@ -365,7 +374,7 @@ def load_run(folder: str) -> dict:
         "aggregation": "mteb",
         "sickr_pairs": "all",
         "date": (report or {}).get("date", "–"),
-        "settings": {"mteb_folder": folder, "revision": meta.get("revision", os.path.basename(folder)),
+        "settings": {"mteb_folder": portable_name(folder), "revision": meta.get("revision", os.path.basename(folder)),
                      "dataset_revisions": revisions, "mteb_version": sorted(versions)},  # fmt: skip
         "training": (report or {}).get("training"),
         "tasks": tasks,

@@ -169,3 +169,6 @@ def main(out_dir: str) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main(sys.argv[1])
+    from simcse_hn.process_exit import finish
+
+    finish(0)  # see simcse_hn/process_exit.py
