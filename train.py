@@ -49,6 +49,7 @@ from simcse_hn.modeling import (
     resolve_packaged,
 )
 from simcse_hn.pairs import PairCollator, is_hub_source, load_pairs, num_negatives
+from simcse_hn.provenance import code_identity, data_sha256
 from simcse_hn.resolved import ResolvedData, resolve_data, resolve_run
 from simcse_hn.trainer import SimCSETrainer
 
@@ -222,6 +223,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
         "learning_rate": training_args.learning_rate,
         "run_id": run_id,  # marks every checkpoint as this run family's (simcse_hn.checkpoints)
+        "train_data_sha256": training_data_sha256(data_args, train_dataset),  # simcse_hn.provenance
+        "code": code_identity(),
     }
     if data_args.streaming:
         simcse_config["streaming"] = {"shuffle_buffer": data_args.streaming_shuffle_buffer}
@@ -286,6 +289,17 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         if hub_target is not None:  # one push of the finished folder; SimCSETrainer never pushes by itself
             push_to_hub(training_args.output_dir, hub_target)
     return trainer
+
+
+def training_data_sha256(data_args, train_dataset) -> str | None:
+    """The hash of the training data as read: the local file's bytes, else the Hub dataset's id and fingerprint
+    (None for a stream, which has no fingerprint to hash)."""
+    source = data_args.train_source
+    if source is not None and os.path.exists(source):
+        return data_sha256(source)
+    if data_args.streaming:
+        return data_sha256(f"{source}:{data_args.dataset_config_name}:{data_args.dataset_split}")
+    return data_sha256(train_dataset)
 
 
 def load_training_data(data_args, data: ResolvedData, dataset=None) -> tuple[datasets.Dataset, str]:

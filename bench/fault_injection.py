@@ -13,9 +13,9 @@ evaluation), kills it once with SIGKILL at one moment, then runs the same comman
   tests/hub_server.py on 127.0.0.1 (HF_ENDPOINT); killed as soon as the stand-in has answered the preupload of push
   number K (K drawn from 1..7: six checkpoints, then the final folder), i.e. while that upload is in flight, before
   its commit. The resume pushes too. Checks besides the ones below: the repo's model files on the stand-in at the
-  end are bit-equal to the uninterrupted run's, the last commit is the final folder's, and every commit the stand-in
-  stored carries a whole model (model.safetensors, config.json and the tokenizer: a commit is one request, stored
-  only once its whole body arrived).
+  end are bit-equal to the uninterrupted run's, the last commit is the final folder's, and the repo as every commit
+  the stand-in stored left it holds a whole model (model.safetensors, config.json and the tokenizer; a commit is one
+  request, stored only once its whole body arrived, and carries only the files that changed).
 Checks: the checkpoint a resume names is complete and the newest complete one at that moment (both judged on a
 snapshot of the checkpoint folders taken after the kill and before the resume, since the resumed run's rotation may
 delete the one it resumed from); the final weights are bit-equal to the uninterrupted run's.
@@ -159,7 +159,7 @@ def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[
     """bench/results/<name>.{json,md} from the trials so far (rewritten after each trial)."""
     per = {m: {"trials": sum(t["moment"] == m for t in trials), "kills": sum(t["moment"] == m and t["killed"]
                for t in trials), "equal": sum(t["moment"] == m and t["final_equal"] for t in trials)}
-           for m in MOMENTS}  # fmt: skip
+           for m in args.moments}  # fmt: skip
     bad = [t for t in trials if not (t["final_equal"] and t["chosen_complete"] and t["chosen_was_newest_complete"]
                                      and t.get("hub_equal", True) and t.get("hub_last_is_final", True)
                                      and not t.get("hub_partial_commits", 0))]  # fmt: skip
@@ -169,7 +169,7 @@ def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[
     write_json(RESULTS / f"{args.name}.json", data)
     lines = ["# Fault injection: SIGKILL, resume, compare with the uninterrupted run", "",
              f"`python -m bench.fault_injection --trials {args.trials}` (see the module docstring); "
-             f"{len(trials)} of {len(MOMENTS) * args.trials} trials done when this was written.",
+             f"{len(trials)} of {len(args.moments) * args.trials} trials done when this was written.",
              environment_line(env), "",
              f"**{data['kills']} kills landed, {len(bad)} trials failed** (final weights not bit-equal to the "
              "uninterrupted run's, a resume chose a checkpoint that was not the newest complete one, or, for push, "
@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=10, help="per moment")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="fault_injection")
+    parser.add_argument("--moments", nargs="+", choices=MOMENTS, default=list(MOMENTS))
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="fault_injection_"))
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with HubStandIn(max_requests=10**9) as server:
         for i in range(args.trials):
-            for moment in MOMENTS:  # in turn, so that results written so far cover every moment
+            for moment in args.moments:  # in turn, so that results written so far cover every moment
                 out = work / f"{moment}{i}"
                 repo = f"{server.user}/fault-{i}"
                 extra = push_args(repo) if moment == "push" else []
@@ -229,7 +230,15 @@ def main(argv: list[str] | None = None) -> int:
                         torch.equal(pushed[k], reference[k]) for k in reference
                     )
                     trial["hub_commits"] = len(commits)
-                    trial["hub_partial_commits"] = sum(not WHOLE_MODEL <= set(c["paths"]) for c in commits)
+                    # the repo as each commit left it: a commit holds the files that changed (the hub client drops
+                    # unchanged ones, so a checkpoint's push is its weights alone), the tree is every commit so far
+                    tree: set[str] = set()
+                    partial = 0
+                    for c in commits:
+                        tree |= set(c["paths"])
+                        partial += not WHOLE_MODEL <= tree
+                    trial["hub_partial_commits"] = partial
+                    trial["hub_commit_paths"] = [sorted(c["paths"]) for c in commits]
                     trial["hub_last_is_final"] = bool(commits) and commits[-1]["summary"] == FINAL_SUMMARY
                 trials.append(trial)
                 print(json.dumps({k: v for k, v in trials[-1].items() if k != "tail"}), flush=True)

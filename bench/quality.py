@@ -63,10 +63,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, whatever pip installed
 from common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json  # noqa: E402
+from quality_checks import mixed_provenance, run_provenance, sweep_no_op  # noqa: E402
 
 from simcse_hn.comparability import scored_alike  # noqa: E402
 from simcse_hn.data import DataError  # noqa: E402
 from simcse_hn.files import portable_name  # noqa: E402
+from simcse_hn.losses.registry import flag_prefix, resolve_objective  # noqa: E402
 
 BASELINE = "infonce"
 OUT = RESULTS / "quality"
@@ -101,13 +103,15 @@ DIAGNOSTICS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_we
 def arm_flags(arm: str) -> list[str]:
     """The objective keys of configs/unsup_bert_base_<arm>.yaml as flags (every other key is the recipe's)."""
     config = yaml.safe_load((ROOT / "configs" / f"unsup_bert_base_{arm}.yaml").read_text(encoding="utf-8"))
-    prefixes = {"dcl": ("dcl_",), "hcl": ("hcl_",), "progcl": ("progcl_",), "unremix": ("unremix_",)}
-    keys = ["loss", "contrast_form", "temperature"] + [
-        k for k in config if k.startswith(prefixes.get(config["loss"], ("\0",)))
+    prefix = flag_prefix(resolve_objective(config["loss"]))
+    keys = ["loss", "contrast_form", "temperature", *(["loss_options"] if "loss_options" in config else [])] + [
+        k for k in config if prefix is not None and k.startswith(f"{prefix}_")
     ]
     flags = []
     for key in keys:
         value = config[key]
+        if isinstance(value, dict):  # loss_options: JSON on the command line
+            value = json.dumps(value)
         flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     return flags
 
@@ -333,6 +337,7 @@ def _train_and_score(key: str, name: str, flags: list[str], seed: int, batch: in
                          "after": [round(x, 2) for x in os.getloadavg()]},
         "torch_threads": threads, "jobs": jobs,
         "diagnostics": last_window(kept), "environment": environment(),
+        "provenance": run_provenance(folder, report),
     }  # fmt: skip
     save_entry(key, entry, str(work))
     print(f"{key}: STS average {results['average']:.2f}", flush=True)
@@ -405,23 +410,6 @@ def baseline_of(arm: str) -> str:
     return BASELINE + learning_rate_suffix(arm)
 
 
-def previous_sick_rows() -> dict[tuple[str, str], str]:
-    """The SICK-by-label rows of the report on disk, {(arm, batch): row marked †}: what a rebuilt report carries over
-    for runs whose values it can no longer compute."""
-    path = OUT / "runs.md"
-    if not path.is_file():
-        return {}
-    text = path.read_text(encoding="utf-8")
-    section = text.partition("## SICK-R test pairs by entailment label")[2]
-    rows = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) > 2 and cells[2].isdigit():
-            arm = cells[0].removesuffix("†").strip()
-            rows[arm, cells[1]] = "| " + " | ".join([arm + " †"] + cells[1:]) + " |"
-    return rows
-
-
 def sick_label_table(runs: dict) -> list[str]:
     """The report's SICK-R-by-label section: one row per arm and batch (mean over its runs), the references first,
     with each arm's AUC paired over seeds against the baseline's at the same batch (a t-test over the shared seeds)."""
@@ -434,8 +422,7 @@ def sick_label_table(runs: dict) -> list[str]:
         group = groups.setdefault((entry["arm"], entry.get("batch_size", "–")), {})
         if values is not None:
             group[entry.get("seed")] = values
-    earlier = previous_sick_rows()
-    if not any(groups.values()) and not earlier:
+    if not groups:
         return []
     auc = "auc_entailment_vs_contradiction"
     names = [f"cos_{label.lower()}" for label in SICK_LABELS] + [auc]
@@ -444,14 +431,13 @@ def sick_label_table(runs: dict) -> list[str]:
              "entailment (a paraphrase, which an unsupervised batch treats as a negative: a false negative) from "
              "contradiction (lexically close, opposite in meaning: a hard true negative) by cosine alone. The last "
              f"column pairs the AUC with {BASELINE}'s at the same batch (and learning rate) over the seeds both "
-             "have. Rows marked † are carried over from the previous report: their runs' predictions were lost with "
-             "an earlier machine (before bench/quality.py kept them beside runs.json).", "",
+             "have. A row of 0 runs is absent: its runs' predictions were lost with an earlier machine (before "
+             "bench/quality.py kept them beside runs.json), and the report copies no figure it cannot recompute.", "",
              "| arm | batch | runs | " + " | ".join(names) + " | AUC of each run, by seed | AUC vs baseline |",
              "|:--|--:|--:|" + "--:|" * len(names) + ":--|:--|"]  # fmt: skip
     for (arm, batch), members in groups.items():
         if not members:
-            if (arm, str(batch)) in earlier:
-                lines.append(earlier[arm, str(batch)])
+            lines.append(f"| {arm} | {batch} | 0 | " + " | ".join("–" for _ in names) + " | absent | |")
             continue
         cells = " | ".join(f"{statistics.mean(m[n] for m in members.values()):.4f}" for n in names)
         each = ", ".join(f"{m[auc]:.4f}" for m in members.values())
@@ -525,6 +511,11 @@ def report(index: dict) -> None:
             values = [e["diagnostics"][d] for e in members if d in e["diagnostics"]]
             cells.append(f"{statistics.mean(values):.4g}" if values else "–")
         lines.append(f"| {arm} | {batch} | {len(members)} | " + " | ".join(cells) + " |")
+    # flagged, not hidden: an arm's means below may pool runs of different code or data
+    unrecorded = sum(not (e.get("provenance") or {}).get("train_code_sha256") for e in runs.values())
+    lines += ["", "## Provenance", "", f"{unrecorded} of {len(runs)} runs record no training code or data hash (run "
+              "before train.py wrote them, or references without training).",
+              *[f"* {problem}" for problem in mixed_provenance(runs)]]
     lines += sweep_table(runs)
     lines += sick_label_table(runs)
     (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -559,15 +550,18 @@ def sweep_table(runs: dict) -> list[str]:
         versus = f"{base['average']:.2f} | {entry['average'] - base['average']:+.2f}" if base else "– | –"
         scale = f"{statistics.mean(spread):.2f} ± {statistics.stdev(spread):.2f} ({len(spread)})" if len(
             spread) > 1 else "–"  # fmt: skip
-        rows.append(f"| {name} | {arm} | `{' '.join(changes)}` | {entry['average']:.2f} | {versus} | {scale} |")
+        note = sweep_no_op(arm, changes, 64) or ""
+        rows.append(f"| {name} | {arm} | `{' '.join(changes)}` | {entry['average']:.2f} | {versus} | {scale} | "
+                    f"{note} |")
     if not rows:
         return []
     return ["", "## Sensitivity sweep (one seed each, batch 64)", "",
             "Each entry changes one setting of the arm it starts from and trains seed 42 only: it shows the shape "
             "of the response, not a difference the study can test. For scale, the last column is the arm's own "
-            "STS average over its seeds (mean ± standard deviation, runs).", "",
-            "| run | arm | changes | STS avg | arm, seed 42 | difference | arm over seeds |",
-            "|:--|:--|:--|--:|--:|--:|--:|", *rows]  # fmt: skip
+            "STS average over its seeds (mean ± standard deviation, runs). A point noted no-op cannot differ from its "
+            "arm (its setting does not take effect at this batch): its difference is seed noise at most.", "",
+            "| run | arm | changes | STS avg | arm, seed 42 | difference | arm over seeds | note |",
+            "|:--|:--|:--|--:|--:|--:|--:|:--|", *rows]  # fmt: skip
 
 
 def draw_curves(runs: dict, by_variant: dict) -> None:

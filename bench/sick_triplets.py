@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, not an installed one
 from common import SHARED_DATA  # noqa: E402
 
 SICK = SHARED_DATA / "sts" / "sickr.jsonl"

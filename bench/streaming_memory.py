@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, not an installed one
 from common import RESULTS, ROOT, environment, write_json  # noqa: E402
 
 SIZES = (10_000, 100_000, 1_000_000)

@@ -26,10 +26,8 @@ import json
 import os
 import sys
 
-try:
-    import simcse_hn  # noqa: F401
-except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# a checkout runs its own simcse_hn, never an installed copy (check_own_checkout refuses a mix)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 

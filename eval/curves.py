@@ -20,10 +20,8 @@ import argparse
 import os
 import sys
 
-try:
-    import simcse_hn  # noqa: F401
-except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# a checkout runs its own simcse_hn, never an installed copy (check_own_checkout refuses a mix)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from simcse_hn.curves import load_curves, load_record, write_curves
 from simcse_hn.data import DataError

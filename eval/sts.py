@@ -27,10 +27,8 @@ import os
 import sys
 import time
 
-try:
-    import simcse_hn  # noqa: F401
-except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# a checkout runs its own simcse_hn, never an installed copy (check_own_checkout refuses a mix)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from simcse_hn import mteb_results
 from simcse_hn.comparability import data_fingerprint
@@ -52,6 +50,7 @@ from simcse_hn.evaluation import (
     score_encoded_tasks,
     sts_results,
 )
+from simcse_hn.provenance import check_own_checkout, code_identity
 
 logger = logging.getLogger("eval.sts")
 
@@ -106,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="Also write sts_results.json into the local --model folder and update its model card (STS table and "
         "model-index) when simcse-hn wrote the card.",
     )
+    parser.add_argument(
+        "--allow_other_code",
+        action="store_true",
+        help="Run even when the imported simcse_hn is not this checkout's (recorded in results.json settings).",
+    )
+    parser.add_argument(
+        "--require_same_code",
+        action="store_true",
+        help="Refuse a model whose simcse_config.json records training code (source_sha256) other than this "
+        "evaluation's, or none (a study's evaluation must run the checkout that trained it).",
+    )
     parser.add_argument("--push_to_hub", action="store_true", help="Upload the results to the model's Hub repo.")
     parser.add_argument(
         "--hub_model_id", default=None, help="Hub repo for --push_to_hub (default: --model when it is a Hub id)."
@@ -157,6 +167,9 @@ def default_output(model: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    other_code = check_own_checkout(__file__, allow_other=args.allow_other_code)
+    if other_code is not None:
+        logger.warning("%s", other_code)
     args.output = args.output or default_output(args.model)
     requested_model = args.model  # a builtin's Hub id names its MTEB files
     if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
@@ -164,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
         args.model = resolve_packaged(args.model, field="--model")
     local_model = os.path.isdir(args.model)
+    provenance = code_settings(args.model, other_code, args.require_same_code)  # refuses before any encoding
     if args.save_to_model and not local_model:
         raise DataError(f"--save_to_model needs a local model folder; {args.model!r} is not one")
     hub_repo = args.hub_model_id or (None if local_model else args.model)
@@ -242,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         "device": info["device"],
         "predictions": PREDICTIONS,
         "data_sha256": {task.name: data_fingerprint(task) for task in tasks},  # what eval/compare.py checks
+        **provenance,
     }
     results = sts_results(
         scores,
@@ -276,6 +291,10 @@ def run(args: argparse.Namespace) -> int:
         f.write(results_markdown(results))
         if mteb_record is not None:
             f.write("\n" + mteb_results.markdown_section(mteb_record))
+        if settings["same_code"] is False:
+            f.write("\n**Code differs:** this evaluation ran other code (source_sha256 "
+                    f"{settings['code']['source_sha256'][:12]}) than the model's training "
+                    f"({settings['training_code']['source_sha256'][:12]}).\n")  # fmt: skip
     label = model_label(args.model)
     plot_results([(label, results)], os.path.join(args.output, "results.png"), title=label)
     written = ["results.json", "results.md", "results.png", PREDICTIONS]
@@ -302,6 +321,20 @@ def run(args: argparse.Namespace) -> int:
             return 2
         logger.info("pushed STS results to %s", hub_repo)
     return 0
+
+
+def code_settings(model: str, other_code: str | None, require_same: bool = False) -> dict:
+    """The evaluating code's identity, the model's recorded training code (None for a model simcse-hn did not train)
+    and whether they agree (None when there is no record to compare)."""
+    ours = code_identity()
+    config = training_config(model)
+    theirs = config.get("code") if isinstance(config, dict) else None
+    same = None if not isinstance(theirs, dict) else theirs.get("source_sha256") == ours["source_sha256"]
+    if require_same and same is not True:
+        why = "records no training code" if same is None else (
+            f"was trained by code {theirs['source_sha256'][:12]}, this evaluation runs {ours['source_sha256'][:12]}")
+        raise UserError(f"--require_same_code: {model_label(model)} {why}")
+    return {"code": ours, "training_code": theirs, "same_code": same, "other_code": other_code}
 
 
 def save_to_model(folder: str, results: dict) -> None:

@@ -9,7 +9,7 @@ needs the data's format waits for train.py). So a combination is refused with th
 reached: a flag, a YAML key or the data's own columns. Each check reads the resolved run, never a flag's spelling.
 
 Objectives keep their own refusals (`ObjectiveOptions.check_for_training`), called here with the run's
-`TrainingShape`. The table of what is refused is in the README (Scaling out, "Combinations refused").
+`TrainingShape`. The table of what is refused is in docs/reliability.md ("Combinations refused").
 """
 
 from __future__ import annotations

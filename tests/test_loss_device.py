@@ -121,10 +121,13 @@ def test_plain_call_and_several_processes_make_no_host_tensors():
         context = LossContext(all_reduce=lambda t: t * 1.0, anchor_features=z, candidate_features=z)
         recorder = HostTensorRecorder([leaf, z, positive_index, negative_mask, *loss_fn.parameters(),
                                        *loss_fn.buffers()])
-        for mask in (negative_mask, None):  # None: the standard negatives stated by the call (the shortcuts)
+        # None: the standard negatives stated by the call (the shortcuts); a mask with anchors of their own: read as
+        # given; a mask with the anchors as candidates: compared once with the standard one, its only wait
+        for mask, own, waits in ((negative_mask, True, []), (None, False, []),
+                                 (negative_mask, False, ["_VariableFunctionsClass.equal: waits for the device"])):
             with recorder:
-                loss_fn(leaf, leaf, positive_index, mask, context).loss.backward()
-            assert recorder.violations == [], (name, mask is None)
+                loss_fn(leaf.clone() if own else leaf, leaf, positive_index, mask, context).loss.backward()
+            assert recorder.violations == waits, (name, mask is None, own)
 
 
 def test_recorder_catches_what_the_old_loss_path_did():

@@ -25,7 +25,11 @@ def test_a_hub_id_a_builtin_and_a_name_are_kept():
     assert portable_name(builtin) == hub_id
 
 
-def test_local_paths_are_relative_to_a_root_or_beside_it_else_named(tmp_path):
+def test_local_paths_are_relative_to_a_root_or_beside_it_else_named(tmp_path, monkeypatch):
+    # the working directory is a root too: put it where these paths are neither inside nor beside it (a checkout
+    # under /tmp has pytest's temporary folders beside it)
+    (tmp_path / "cwd" / "deeper").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "cwd" / "deeper")
     run = tmp_path / "outputs" / "run"
     (run / "final").mkdir(parents=True)
     beside = tmp_path / "shared" / "data"

@@ -222,5 +222,33 @@ def test_a_report_keeps_what_it_cannot_recompute_and_tables_the_sweep(quality, m
     quality.report(index)
     assert "compare_b64 kept as it is: 5 of its runs' results are on no disk here" in capsys.readouterr().out
     text = (quality.OUT / "runs.md").read_text()
-    assert "| hcl-beta0.2 | hcl | `--hcl_beta 0.2` | 77.50 | 77.00 | +0.50 | 77.20 ± 0.28 (2) |" in text
-    assert "| hcl † | 64 | 3 | 0.6 |" in text  # carried over, marked
+    assert "| hcl-beta0.2 | hcl | `--hcl_beta 0.2` | 77.50 | 77.00 | +0.50 | 77.20 ± 0.28 (2) |  |" in text
+    # the old report's row is not copied: the runs without predictions are absent (issue 36)
+    assert "0.6 |" not in text and "| hcl | 64 | 0 | – | – | – | – | absent | |" in text
+
+
+def test_a_sweep_point_whose_setting_cannot_take_effect_is_flagged(quality):
+    # ProGCL samples fit_pairs of a batch's 2N(2N-1)/2 pairs only when there are more (issue 36: progcl-fitall)
+    assert "no-op: a batch of 64 has 8,128 pairs" in quality.sweep_no_op("progcl", ["--progcl_fit_pairs", "0"], 64)
+    assert quality.sweep_no_op("progcl", ["--progcl_fit_pairs", "0"], 256) is None  # 130,816 pairs: sampled
+    assert quality.sweep_no_op("progcl", ["--progcl_fit_pairs", "1000"], 64) is None  # fewer than the batch has
+    assert quality.sweep_no_op("hcl", ["--hcl_beta", "0.2"], 64) is None
+    index = index_with({("progcl", 42): 76.43, ("progcl", 43): 76.9, ("progcl-fitall", 42): 76.43})
+    text = "\n".join(quality.sweep_table(index["runs"]))
+    assert "| progcl-fitall | progcl | `--progcl_fit_pairs 0` | 76.43 | 76.43 | +0.00 |" in text
+    assert "| no-op: a batch of 64 has 8,128 pairs" in text
+
+
+def test_runs_of_one_arm_with_other_code_or_data_are_flagged(quality):
+    index = index_with({("hcl", 42): 77.0, ("hcl", 43): 77.4, ("infonce", 42): 76.8})
+    runs = index["runs"]
+    same = {"train_data_sha256": "d1", "train_code_sha256": "c1", "eval_code_sha256": "c1"}
+    for entry in runs.values():
+        entry["provenance"] = dict(same)
+    assert quality.mixed_provenance(runs) == []
+    runs["hcl-b64-s43"]["provenance"]["train_data_sha256"] = "d2"
+    runs["infonce-b64-s42"]["provenance"]["eval_code_sha256"] = "c2"
+    assert quality.mixed_provenance(runs) == [
+        "hcl at batch 64: 2 different train_data_sha256 over its 2 runs",
+        "infonce at batch 64: 1 runs evaluated by other code than trained them",
+    ]

@@ -9,6 +9,7 @@ import random
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,12 +92,11 @@ def assert_portable(record, *paths) -> None:
     assert not any(str(path) in text for path in paths)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     # this checkout's simcse_hn first, also where another checkout is the editable install
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, str(ROOT / "eval" / "sts.py"), *args], capture_output=True, text=True, env=env, timeout=300
-    )
+    return subprocess.run([sys.executable, str(ROOT / "eval" / "sts.py"), *args], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=cwd)  # fmt: skip
 
 
 def test_save_to_model_updates_a_trained_models_card_and_reports_go_beside_the_folder(tmp_path):
@@ -126,8 +126,11 @@ def test_save_to_model_updates_a_trained_models_card_and_reports_go_beside_the_f
 def test_cli_writes_results_json_markdown_plot_and_model_copy(tmp_path, model_dir):
     data = write_data(tmp_path / "sts")
     out = tmp_path / "out"
+    cwd = tmp_path / "cwd" / "deeper"  # neither holding the model nor beside it (as a checkout under /tmp would be)
+    cwd.mkdir(parents=True)
     result = run_cli("--model", model_dir, "--data_dir", str(data), "--output", str(out), "--aggregation", "wmean",
-                     "--batch_size", "5", "--save_to_model", "--no_progress_bar", "--device", "cpu")  # fmt: skip
+                     "--batch_size", "5", "--save_to_model", "--no_progress_bar", "--device", "cpu",
+                     cwd=cwd)  # fmt: skip
     assert result.returncode == 0, result.stderr
 
     results = json.loads((out / "results.json").read_text())

@@ -117,8 +117,9 @@ PLAIN_CASES = {
 
 @pytest.mark.parametrize("case", list(PLAIN_CASES))
 def test_the_plain_calls_with_and_without_a_mask_and_the_trainers_call_agree(case):
-    """The same loss, gradient and weights three ways: the stated standard negatives (shortcuts), the same mask given
-    explicitly to a copy of the rows (the general path) and the training loop's call with checked targets."""
+    """The same loss, gradient and weights four ways: the stated standard negatives (shortcuts), the same mask given
+    explicitly to a copy of the rows (the general path), to the rows themselves (compared with the standard one:
+    the shortcuts) and the training loop's call with checked targets."""
     name = case.split("_")[0]
     g = torch.Generator().manual_seed(3)
     h = torch.randn(12, 5, generator=g, dtype=torch.float64)
@@ -136,9 +137,31 @@ def test_the_plain_calls_with_and_without_a_mask_and_the_trainers_call_agree(cas
 
     stated = run(lambda loss_fn, z: loss_fn(z, z, positive_index, context=context))
     general = run(lambda loss_fn, z: loss_fn(z, z.clone(), positive_index, negative_mask, context))
+    checked = run(lambda loss_fn, z: loss_fn(z, z, positive_index, negative_mask, context))
     trainer = run(lambda loss_fn, z: loss_fn.compute(z, build_targets(12, "symmetric"), context))
-    for other in (general, trainer):
+    for other in (general, checked, trainer):
         torch.testing.assert_close(stated[0], other[0], rtol=1e-9, atol=0)
         torch.testing.assert_close(stated[1], other[1], rtol=1e-7, atol=1e-12)
         if stated[2] is not None:
             torch.testing.assert_close(stated[2], other[2], rtol=1e-7, atol=1e-12)
+
+
+def test_a_mask_given_with_the_anchors_as_candidates_is_compared_with_the_standard_one(monkeypatch):
+    """The plain call with a mask: the standard mask takes the stated targets' shortcuts, any other mask (or anchors
+    of their own) the general path, and the loss is that of the general path either way."""
+    seen = []
+    loss_fn = build_loss("unremix", temperature=0.1)
+    original = loss_fn._loss
+    monkeypatch.setattr(loss_fn, "_loss", lambda *args: seen.append(args[2]) or original(*args))
+    z = torch.randn(10, 4, dtype=torch.float64)
+    positive_index, negative_mask = symmetric_targets(10)
+    loss_fn(z, z, positive_index, negative_mask)
+    assert seen[-1].standard_negatives and seen[-1].anchors_are_candidates
+    other = negative_mask.clone()
+    other[0, 4:7] = False
+    restricted = loss_fn(z, z, positive_index, other).loss
+    assert not seen[-1].standard_negatives and seen[-1].anchors_are_candidates
+    assert torch.equal(seen[-1].negative_mask, other)
+    general = loss_fn(z, z.clone(), positive_index, other).loss
+    assert seen[-1].anchor_index is None and not seen[-1].standard_negatives
+    torch.testing.assert_close(restricted, general, rtol=1e-10, atol=0)

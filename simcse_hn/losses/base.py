@@ -431,13 +431,19 @@ class ContrastiveLoss(nn.Module):
         negative_mask: Tensor | None = None,
         context: LossContext | None = None,
     ) -> LossOutput:
-        """The plain call. negative_mask (M, N) bool: N(i), read as given (no structure assumed, so the general
-        path). None: the standard negatives, every candidate but anchor i's positive and, when `anchors is
-        candidates` (the same tensor: anchor i is candidate i), anchor i itself; the call then states the structure
-        and takes the training loop's shortcuts, with nothing read back from the device."""
+        """The plain call. negative_mask (M, N) bool: N(i). None: the standard negatives, every candidate but
+        anchor i's positive and, when `anchors is candidates` (the same tensor: anchor i is candidate i), anchor i
+        itself; the call then states the structure and takes the training loop's shortcuts, with nothing read back
+        from the device. A mask given with `anchors is candidates` is compared once with the standard one (one
+        (M, N) pass and one read from the device), so the same negatives take the same shortcuts; with anchors of
+        their own a mask is read as given (the general path)."""
+        same = anchors is candidates
         if negative_mask is None:
-            same = anchors is candidates
             targets = ContrastiveTargets.standard(positive_index, candidates.shape[0], anchors_are_candidates=same)
+        elif same:
+            targets = ContrastiveTargets.standard(positive_index, candidates.shape[0], anchors_are_candidates=True)
+            if not torch.equal(negative_mask, targets.negative_mask):
+                targets = ContrastiveTargets(positive_index, negative_mask, anchor_index=targets.anchor_index)
         else:
             targets = ContrastiveTargets(positive_index, negative_mask)
         return self._loss(anchors, candidates, targets, context)

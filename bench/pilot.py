@@ -1,0 +1,223 @@
+"""The pilot of the hard-negative study: does a regime exist on this machine in which the objectives act?
+
+The earlier quality study (bench/results/quality/) trained all-MiniLM-L6-v2 on random batches of the wiki slice,
+where the task is solved at once (InfoNCE's last-window loss 0.0025 at batch 64, HCL's weights near uniform, DCL
+clamping 99 % of anchors). This pilot trains the same model with the same recipe on candidate regimes, short runs
+of each of InfoNCE, HCL and DCL (the study's arms, `configs/unsup_bert_base_<arm>.yaml`), and reads each regime
+against the go criterion written in bench/results/pilot/plan.md before the first run:
+
+* loss: InfoNCE's last logging window at least ten times the saturated regime's (0.0025 at batch 64, the quality
+  study's records), and at least ten times that of this pilot's own random-batch run of the same length;
+* weights at work: HCL's `top1pct_weight_share` (the share of an anchor's weight on its most similar 1 % of
+  negatives) at least twice the uniform share (ceil(1 % of n) / n for n = 2B - 2 negatives: 2/126 at B = 64);
+* DCL's clamp off for most anchors: `clamp_frac` below 0.5 in the last window.
+`harder_than_positive` is recorded as a diagnostic only (a dropout positive is very close to its anchor).
+
+Regimes (`--regimes`, each `random` or `topic-k<clusters>-s<share>`, at `--batch_size`): random batches, and topic
+batches (`--topic_batches true`, clustered by the start model) at several cluster counts and within-cluster shares.
+Every run: builtin:all-MiniLM-L6-v2, pooler cls, MLP in training only, max length 32, lr 3e-5, the first
+`--corpus_lines` sentences of the shuffled wiki slice (bench.common.shuffled_corpus), `--steps` optimizer steps,
+logging every `--logging_steps`, no evaluation or checkpoints; one seed.
+
+    python -m bench.pilot                             # the plan's grid; results bench/results/pilot/pilot.{json,md}
+    python -m bench.pilot --resume                    # runs already finished are read, not run again
+    python -m bench.pilot --model builtin:tiny-bert --steps 4 --corpus_lines 256 --name pilot_smoke   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.common import RESULTS, ROOT, environment, environment_line, load_average, shuffled_corpus, write_json
+from simcse_hn.losses.registry import flag_prefix, resolve_objective
+
+OUT = RESULTS / "pilot"
+SATURATED_LOSS = 0.0025  # InfoNCE's last-window loss at batch 64 in the saturated regime (bench/results/quality)
+REGIMES = ("random", "topic-k24-s1.0", "topic-k96-s1.0", "topic-k24-s0.5")
+OBJECTIVES = ("infonce", "hcl", "dcl")
+KEYS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_weight_share", "neg_weight_max", "clamp_frac")
+
+
+def objective_flags(arm: str) -> list[str]:
+    """The objective keys of configs/unsup_bert_base_<arm>.yaml as flags (the study's arms)."""
+    config = yaml.safe_load((ROOT / "configs" / f"unsup_bert_base_{arm}.yaml").read_text(encoding="utf-8"))
+    prefix = flag_prefix(resolve_objective(config["loss"]))
+    keys = ["loss", "contrast_form", "temperature"] + [k for k in config if prefix and k.startswith(f"{prefix}_")]
+    flags = []
+    for key in keys:
+        value = config[key]
+        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return flags
+
+
+def regime_flags(regime: str) -> list[str]:
+    """`random` or `topic-k<K>-s<share>` as train.py flags."""
+    if regime == "random":
+        return []
+    parts = regime.split("-")
+    try:
+        if len(parts) != 3 or parts[0] != "topic" or parts[1][:1] != "k" or parts[2][:1] != "s":
+            raise ValueError(regime)
+        clusters, share = int(parts[1][1:]), float(parts[2][1:])
+    except ValueError:
+        raise SystemExit(f"error: --regimes: {regime!r} is not 'random' or 'topic-k<clusters>-s<share>'") from None
+    return ["--topic_batches", "true", "--topic_clusters", str(clusters), "--topic_share", str(share)]
+
+
+def uniform_top_share(batch_size: int) -> float:
+    """The top-1 % share of uniform weights over the 2B - 2 negatives of a symmetric batch of B sentences."""
+    n = 2 * batch_size - 2
+    return math.ceil(0.01 * n) / n
+
+
+def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: argparse.Namespace) -> dict:
+    """Train one run (unless `--resume` finds it finished) and read its logging windows."""
+    state = out / f"checkpoint-{args.steps}" / "trainer_state.json"  # the one checkpoint, at the last step
+    if not (args.resume and state.is_file()):
+        command = [sys.executable, str(ROOT / "train.py"), "--model_name_or_path", model, "--pooler", "cls",
+                   "--mlp_only_train", "true", "--train_file", str(corpus), "--max_seq_length", "32",
+                   "--per_device_train_batch_size", str(args.batch_size), "--learning_rate", "3e-5",
+                   "--max_steps", str(args.steps), "--logging_steps", str(args.logging_steps),
+                   "--eval_strategy", "no", "--save_steps", str(args.steps), "--save_total_limit", "1",
+                   "--load_best_model_at_end", "false", "--report_to", "none",
+                   "--disable_tqdm", "true", "--seed", str(args.seed), "--output_dir", str(out),
+                   "--overwrite_output_dir", "true", *regime_flags(regime), *objective_flags(arm)]  # fmt: skip
+        start, load = time.time(), load_average()
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        (out.parent / f"{out.name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+        if done.returncode != 0:
+            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            raise SystemExit(f"error: run {out.name} failed ({done.returncode}): {' | '.join(tail)}")
+        seconds = time.time() - start
+        (state.parent / "optimizer.pt").unlink(missing_ok=True)  # the logs are what the pilot keeps
+        (out / "pilot_run.json").write_text(json.dumps({"seconds": seconds, "load_average_before": load}))
+    timing = json.loads((out / "pilot_run.json").read_text()) if (out / "pilot_run.json").is_file() else {}
+    seconds, load = timing.get("seconds"), timing.get("load_average_before")
+    history = _history(state)
+    windows = [{k: entry[k] for k in ("step", *KEYS) if k in entry} for entry in history if "loss" in entry]
+    return {"regime": regime, "arm": arm, "seconds": seconds, "load_average_before": load, "windows": windows,
+            "last": windows[-1] if windows else {}}  # fmt: skip
+
+
+def _history(state: Path) -> list[dict]:
+    if state.is_file():
+        return json.loads(state.read_text(encoding="utf-8"))["log_history"]
+    raise SystemExit(f"error: {state}: missing (the run did not finish)")
+
+
+def verdicts(runs: list[dict], batch_size: int) -> dict[str, dict]:
+    """Each regime against the plan's criteria."""
+    by = {(r["regime"], r["arm"]): r["last"] for r in runs}
+    random_loss = by.get(("random", "infonce"), {}).get("loss")
+    uniform = uniform_top_share(batch_size)
+    out = {}
+    for regime in dict.fromkeys(r["regime"] for r in runs):
+        loss = by.get((regime, "infonce"), {}).get("loss")
+        share = by.get((regime, "hcl"), {}).get("top1pct_weight_share")
+        clamp = by.get((regime, "dcl"), {}).get("clamp_frac")
+        checks = {
+            "loss_vs_saturated": None if loss is None else loss >= 10 * SATURATED_LOSS,
+            "loss_vs_random": None if loss is None or random_loss is None or regime == "random"
+            else loss >= 10 * random_loss,
+            "hcl_top1pct_share": None if share is None else share >= 2 * uniform,
+            "dcl_clamp_off": None if clamp is None else clamp < 0.5,
+        }
+        known = [v for k, v in checks.items() if v is not None]
+        out[regime] = {"infonce_loss": loss, "hcl_top1pct_weight_share": share, "dcl_clamp_frac": clamp,
+                       "checks": checks, "go": bool(known) and all(known) and None not in checks.values()}
+    return out
+
+
+def markdown(report: dict) -> str:
+    b = report["batch_size"]
+    lines = ["# Pilot: a regime in which the objectives act", "", environment_line(report["environment"]), "",
+             f"Plan: bench/results/pilot/plan.md (committed before the first run). {report['steps']} steps at "
+             f"batch {b}, the first {report['corpus_lines']} sentences of the shuffled wiki slice, seed "
+             f"{report['seed']}, model {report['model']}, logging every {report['logging_steps']} steps.",
+             "", "## Against the go criterion (last logging window)", "",
+             f"Thresholds: InfoNCE loss >= {10 * SATURATED_LOSS:g} (10 x the saturated regime's {SATURATED_LOSS}) "
+             f"and >= 10 x this pilot's random-batch run; HCL top-1 % weight share >= {2 * uniform_top_share(b):.4f} "
+             f"(2 x uniform {uniform_top_share(b):.4f}); DCL clamp_frac < 0.5.", "",
+             "| regime | InfoNCE loss | vs saturated | vs random | HCL top-1 % share | ok | DCL clamp | ok | go |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def show(value, digits=4):
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return "–" if value is None else f"{value:.{digits}g}"
+
+    for regime, v in report["verdicts"].items():
+        c = v["checks"]
+        lines.append(f"| {regime} | {show(v['infonce_loss'])} | {show(c['loss_vs_saturated'])} | "
+                     f"{show(c['loss_vs_random'])} | {show(v['hcl_top1pct_weight_share'])} | "
+                     f"{show(c['hcl_top1pct_share'])} | {show(v['dcl_clamp_frac'])} | {show(c['dcl_clamp_off'])} | "
+                     f"{'**go**' if v['go'] else 'no'} |")  # fmt: skip
+    lines += ["", "## Every run's last window", "",
+              "| regime | arm | " + " | ".join(KEYS) + " | train s | load before |",
+              "|---|---|" + "---|" * (len(KEYS) + 2)]  # fmt: skip
+    for r in report["runs"]:
+        last = r["last"]
+        lines.append(f"| {r['regime']} | {r['arm']} | " + " | ".join(show(last.get(k)) for k in KEYS)
+                     + f" | {show(r['seconds'], 4)} | {show((r['load_average_before'] or [None])[0], 3)} |")
+    lines += ["", "`harder_than_positive` is a diagnostic here, not a criterion. Every window of every run is in "
+              "the JSON."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--regimes", default=",".join(REGIMES))
+    parser.add_argument("--arms", default=",".join(OBJECTIVES), help="study arms: configs/unsup_bert_base_<arm>.yaml")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--logging_steps", type=int, default=10)
+    parser.add_argument("--corpus_lines", type=int, default=6400)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--model", default="builtin:all-MiniLM-L6-v2")
+    parser.add_argument("--work_dir", default=None, help="run folders; default outputs/pilot in the checkout")
+    parser.add_argument("--name", default="pilot", help="results file stem under bench/results/pilot/")
+    parser.add_argument("--resume", action="store_true", help="read runs that already finished instead of rerunning")
+    args = parser.parse_args()
+    regimes = [r for r in args.regimes.split(",") if r]
+    arms = [a for a in args.arms.split(",") if a]
+    for regime in regimes:
+        regime_flags(regime)  # a bad name fails before anything runs
+    for arm in arms:
+        if not (ROOT / "configs" / f"unsup_bert_base_{arm}.yaml").is_file():
+            raise SystemExit(f"error: --arms: no configs/unsup_bert_base_{arm}.yaml")
+    work = Path(args.work_dir) if args.work_dir else ROOT / "outputs" / args.name
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = shuffled_corpus(work / "corpus_full.txt")
+    lines = corpus.read_text(encoding="utf-8").splitlines()[: args.corpus_lines]
+    corpus = work / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    env = environment()
+    runs = []
+    for regime in regimes:
+        for arm in arms:
+            folder = work / f"{regime}-{arm}-b{args.batch_size}-s{args.seed}"
+            runs.append(run_one(folder, corpus, args.model, regime, arm, args))
+            last = runs[-1]["last"]
+            print(f"{folder.name}: " + ", ".join(f"{k} {last[k]:.4g}" for k in KEYS if k in last), flush=True)
+    report = {"environment": env, "model": args.model, "batch_size": args.batch_size, "steps": args.steps,
+              "logging_steps": args.logging_steps, "corpus_lines": len(lines), "seed": args.seed,
+              "saturated_loss": SATURATED_LOSS, "runs": runs, "verdicts": verdicts(runs, args.batch_size),
+              "load_average_end": load_average()}  # fmt: skip
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_json(OUT / f"{args.name}.json", report)
+    (OUT / f"{args.name}.md").write_text(markdown(report), encoding="utf-8")
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
