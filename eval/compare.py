@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": METHOD.format(resamples=args.bootstrap),
         "protocol": sorted({protocol(r["results"]) for r in runs}),
         "runs": [{k: r[k] for k in ("label", "group", "seed")} | {"path": portable_name(r["path"]),
-                                                              "model": r["results"].get("model")}
+                                                              "model": portable_name(r["results"].get("model"))}
                  for r in runs],  # fmt: skip
         **comparison,
     }
