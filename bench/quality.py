@@ -65,6 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json  # noqa: E402
 from quality_checks import mixed_provenance, run_provenance, sweep_no_op  # noqa: E402
 
+from simcse_hn.comparability import scored_alike  # noqa: E402
+from simcse_hn.data import DataError  # noqa: E402
 from simcse_hn.files import portable_name  # noqa: E402
 from simcse_hn.losses.registry import flag_prefix, resolve_objective  # noqa: E402
 
@@ -471,6 +473,10 @@ def report(index: dict) -> None:
         groups = [runs[k]["arm"] for k in keys]
         seeds = [str(runs[k]["seed"]) if runs[k]["seed"] is not None else "0" for k in keys]
         baseline = baseline if baseline in groups else groups[0]
+        problem = scored_apart(keys, runs, groups, seeds, baseline)
+        if problem:  # an arm's seeds scored otherwise are not replicates: no statistics over them
+            print(f"{_rel(folder)} not rewritten: {problem}", flush=True)
+            continue
         subprocess.run([sys.executable, "eval/compare.py", *[str(ROOT / runs[k]["results"]) for k in keys],
                         "--group", ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
                         "--output", str(folder), "--title", f"Quality study, batch {batch}" + (
@@ -514,6 +520,21 @@ def report(index: dict) -> None:
     lines += sick_label_table(runs)
     (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     draw_curves(runs, by_variant)
+
+
+def scored_apart(keys: list[str], runs: dict, groups: list[str], seeds: list[str], baseline: str) -> str | None:
+    """Why the runs of one comparison cannot be its groups (simcse_hn.comparability: an arm whose runs were scored
+    under another protocol, tasks, data, pooler or input length; a baseline tested against an arm scored otherwise),
+    or None when they can."""
+    members = []
+    for key, group, seed in zip(keys, groups, seeds):
+        with open(ROOT / runs[key]["results"] / "results.json", encoding="utf-8") as f:
+            members.append({"results": json.load(f), "group": group, "seed": seed})
+    try:
+        scored_alike(members, split=False, baseline=baseline)
+    except DataError as e:
+        return str(e)
+    return None
 
 
 def sweep_table(runs: dict) -> list[str]:

@@ -4,9 +4,14 @@
         --output reports/compare --baseline infonce [--group infonce,infonce,hcl,hcl] [--seeds 42,43,42,43] \
         [--labels ...] [--bootstrap 1000] [--title ...]
 
-Each input is a results.json (or sts_results.json) written by eval/sts.py, or a folder holding one. Runs are grouped
-by the objective in their "training" record (loss, contrast form, loss settings; eval/sts.py copies it from the
-model's simcse_config.json), else each run is its own group; --group overrides. Seeds come from the same record
+Each input is a results.json (or sts_results.json) written by eval/sts.py, or a folder holding one, or an MTEB result
+folder (an MTEB cache, its results/, a model's folder or one revision folder: each revision is one run, scored under
+MTEB's protocol; one eval/sts.py wrote gets the training record of its report). Runs are grouped by the objective in
+their "training" record (loss, contrast form, loss settings; eval/sts.py copies it from the model's
+simcse_config.json), else each run is its own group; --group overrides. A group holds only runs scored alike (the same
+protocol, tasks, data, pooler and input length: simcse_hn.comparability): by default a mixed group is split, with a
+note naming what differs; a mixed --group, a mixed baseline, or a group tested against a baseline it was not scored
+alike with is refused. Runs of other protocols still sit side by side in the tables. Seeds come from the same record
 (or --seeds). Per group, per task and on the average: mean, standard deviation and a 95% Student t-interval over
 seeds, and the number of seeds. Against --baseline: a paired t-test by seed (scipy.stats.ttest_rel) and a paired
 bootstrap over STS pairs (from predictions.npz beside each results.json), per seed and for the mean over seeds.
@@ -26,6 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
+from simcse_hn import mteb_results
+from simcse_hn.comparability import group_names, scored_alike, settings_notes
 from simcse_hn.data import STS_TASKS, DataError
 from simcse_hn.evaluation import (
     PREDICTIONS,
@@ -37,9 +44,9 @@ from simcse_hn.evaluation import (
     training_summary,
     unique_labels,
 )
+from simcse_hn.files import portable_name
 
 RESULT_FILES = ("results.json", "sts_results.json")
-OBJECTIVE_KEYS = ("loss", "contrast_form", "loss_kwargs")  # what makes two runs the same objective
 METHOD = (
     "Mean and standard deviation (ddof 1) over seeds; 95% interval: Student t, mean +- t(0.975, n-1) s/sqrt(n). "
     "Paired t-test: scipy.stats.ttest_rel on the per-seed scores of the seeds both groups have. Paired bootstrap: "
@@ -49,6 +56,23 @@ METHOD = (
     "for all seeds. Holm: the average's t-test p-values, step-down adjusted over every group tested against the "
     "baseline (the k-th smallest of m times m - k + 1, monotone, at most 1), for a family-wise error rate."
 )
+
+
+def load_runs(path: str) -> list[tuple[str, dict, str]]:
+    """One run per results file, or per revision folder of an MTEB result folder. -> [(label, results, path)], the
+    path of a revision folder's first task file (no predictions.npz is beside it)."""
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in RESULT_FILES):
+        folders = mteb_results.revision_folders(path)
+        if not folders:
+            raise DataError(f"{path}: no {' or '.join(RESULT_FILES)} in this folder, and no MTEB result files")
+        runs = []
+        for folder in folders:
+            results = mteb_results.load_run(folder)
+            first = next(f"{t.name}.json" for t in mteb_results.MTEB_TASKS.values()
+                         if os.path.isfile(os.path.join(folder, f"{t.name}.json")))  # fmt: skip
+            runs.append((results["label"], results, os.path.join(folder, first)))
+        return runs
+    return [load_run(path)]
 
 
 def load_run(path: str) -> tuple[str, dict, str]:
@@ -79,50 +103,6 @@ def split_list(value: str | None, count: int, flag: str) -> list[str] | None:
     if len(items) != count:
         raise DataError(f"{flag}: {len(items)} values for {count} runs")
     return items
-
-
-def objective(training: dict | None) -> tuple | None:
-    if not training or "loss" not in training:
-        return None
-    return tuple(json.dumps(training.get(key), sort_keys=True) for key in OBJECTIVE_KEYS)
-
-
-def group_names(runs: list[dict]) -> list[str]:
-    """A name per run: its objective's loss, with the settings that tell it from other groups of the same loss."""
-    keys = [objective(run["results"].get("training")) for run in runs]
-    fields = {}
-    for key, run in zip(keys, runs):
-        if key is not None:
-            training = run["results"]["training"]
-            fields[key] = {"contrast_form": training.get("contrast_form"), **(training.get("loss_kwargs") or {})}
-    names = []
-    for key, run in zip(keys, runs):
-        if key is None:
-            names.append(run["label"])
-            continue
-        loss = run["results"]["training"]["loss"]
-        rivals = [other for other in fields if other != key and json.loads(other[0]) == loss]
-        differing = [f for f in fields[key] if any(fields[other].get(f) != fields[key][f] for other in rivals)]
-        names.append(loss + (" (" + ", ".join(f"{f} {fields[key][f]}" for f in differing) + ")" if differing else ""))
-    return names
-
-
-def settings_notes(group: str, members: list[dict]) -> list[str]:
-    """What differs inside a group besides the seed (base model, learning rate, ...): a reviewer's first question."""
-    trainings = [m["results"].get("training") or {} for m in members]
-    keys = sorted({k for t in trainings for k in t} - {"seed"})
-    notes = []
-    for key in keys:
-        values = [json.dumps(t.get(key), sort_keys=True) for t in trainings]
-        if len(set(values)) > 1:
-            notes.append(f"{group}: runs differ in {key} ({', '.join(dict.fromkeys(values))})")
-    seeds = [m["seed"] for m in members]
-    if len(members) > 1 and None in seeds:
-        notes.append(f"{group}: seed unknown for {sum(s is None for s in seeds)} run(s); no pairing by seed for them")
-    if len([s for s in seeds if s is not None]) != len({s for s in seeds if s is not None}):
-        notes.append(f"{group}: a seed appears more than once (checkpoints of one run?); the statistics use the "
-                     "first run of each seed")  # fmt: skip
-    return notes
 
 
 def scores_of(results: dict) -> dict[str, float]:
@@ -176,7 +156,7 @@ def compare(runs: list[dict], baseline: str | None, resamples: int) -> dict:
                 first = with_predictions[0]["label"]
                 out["notes"].append(f"{run['label']}: predictions on other pairs than {first}'s; not bootstrapped")
                 run["predictions"] = None
-    aggregation = runs[0]["results"]["aggregation"]
+    aggregation = groups[baseline][0]["results"]["aggregation"]  # every tested group was scored as the baseline
     for name, members in groups.items():
         if name == baseline:
             continue
@@ -395,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.bootstrap < 0:
             raise DataError(f"--bootstrap must be >= 0, got {args.bootstrap}")
-        loaded = [load_run(path) for path in args.runs]
+        loaded = [run for path in args.runs for run in load_runs(path)]
         labels = split_list(args.labels, len(loaded), "--labels") or unique_labels(
             [label for label, _, _ in loaded], [p for _, _, p in loaded]
         )
@@ -409,10 +389,9 @@ def main(argv: list[str] | None = None) -> int:
             run["group"] = group
         for run, seed in zip(runs, split_list(args.seeds, len(runs), "--seeds") or [r["seed"] for r in runs]):
             run["seed"] = seed
-        if len({protocol(r["results"]) for r in runs}) > 1 and (args.baseline or args.group):
-            raise DataError("runs scored under different protocols (" + "; ".join(sorted({protocol(r["results"])
-                            for r in runs})) + "): statistics across them would mean nothing")  # fmt: skip
+        notes = scored_alike(runs, split=args.group is None, baseline=args.baseline)
         comparison = compare(runs, args.baseline, args.bootstrap)
+        comparison["notes"] = notes + comparison["notes"]
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -424,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "method": METHOD.format(resamples=args.bootstrap),
         "protocol": sorted({protocol(r["results"]) for r in runs}),
-        "runs": [{k: r[k] for k in ("label", "path", "group", "seed")} | {"model": r["results"].get("model")}
+        "runs": [{k: r[k] for k in ("label", "group", "seed")} | {"path": portable_name(r["path"]),
+                                                              "model": portable_name(r["results"].get("model"))}
                  for r in runs],  # fmt: skip
         **comparison,
     }

@@ -3,7 +3,7 @@
     python eval/sts.py --model PATH_OR_ID [--pooler avg] --data_dir ../shared/data/sts --output runs/sts \
         [--tasks all|sts12,stsb,...] [--aggregation all|mean|wmean] [--sickr_all] [--batch_size 128] \
         [--max_seq_length N] [--device cpu] [--save_to_model] [--push_to_hub --hub_model_id user/name] \
-        [--curves] [--no_alignment_uniformity]
+        [--curves] [--no_alignment_uniformity] [--mteb_results DIR | --no_mteb_results]
 
 Writes results.json, results.md (the SimCSE paper's table + sub-file scores) and results.png into --output, and
 predictions.npz: every pair's cosine and gold score per task (format: simcse_hn.evaluation.save_predictions), what
@@ -11,6 +11,9 @@ eval/compare.py's paired bootstrap resamples. With STS-B dev in the data (the `d
 validation split) it also reports alignment and uniformity under SimCSE's protocol, from the same encode call. A
 SimCSE folder's simcse_config.json (the objective, its settings, the seed) is copied into results.json as
 "training"; --curves adds the run's training curves (eval/curves.py) under --output/curves.
+It also writes one MTEB result file per task, in MTEB's layout and schema (simcse_hn.mteb_results), into an MTEB
+results cache (default --output/mteb): results/{org}__{model}/{revision}/{Task}.json and model_meta.json, holding
+MTEB's numbers (each task alone, SICK-R's 9,927 pairs), through mteb's own TaskResult when mteb is installed.
 Without --data_dir the tasks come from the Hub (mteb/*-sts, sentence-transformers/stsb) through `datasets`.
 User errors (a missing or malformed task file, a bad flag) print one `error: ...` line and exit with status 2.
 """
@@ -22,10 +25,13 @@ import json
 import logging
 import os
 import sys
+import time
 
 # a checkout runs its own simcse_hn, never an installed copy (check_own_checkout refuses a mix)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from simcse_hn import mteb_results
+from simcse_hn.comparability import data_fingerprint
 from simcse_hn.data import STS_FILES, STS_HUB, DataError, STSPairs, load_sts_pairs, load_sts_task, read_sts_jsonl
 from simcse_hn.errors import UserError
 from simcse_hn.evaluation import (
@@ -121,6 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="Skip alignment and uniformity on STS-B dev (by default measured when the data has that split).",
     )
     parser.add_argument(
+        "--mteb_results",
+        default=None,
+        metavar="DIR",
+        help="MTEB results cache for the MTEB result files (DIR/results/{org}__{model}/{revision}/{Task}.json, as "
+        "mteb.ResultCache(DIR) reads). Default: OUTPUT/mteb.",
+    )
+    parser.add_argument(
+        "--mteb_model_name",
+        default=None,
+        help="The name the MTEB files are filed under (org/model). Default: --hub_model_id, the Hub id, else "
+        "local/<folder name>.",
+    )
+    parser.add_argument("--no_mteb_results", action="store_true", help="Write no MTEB result files.")
+    parser.add_argument(
         "--curves",
         action="store_true",
         help="Also draw the training curves of --model (a training output or checkpoint folder: trainer_state.json, "
@@ -151,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     if other_code is not None:
         logger.warning("%s", other_code)
     args.output = args.output or default_output(args.model)
+    requested_model = args.model  # a builtin's Hub id names its MTEB files
     if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
         from simcse_hn.modeling import resolve_packaged
 
@@ -184,6 +205,12 @@ def run(args: argparse.Namespace) -> int:
     for task in tasks:
         logger.info("%s: %d pairs from %s (%s)", task.name, task.pairs, task.source, ", ".join(task.subsets))
     check_aggregation(tasks, args.aggregation)
+    # MTEB scores SICK-R on all its pairs: without --sickr_all those are loaded too and encoded in the same call
+    mteb_tasks = [] if args.no_mteb_results else [
+        load_sts_task(task.name, args.data_dir, sickr_all=True) if task.name == "SICK-R" and not args.sickr_all
+        else task for task in tasks]  # fmt: skip
+    mteb_extra = [s for task in mteb_tasks if task not in tasks for p in task.subsets.values()
+                  for s in p.sentence1 + p.sentence2]  # fmt: skip
     dev, dev_source = (None, None) if args.no_alignment_uniformity else load_stsb_dev(args.data_dir)
     curves = None
     if args.curves:
@@ -206,7 +233,10 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"could not load model {args.model!r} ({str(e).splitlines()[0]})") from None
 
     # one encode call: the suite's sentences, then the STS-B dev sentences it lacks (about a quarter of them)
-    embeddings, index = encode_union(encode, tasks, extra=(dev.sentence1 + dev.sentence2) if dev else ())
+    start = time.perf_counter()
+    extra = ((dev.sentence1 + dev.sentence2) if dev else []) + mteb_extra
+    embeddings, index = encode_union(encode, tasks, extra=extra)
+    encode_seconds = time.perf_counter() - start
     scores, predictions = score_encoded_tasks(embeddings, index, tasks, args.aggregation)
     geometry = None
     if dev is not None:
@@ -225,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         "max_seq_length_requested": args.max_seq_length,
         "device": info["device"],
         "predictions": PREDICTIONS,
+        "data_sha256": {task.name: data_fingerprint(task) for task in tasks},  # what eval/compare.py checks
         **provenance,
     }
     results = sts_results(
@@ -238,10 +269,28 @@ def run(args: argparse.Namespace) -> int:
     )
 
     os.makedirs(args.output, exist_ok=True)
+    mteb_record = None
+    if mteb_tasks:
+        similarity = mteb_results.similarity_function(args.model, info["backend"])
+        scored = mteb_results.score_tasks(embeddings, index, mteb_tasks, similarity, encode_seconds)
+        fields = {
+            "name": args.mteb_model_name or mteb_results.model_name(requested_model, args.hub_model_id),
+            "revision": mteb_results.model_revision(args.model),
+            "embed_dim": int(embeddings.shape[1]),
+            "max_tokens": info["max_seq_length"],
+            "similarity_fn_name": similarity,
+            "framework": ["Sentence Transformers", "PyTorch"],
+            "adapted_from": mteb_results.adapted_from(results.get("training")),
+        }
+        cache = args.mteb_results or os.path.join(args.output, "mteb")
+        mteb_record = mteb_results.write_report_folder(cache, args.output, scored, mteb_tasks, fields)
+        results["settings"]["mteb_results"] = mteb_record
     write_json(os.path.join(args.output, "results.json"), results)
     save_predictions(os.path.join(args.output, PREDICTIONS), predictions)
     with open(os.path.join(args.output, "results.md"), "w", encoding="utf-8") as f:
         f.write(results_markdown(results))
+        if mteb_record is not None:
+            f.write("\n" + mteb_results.markdown_section(mteb_record))
         if settings["same_code"] is False:
             f.write("\n**Code differs:** this evaluation ran other code (source_sha256 "
                     f"{settings['code']['source_sha256'][:12]}) than the model's training "
@@ -249,6 +298,8 @@ def run(args: argparse.Namespace) -> int:
     label = model_label(args.model)
     plot_results([(label, results)], os.path.join(args.output, "results.png"), title=label)
     written = ["results.json", "results.md", "results.png", PREDICTIONS]
+    if mteb_record is not None:
+        written.append(f"MTEB result files ({os.path.join(args.output, mteb_record['folder'])})")
     if curves is not None:
         from simcse_hn.curves import write_curves
 

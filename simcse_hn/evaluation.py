@@ -561,6 +561,9 @@ def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
 
 
 def protocol(results: dict) -> str:
+    """How a results record was scored, in words: two records with other protocols are not one measurement."""
+    if results.get("aggregation") == "mteb":  # an MTEB result folder (simcse_hn.mteb_results.load_run)
+        return "MTEB protocol (each task alone, SICK-R all 9,927 pairs)"
     sickr = "SICK-R all 9,927 pairs (MTEB)" if results.get("sickr_pairs") == "all" else "SICK-R test (SimCSE)"
     return f"aggregation {results['aggregation']}, {sickr}"
 

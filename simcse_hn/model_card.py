@@ -8,7 +8,7 @@ import logging
 import os
 import re
 
-from simcse_hn.data import STS_HUB, STS_TASKS
+from simcse_hn.data import STS_TASKS
 from simcse_hn.files import (
     CARD,
     HEAD_WEIGHTS,
@@ -82,33 +82,40 @@ def _sts_scores(sts_results: dict) -> tuple[dict[str, float], float | None]:
     return scores, None if average is None else float(average)
 
 
-def evaluated_dataset(sts_results: dict, task: str) -> str:
-    """The Hub dataset a task was scored on: its source when that was a Hub id, else (local files, which mirror the
-    public sets) the Hub copy that eval/sts.py reads without --data_dir."""
-    source = (sts_results.get("settings") or {}).get("sources", {}).get(task)
-    return source if is_hub_id(source) else STS_HUB[task]
-
-
 def sts_eval_results(sts_results: dict) -> list:
-    """One `EvalResult` per STS task (Spearman x 100 of cosine similarities) for the card's model-index."""
+    """One `EvalResult` per STS task (Spearman x 100 of cosine similarities, the report's SimCSE protocol) for the
+    card's model-index, filed under the dataset MTEB scores that task on, at the revision its task metadata pins
+    (mteb_results.MTEB_TASKS): the local files and the Hub copies eval/sts.py reads hold those pairs (the data
+    README; eval/mteb_check.py scores them with MTEB's own evaluator). SICK-R on SimCSE's test split is 4,927 of that
+    dataset's 9,927 test pairs: its metric_args say so."""
     from huggingface_hub import EvalResult
 
+    from simcse_hn.mteb_results import HF_SUBSET, MTEB_TASKS, SPLIT
+
     scores, _ = _sts_scores(sts_results)
-    metric_args = {"aggregation": sts_results.get("aggregation", "all"), "scale": 100}
-    return [
-        EvalResult(
+    tasks = sts_results.get("tasks", {})
+    out = []
+    for name, score in scores.items():
+        meta = MTEB_TASKS[name]
+        args = {"aggregation": sts_results.get("aggregation", "all"), "scale": 100, "protocol": "SimCSE"}
+        if tasks[name].get("pairs") is not None:
+            args["pairs"] = tasks[name]["pairs"]
+        if name == "SICK-R" and sts_results.get("sickr_pairs") != "all":
+            args["protocol"] = "SimCSE: the SICK test split, not all of the dataset's test pairs (MTEB)"
+        out.append(EvalResult(
             task_type="sentence-similarity",
             task_name="Semantic Textual Similarity",
-            dataset_type=evaluated_dataset(sts_results, name),
+            dataset_type=meta.dataset,
             dataset_name=name,
-            dataset_split="test",
+            dataset_config=HF_SUBSET,
+            dataset_split=SPLIT,
+            dataset_revision=meta.revision,
             metric_type=STS_METRIC,
             metric_name="Spearman (cosine) x 100",
             metric_value=round(score, 2),
-            metric_args=metric_args,
-        )
-        for name, score in scores.items()
-    ]
+            metric_args=args,
+        ))  # fmt: skip
+    return out
 
 
 def sts_section(sts_results: dict | None, model_name: str, command_model: str = "PATH_OR_HUB_ID") -> str:

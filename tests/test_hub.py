@@ -21,9 +21,10 @@ from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
 import train
 from simcse_hn import hub, model_card
-from simcse_hn.data import STS_HUB, STS_TASKS
+from simcse_hn.data import STS_TASKS
 from simcse_hn.hub import HubTarget
 from simcse_hn.modeling import TINY_MODEL, SimCSEModel, load_tokenizer
+from simcse_hn.mteb_results import MTEB_TASKS
 
 # The first sentence is longer than the training max_seq_length=32 (character-level tokenizer): the saved folder keeps
 # the encoder's own 128-token limit, so every path must encode it whole.
@@ -313,7 +314,11 @@ def test_card_metadata_and_sts_table(tmp_path, saved_folder):
     values = {r.dataset_name: r.metric_value for r in data.eval_results}
     assert values == {name: round(t["spearman"], 2) for name, t in STS_RESULTS["tasks"].items()}
     assert data.model_name == "tiny-hcl"
-    assert {r.dataset_type for r in data.eval_results} == set(STS_HUB.values())  # what eval/sts.py reads
+    # filed under MTEB's datasets and revisions; SICK-R's test split said to be SimCSE's, not MTEB's 9,927 pairs
+    assert {r.dataset_name: (r.dataset_type, r.dataset_revision, r.dataset_split) for r in data.eval_results} == {
+        name: (task.dataset, task.revision, "test") for name, task in MTEB_TASKS.items()}
+    protocols = {r.dataset_name: r.metric_args["protocol"] for r in data.eval_results}
+    assert protocols.pop("SICK-R").startswith("SimCSE: the SICK test split") and set(protocols.values()) == {"SimCSE"}
     row = "| tiny-hcl | 61.25 | 62.25 | 63.25 | 64.25 | 65.25 | 66.25 | 67.25 | 64.25 |"
     assert row in card.text and "| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg. |" in card.text
     assert "| beta | `0.1` |" in card.text and "81.50" in card.text and "arXiv:2010.04592" in card.text

@@ -247,3 +247,28 @@ def test_compare_errors_are_one_line(tmp_path, capsys):
                          "infonce"]) == 2  # fmt: skip
     assert "different protocols" in capsys.readouterr().err
 
+
+
+def test_runs_scored_under_other_protocols_are_split_or_refused_never_pooled(tmp_path, capsys):
+    """Issue 39's case: one objective, two seeds, one scored on SICK-R's test split and one on all 9,927 pairs. By
+    default the group is split with a note naming the field; a --group that mixes them, or a mixed baseline, is
+    refused in one line; the notes name no run ids."""
+    compare = load_script("compare")
+    write_run(tmp_path, "a", "infonce", 42, 0.0, training_extra={"run_id": "r1"})
+    mixed = write_run(tmp_path, "b", "infonce", 43, 1.0, training_extra={"run_id": "r2"})
+    (tmp_path / "b" / "results.json").write_text(json.dumps(mixed | {"sickr_pairs": "all"}))
+    paths, out = [str(tmp_path / "a"), str(tmp_path / "b")], tmp_path / "o"
+    assert compare.main([*paths, "--output", str(out), "--bootstrap", "0"]) == 0
+    record = json.loads((out / "comparison.json").read_text())
+    assert sorted(record["groups"]) == ["infonce [aggregation all, SICK-R all 9,927 pairs (MTEB)]",
+                                        "infonce [aggregation all, SICK-R test (SimCSE)]"]  # fmt: skip
+    assert all(len(g["seeds"]) == 1 for g in record["groups"].values())  # never pooled as two seeds
+    notes = " ".join(record["notes"])
+    assert "infonce: split into 2 groups, never pooled: different protocols" in notes
+    assert "run_id" not in notes
+    capsys.readouterr()
+    for extra in (["--group", "x,x"], ["--baseline", "infonce"]):
+        assert compare.main([*paths, "--output", str(out), "--bootstrap", "0", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "mixes runs scored differently, different protocols" in err, err
+        assert "\n" not in err
