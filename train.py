@@ -15,31 +15,19 @@ import datasets
 import torch
 import transformers
 
-from simcse_hn import distributed
-from simcse_hn.checkpoints import (
-    check_output_dir,
-    check_resumed_objective,
-    checkpoint_run_id,
-    claim_output_dir,
-    new_run_id,
-    resolve_resume,
-)
-from simcse_hn.config import ConfigError, parse_args
-from simcse_hn.data import (
-    DataError,
-    SimCSECollator,
-    load_hub_dataset,
-    load_sentence_stream,
-    load_sentences,
-    load_sts_pairs,
-)
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.configuration.resolved import ResolvedData, resolve_data, resolve_run
+from simcse_hn.data.collator import SimCSECollator
+from simcse_hn.data.guide import SELF, load_guide
+from simcse_hn.data.pairs import PairCollator, is_hub_source, load_pairs, num_negatives
+from simcse_hn.data.sentences import load_hub_dataset, load_sentence_stream, load_sentences
+from simcse_hn.data.sts import load_sts_pairs
+from simcse_hn.errors import ConfigError, DataError
+from simcse_hn.export.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
+from simcse_hn.export.model_card import base_model_license, card_is_ours, write_model_card
 from simcse_hn.files import CARD, source_record
-from simcse_hn.guide import SELF, load_guide
-from simcse_hn.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
 from simcse_hn.losses.registry import portable_loss_name
-from simcse_hn.model_card import base_model_license, card_is_ours, write_model_card
-from simcse_hn.modeling import (
-    SimCSEModel,
+from simcse_hn.modeling.loading import (
     check_pooler,
     has_dropout,
     inference_max_length,
@@ -48,10 +36,18 @@ from simcse_hn.modeling import (
     model_max_length,
     resolve_packaged,
 )
-from simcse_hn.pairs import PairCollator, is_hub_source, load_pairs, num_negatives
+from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.provenance import code_identity, data_sha256
-from simcse_hn.resolved import ResolvedData, resolve_data, resolve_run
-from simcse_hn.trainer import SimCSETrainer
+from simcse_hn.training import distributed
+from simcse_hn.training.checkpoints import (
+    check_output_dir,
+    check_resumed_objective,
+    checkpoint_run_id,
+    claim_output_dir,
+    new_run_id,
+    resolve_resume,
+)
+from simcse_hn.training.trainer import SimCSETrainer
 
 logger = logging.getLogger("simcse_hn.train")
 
@@ -222,7 +218,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "world_size": training_args.world_size,
         "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
         "learning_rate": training_args.learning_rate,
-        "run_id": run_id,  # marks every checkpoint as this run family's (simcse_hn.checkpoints)
+        "run_id": run_id,  # marks every checkpoint as this run family's (simcse_hn.training.checkpoints)
         "train_data_sha256": training_data_sha256(data_args, train_dataset),  # simcse_hn.provenance
         "code": code_identity(),
     }
@@ -303,9 +299,10 @@ def training_data_sha256(data_args, train_dataset) -> str | None:
 
 
 def load_training_data(data_args, data: ResolvedData, dataset=None) -> tuple[datasets.Dataset, str]:
-    """The training set in the format resolved (`data`, simcse_hn.resolved.resolve_data): single sentences (a `text`
-    column, load_sentences as SimCSE reads them) or paired examples (`anchor`, `positive`, `negative_1..k`:
-    simcse_hn.pairs, in the columns resolved). `dataset`: a Hub dataset's split, already loaded."""
+    """The training set in the format resolved (`data`, simcse_hn.configuration.resolved.resolve_data): single
+    sentences (a `text` column, load_sentences as SimCSE reads them) or paired examples (`anchor`, `positive`,
+    `negative_1..k`: simcse_hn.data.pairs, in the columns resolved). `dataset`: a Hub dataset's split, already
+    loaded."""
     source = data_args.train_source
     hub = {"config_name": data_args.dataset_config_name, "split": data_args.dataset_split, "dataset": dataset}
     if data.format == "sentences":
@@ -365,6 +362,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from simcse_hn.process_exit import finish
+    from simcse_hn.training.process_exit import finish
 
-    finish(main())  # not sys.exit: see simcse_hn/process_exit.py (issue 39)
+    finish(main())  # not sys.exit: see simcse_hn/training/process_exit.py (issue 39)

@@ -49,7 +49,7 @@ def base_shaped_model(folder: Path, layers: int = 12, hidden: int = 768, heads: 
     import torch
     from transformers import BertConfig, BertModel
 
-    from simcse_hn.modeling import build_tiny_bert
+    from simcse_hn.testing import build_tiny_bert
 
     tokenizer = build_tiny_bert()[1]
     config = BertConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
@@ -290,12 +290,12 @@ def product_seconds(m: int, k: int, n: int, kind: str = "forward", dtype=None, d
 
 def side_by_side_gflops(m: int, k: int, n: int, dtype=None, rounds: int = 5, min_seconds: float = 0.5) -> float:
     """CPU only: the reference product run by as many Python threads as torch has intra-op threads, one intra-op
-    thread each, at once (total FLOPs / wall time, best round), through simcse_hn.modeling.map_batches, the way
-    inference batches run. On a small machine this can beat one product split over the threads, so it belongs in
+    thread each, at once (total FLOPs / wall time, best round), through simcse_hn.modeling.batching.map_batches, the
+    way inference batches run. On a small machine this can beat one product split over the threads, so it belongs in
     the limit."""
     import torch
 
-    from simcse_hn.modeling import map_batches
+    from simcse_hn.modeling.batching import map_batches
 
     threads = torch.get_num_threads()
     dtype = dtype or torch.float32

@@ -22,11 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import RESULTS, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
 
-from simcse_hn.data import SimCSECollator, model_inputs  # noqa: E402
+from simcse_hn.data.collator import SimCSECollator, model_inputs  # noqa: E402
 from simcse_hn.losses import DCLLoss  # noqa: E402
 from simcse_hn.losses.base import cosine_similarities  # noqa: E402
-from simcse_hn.modeling import SimCSEModel, load_tokenizer  # noqa: E402
-from simcse_hn.targets import build_targets  # noqa: E402
+from simcse_hn.losses.targets import build_targets  # noqa: E402
+from simcse_hn.modeling.loading import load_tokenizer  # noqa: E402
+from simcse_hn.modeling.model import SimCSEModel  # noqa: E402
 
 TAU_PLUS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1)
 TEMPERATURES = (0.05, 0.1, 0.2, 0.5)  # SimCSE's 0.05 ... the DCL paper's 0.5 (CIFAR/STL, tau+ 0.1)

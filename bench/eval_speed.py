@@ -62,13 +62,9 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from simcse_hn.data import STS_TASKS, STSPairs, STSTask, load_sts_task  # noqa: E402
-from simcse_hn.evaluation import (  # noqa: E402
-    encode_union,
-    score_encoded_tasks,
-    sentence_transformers_encode_fn,
-    simcse_encode_fn,
-)
+from simcse_hn.data.sts import STS_TASKS, STSPairs, STSTask, load_sts_task  # noqa: E402
+from simcse_hn.evaluation.encoding import sentence_transformers_encode_fn, simcse_encode_fn
+from simcse_hn.evaluation.scoring import encode_union, score_encoded_tasks
 from simcse_hn.files import portable_name  # noqa: E402
 
 SAME_SCORE = 1e-4  # per sub-file, Spearman x 100
@@ -312,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             sentence_transformers_encode_fn(model, our_batch, side_by_side=False), tasks)
         print(f"ours, one batch after the other: {timings['ours_one_after_the_other']['wall_s']:.1f} s", flush=True)
     if not args.skip_simcse:
-        from simcse_hn.modeling import SimCSEModel, load_tokenizer
+        from simcse_hn.modeling.loading import load_tokenizer
+        from simcse_hn.modeling.model import SimCSEModel
 
         simcse_model = SimCSEModel.from_pretrained(args.model, pooler="avg").to(args.device)
         encode = simcse_encode_fn(simcse_model, load_tokenizer(args.model), our_batch, model.max_seq_length)

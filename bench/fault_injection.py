@@ -43,7 +43,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 
 from bench.common import RESULTS, ROOT, environment, environment_line, load_average, write_json
-from simcse_hn.checkpoints import checkpoint_problem, last_complete_checkpoint, read_run_id
+from simcse_hn.training.checkpoints import checkpoint_problem, last_complete_checkpoint, read_run_id
 
 MOMENTS = ("random", "checkpoint", "final", "push")
 FINAL_SUMMARY = "Upload SimCSE sentence encoder"  # the final folder's commit (tests/test_hub.py)

@@ -72,7 +72,8 @@ def check_folder(folder: Path, initial: dict[str, torch.Tensor]) -> dict:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from simcse_hn.modeling import SimCSEModel, load_tokenizer
+    from simcse_hn.modeling.loading import load_tokenizer
+    from simcse_hn.modeling.model import SimCSEModel
 
     expected = SimCSEModel.from_pretrained(str(folder)).encode(SENTENCES, load_tokenizer(str(folder)))
     got = SentenceTransformer(str(folder), device="cpu").encode(SENTENCES, convert_to_tensor=True).float()
@@ -98,7 +99,7 @@ def check_folder(folder: Path, initial: dict[str, torch.Tensor]) -> dict:
 
 
 def initial_weights(model: str) -> dict[str, torch.Tensor]:
-    from simcse_hn.modeling import SimCSEModel
+    from simcse_hn.modeling.model import SimCSEModel
 
     return {k: v.detach().clone() for k, v in SimCSEModel.from_pretrained(model).state_dict().items()}
 

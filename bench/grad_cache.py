@@ -57,11 +57,13 @@ def _sentences(count: int) -> list[str]:
 def child(config: str, quick: bool, steps: int, max_length: int, threads: int) -> dict:
     """One configuration in this (fresh) process."""
     torch.set_num_threads(threads)
-    from simcse_hn.config import SimCSETrainingArguments
-    from simcse_hn.data import SimCSECollator
+    from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
+    from simcse_hn.data.collator import SimCSECollator
     from simcse_hn.losses import BASELINE, build_loss
-    from simcse_hn.modeling import TINY_MODEL, SimCSEModel, load_tokenizer
-    from simcse_hn.trainer import SimCSETrainer
+    from simcse_hn.modeling.loading import load_tokenizer
+    from simcse_hn.modeling.model import SimCSEModel
+    from simcse_hn.testing import TINY_MODEL
+    from simcse_hn.training.trainer import SimCSETrainer
 
     sentences, cache = CONFIGS[config]
     name = TINY_MODEL if quick else minilm_path()

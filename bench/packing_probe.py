@@ -117,7 +117,7 @@ def register() -> None:
 def load(model_path: str):
     from transformers import AutoModel, AutoTokenizer
 
-    from simcse_hn.modeling import SimCSEModel
+    from simcse_hn.modeling.model import SimCSEModel
 
     register()
     encoder = AutoModel.from_pretrained(model_path)

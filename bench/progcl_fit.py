@@ -25,7 +25,7 @@ from dcl_clamp import corpus, dropout_views, load_minilm  # noqa: E402
 
 from simcse_hn.losses import ProGCLLoss  # noqa: E402
 from simcse_hn.losses.base import cosine_similarities  # noqa: E402
-from simcse_hn.losses.progcl import (  # noqa: E402
+from simcse_hn.losses.progcl import (
     EPS,
     BetaMixture,
     _features,
@@ -34,7 +34,7 @@ from simcse_hn.losses.progcl import (  # noqa: E402
     identify_components,
     negative_posteriors,
 )
-from simcse_hn.targets import build_targets  # noqa: E402
+from simcse_hn.losses.targets import build_targets  # noqa: E402
 
 SEEDS = 100
 SAMPLES = (1024, 4096, 16384, 65536)

@@ -65,8 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json  # noqa: E402
 from quality_checks import mixed_provenance, run_provenance, sweep_no_op  # noqa: E402
 
-from simcse_hn.comparability import scored_alike  # noqa: E402
-from simcse_hn.data import DataError  # noqa: E402
+from simcse_hn.errors import DataError  # noqa: E402
+from simcse_hn.evaluation.comparability import scored_alike  # noqa: E402
 from simcse_hn.files import portable_name  # noqa: E402
 from simcse_hn.losses.registry import flag_prefix, resolve_objective  # noqa: E402
 
@@ -165,7 +165,7 @@ def run(command: list[str], log: Path, threads: int | None = None) -> float:
 
 def last_window(kept: Path) -> dict:
     """The diagnostics of a run's last logging window, from the curves `keep_run` kept (no second TensorBoard read)."""
-    from simcse_hn.curves import load_record
+    from simcse_hn.evaluation.curves import load_record
 
     try:
         series = load_record(str(kept / "curves.json"))[0].series
@@ -177,12 +177,13 @@ def last_window(kept: Path) -> dict:
 
 def keep_run(key: str, scored: Path, trained: Path | None) -> Path:
     """What the report needs of a run, kept beside runs.json (committed, unlike --work_dir): the STS report's
-    results.json and predictions.npz, and the training curves as curves.json (simcse_hn.curves.save_record). A new
-    machine has no --work_dir, and a report rebuilt there must not lose the runs of earlier sittings."""
+    results.json and predictions.npz, and the training curves as curves.json
+    (simcse_hn.evaluation.curves.save_record). A new machine has no --work_dir, and a report rebuilt there must not
+    lose the runs of earlier sittings."""
     import shutil
 
-    from simcse_hn.curves import load_curves, save_record
-    from simcse_hn.evaluation import PREDICTIONS
+    from simcse_hn.evaluation.curves import load_curves, save_record
+    from simcse_hn.evaluation.results import PREDICTIONS
 
     kept = OUT / "runs" / key
     kept.mkdir(parents=True, exist_ok=True)
@@ -413,7 +414,7 @@ def baseline_of(arm: str) -> str:
 def sick_label_table(runs: dict) -> list[str]:
     """The report's SICK-R-by-label section: one row per arm and batch (mean over its runs), the references first,
     with each arm's AUC paired over seeds against the baseline's at the same batch (a t-test over the shared seeds)."""
-    from simcse_hn.stats import paired_t_test
+    from simcse_hn.evaluation.stats import paired_t_test
 
     groups: dict[tuple, dict] = {}  # (arm, batch) -> {seed: values}
     for _, entry in sorted(runs.items(), key=lambda kv: (kv[1].get("seed") is not None, kv[1]["arm"],
@@ -523,9 +524,9 @@ def report(index: dict) -> None:
 
 
 def scored_apart(keys: list[str], runs: dict, groups: list[str], seeds: list[str], baseline: str) -> str | None:
-    """Why the runs of one comparison cannot be its groups (simcse_hn.comparability: an arm whose runs were scored
-    under another protocol, tasks, data, pooler or input length; a baseline tested against an arm scored otherwise),
-    or None when they can."""
+    """Why the runs of one comparison cannot be its groups (simcse_hn.evaluation.comparability: an arm whose runs were
+    scored under another protocol, tasks, data, pooler or input length; a baseline tested against an arm scored
+    otherwise), or None when they can."""
     members = []
     for key, group, seed in zip(keys, groups, seeds):
         with open(ROOT / runs[key]["results"] / "results.json", encoding="utf-8") as f:

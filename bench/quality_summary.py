@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, not an installed one
 from common import RESULTS, write_json  # noqa: E402
 
-from simcse_hn.data import STS_TASKS as TASKS  # noqa: E402
+from simcse_hn.data.sts import STS_TASKS as TASKS  # noqa: E402
 
 
 def load_studies(steps: int) -> list[dict]:

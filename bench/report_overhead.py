@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import RESULTS, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
 
-from simcse_hn import evaluation  # noqa: E402
-from simcse_hn.analysis import alignment_uniformity_encoded  # noqa: E402
-from simcse_hn.data import STS_TASKS, STSPairs, load_sts_task, read_sts_jsonl  # noqa: E402
+from simcse_hn.data.sts import STS_TASKS, STSPairs, load_sts_task, read_sts_jsonl  # noqa: E402
+from simcse_hn.evaluation import encoding, results, scoring  # noqa: E402
+from simcse_hn.evaluation.analysis import alignment_uniformity_encoded  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -43,21 +43,21 @@ def scipy_spearman():
     """The suite's correlations as before the `evaluate` metric: scipy.stats.spearmanr directly."""
     from scipy.stats import spearmanr
 
-    original = evaluation.spearman_x100
-    evaluation.spearman_x100 = lambda predictions, gold: float(spearmanr(predictions, gold).statistic) * 100
+    original = scoring.spearman_x100
+    scoring.spearman_x100 = lambda predictions, gold: float(spearmanr(predictions, gold).statistic) * 100
     try:
         yield
     finally:
-        evaluation.spearman_x100 = original
+        scoring.spearman_x100 = original
 
 
 def before(encode, tasks) -> dict:
     with scipy_spearman():
         timings = {}
         start = time.perf_counter()
-        embeddings, index = evaluation.encode_union(encode, tasks)
+        embeddings, index = scoring.encode_union(encode, tasks)
         timings["encode"] = time.perf_counter() - start
-        evaluation.score_encoded_tasks(embeddings, index, tasks, "all")
+        scoring.score_encoded_tasks(embeddings, index, tasks, "all")
         timings["total"] = time.perf_counter() - start
     return timings | {"sentences": len(index)}
 
@@ -65,14 +65,14 @@ def before(encode, tasks) -> dict:
 def after(encode, tasks, dev: STSPairs, folder: str, device: str) -> dict:
     timings = {}
     start = time.perf_counter()
-    embeddings, index = evaluation.encode_union(encode, tasks, extra=dev.sentence1 + dev.sentence2)
+    embeddings, index = scoring.encode_union(encode, tasks, extra=dev.sentence1 + dev.sentence2)
     timings["encode"] = time.perf_counter() - start
-    _, predictions = evaluation.score_encoded_tasks(embeddings, index, tasks, "all")
+    _, predictions = scoring.score_encoded_tasks(embeddings, index, tasks, "all")
     mark = time.perf_counter()
     geometry = alignment_uniformity_encoded(embeddings, index, dev, device=device)
     timings["alignment_uniformity"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    evaluation.save_predictions(os.path.join(folder, evaluation.PREDICTIONS), predictions)
+    results.save_predictions(os.path.join(folder, results.PREDICTIONS), predictions)
     timings["predictions"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - start
     return timings | {"sentences": len(index)} | {key: geometry[key] for key in ("alignment", "uniformity")}
@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in read_sts_jsonl(os.path.join(args.data_dir, "stsb.jsonl")) if r["split"] == "dev"]
     dev = STSPairs([r["sentence1"] for r in rows], [r["sentence2"] for r in rows], [r["score"] for r in rows])
     tasks, dev = limited(tasks, dev, args.limit)
-    encode, info = evaluation.load_encoder(model, device=args.device, batch_size=args.batch_size)
-    evaluation.sts_metric()  # built once per process, as in eval/sts.py; its import is timed apart
+    encode, info = encoding.load_encoder(model, device=args.device, batch_size=args.batch_size)
+    scoring.sts_metric()  # built once per process, as in eval/sts.py; its import is timed apart
     encode(dev.sentence1[:64])  # warm-up
     load_before = os.getloadavg()[0]
     runs = {"before": [], "after": []}

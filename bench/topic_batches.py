@@ -1,16 +1,17 @@
 """What topic batches cost and what they buy: k-means time and memory on the wiki slice, and how hard the batches are.
 
 The corpus is shared/data/corpus/wiki1m_subset.txt (21,368 Wikipedia sentences), embedded once by all-MiniLM-L6-v2
-(mean pooling, its sentence-transformers modules) on the CPU. For k = 24, 48 and 96 clusters, simcse_hn.topic_batches.
-kmeans clusters the embeddings by torch (seeded k-means++ and 20 Lloyd iterations) and, when faiss-cpu is installed, by
-faiss (faiss.Kmeans, spherical, the same iterations), each in a fresh process that loads the embeddings first: wall
-time, and the peak resident memory above the resident size before the call (the kernel's VmHWM, reset first; torch's
-allocations are invisible to tracemalloc, and a fresh heap keeps freed blocks of earlier work from hiding them).
-Then a whole epoch of batches of 64: TopicBatchSampler's windows on the torch clusters at share 1.0 and 0.5, against
-random batches (a seeded permutation cut in 64s). Per batch, on the eval-mode embeddings: the mean cosine of an
-anchor to the other 63 (its negatives) and the hardest negative per anchor (its largest such cosine), both averaged
-over anchors and batches; and SimCSE's unsupervised InfoNCE at temperature 0.05 on two dropout views of each
-sentence (MiniLM in train mode, dropout 0.1, no gradient): cross-entropy of view 1 against the batch's view 2 rows.
+(mean pooling, its sentence-transformers modules) on the CPU. For k = 24, 48 and 96 clusters,
+simcse_hn.data.topic_batches. kmeans clusters the embeddings by torch (seeded k-means++ and 20 Lloyd iterations) and,
+when faiss-cpu is installed, by faiss (faiss.Kmeans, spherical, the same iterations), each in a fresh process that
+loads the embeddings first: wall time, and the peak resident memory above the resident size before the call (the
+kernel's VmHWM, reset first; torch's allocations are invisible to tracemalloc, and a fresh heap keeps freed blocks of
+earlier work from hiding them). Then a whole epoch of batches of 64: TopicBatchSampler's windows on the torch clusters
+at share 1.0 and 0.5, against random batches (a seeded permutation cut in 64s). Per batch, on the eval-mode
+embeddings: the mean cosine of an anchor to the other 63 (its negatives) and the hardest negative per anchor (its
+largest such cosine), both averaged over anchors and batches; and SimCSE's unsupervised InfoNCE at temperature 0.05 on
+two dropout views of each sentence (MiniLM in train mode, dropout 0.1, no gradient): cross-entropy of view 1 against
+the batch's view 2 rows.
 
     python bench/topic_batches.py            # results: bench/results/topic_batches.{json,md}
     python bench/topic_batches.py --report   # the Markdown again from the JSON
@@ -69,7 +70,7 @@ def kmeans_child(path: str, clusters: int, backend: str) -> None:
     """In a fresh process: load the embeddings, then time and measure one k-means; prints its JSON line."""
     import torch
 
-    from simcse_hn.topic_batches import kmeans
+    from simcse_hn.data.topic_batches import kmeans
 
     embeddings = torch.load(path)
     run = functools.partial(kmeans, embeddings, clusters, seed=SEED, use_faiss=backend == "faiss")
@@ -116,9 +117,9 @@ def hardness(unit, views, windows) -> dict:
 def main(limit: int | None = None) -> None:
     import torch
 
-    from simcse_hn.evaluation import load_encoder
+    from simcse_hn.data.topic_batches import TopicBatchSampler, faiss
+    from simcse_hn.evaluation.encoding import load_encoder
     from simcse_hn.files import portable_name
-    from simcse_hn.topic_batches import TopicBatchSampler, faiss
 
     env = environment()
     corpus = SHARED_DATA / "corpus" / "wiki1m_subset.txt"

@@ -243,7 +243,7 @@ def forward_pieces(lengths: list[int], width: int, groups: int, rows: int | None
     `rows` rows (each as wide as the batch), each in its length groups (SimCSEModel.length_groups_of)."""
     import torch
 
-    from simcse_hn.modeling import length_groups_of
+    from simcse_hn.modeling.batching import length_groups_of
 
     pieces = []
     for start in range(0, len(lengths), rows or len(lengths)):
@@ -335,7 +335,7 @@ def compare_runs(reference: dict, state: dict, update: float) -> dict:
 def worker(spec_file: Path, out_file: Path) -> None:
     import torch
 
-    from simcse_hn.modeling import load_encoder_config
+    from simcse_hn.modeling.loading import load_encoder_config
 
     job = json.loads(spec_file.read_text())
     torch.set_num_threads(job["threads"])

@@ -9,13 +9,13 @@ folder (an MTEB cache, its results/, a model's folder or one revision folder: ea
 MTEB's protocol; one eval/sts.py wrote gets the training record of its report). Runs are grouped by the objective in
 their "training" record (loss, contrast form, loss settings; eval/sts.py copies it from the model's
 simcse_config.json), else each run is its own group; --group overrides. A group holds only runs scored alike (the same
-protocol, tasks, data, pooler and input length: simcse_hn.comparability): by default a mixed group is split, with a
-note naming what differs; a mixed --group, a mixed baseline, or a group tested against a baseline it was not scored
-alike with is refused. Runs of other protocols still sit side by side in the tables. Seeds come from the same record
-(or --seeds). Per group, per task and on the average: mean, standard deviation and a 95% Student t-interval over
-seeds, and the number of seeds. Against --baseline: a paired t-test by seed (scipy.stats.ttest_rel) and a paired
-bootstrap over STS pairs (from predictions.npz beside each results.json), per seed and for the mean over seeds.
-Writes comparison.md, comparison.json and comparison.png (plus comparison_delta.png with a baseline and
+protocol, tasks, data, pooler and input length: simcse_hn.evaluation.comparability): by default a mixed group is
+split, with a note naming what differs; a mixed --group, a mixed baseline, or a group tested against a baseline it was
+not scored alike with is refused. Runs of other protocols still sit side by side in the tables. Seeds come from the
+same record (or --seeds). Per group, per task and on the average: mean, standard deviation and a 95% Student
+t-interval over seeds, and the number of seeds. Against --baseline: a paired t-test by seed (scipy.stats.ttest_rel)
+and a paired bootstrap over STS pairs (from predictions.npz beside each results.json), per seed and for the mean over
+seeds. Writes comparison.md, comparison.json and comparison.png (plus comparison_delta.png with a baseline and
 alignment_uniformity.png when the runs have it) into --output and prints the tables.
 """
 
@@ -31,19 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
-from simcse_hn import mteb_results
-from simcse_hn.comparability import group_names, scored_alike, settings_notes
-from simcse_hn.data import STS_TASKS, DataError
-from simcse_hn.evaluation import (
-    PREDICTIONS,
-    load_predictions,
-    model_label,
-    plot_results,
-    protocol,
-    results_table,
-    training_summary,
-    unique_labels,
-)
+from simcse_hn.data.sts import STS_TASKS
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation import mteb_results
+from simcse_hn.evaluation.comparability import group_names, scored_alike, settings_notes
+from simcse_hn.evaluation.plots import plot_results
+from simcse_hn.evaluation.reports import model_label, protocol, results_table, training_summary, unique_labels
+from simcse_hn.evaluation.results import PREDICTIONS, load_predictions
 from simcse_hn.files import portable_name
 
 RESULT_FILES = ("results.json", "sts_results.json")
@@ -111,7 +105,7 @@ def scores_of(results: dict) -> dict[str, float]:
 
 def compare(runs: list[dict], baseline: str | None, resamples: int) -> dict:
     """The statistics of comparison.json. runs: [{"label", "path", "results", "group", "seed", "predictions"}]"""
-    from simcse_hn import stats
+    from simcse_hn.evaluation import stats
 
     columns = [t for t in STS_TASKS if any(t in r["results"]["tasks"] for r in runs)] + ["Avg."]
     groups: dict[str, list[dict]] = {}
@@ -294,7 +288,7 @@ def plot_groups(runs: list[dict], comparison: dict, path: str, title: str | None
 
 def plot_deltas(comparison: dict, path: str) -> None:
     """Each group minus the baseline per task, with the paired t-interval (or, for one seed, the bootstrap's)."""
-    from simcse_hn.evaluation import MARKERS, legend_below, new_figure, paper_style, save_figure, wrap
+    from simcse_hn.evaluation.plots import MARKERS, legend_below, new_figure, paper_style, save_figure, wrap
 
     columns = comparison["columns"]
     tests = comparison["tests"]
@@ -334,7 +328,7 @@ def checkpoint_step(run: dict) -> int | None:
 
 def plot_geometry(runs: list[dict], path: str) -> bool:
     """One point per run, a colour per group; a group that is one run's checkpoints is a path in step order."""
-    from simcse_hn.analysis import plot_alignment_uniformity
+    from simcse_hn.evaluation.plots import plot_alignment_uniformity
 
     members: dict[str, list[dict]] = {}
     for run in runs:

@@ -23,9 +23,9 @@ import sys
 # a checkout runs its own simcse_hn, never an installed copy (check_own_checkout refuses a mix)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from simcse_hn.curves import load_curves, load_record, write_curves
-from simcse_hn.data import DataError
-from simcse_hn.evaluation import model_label, unique_labels
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation.curves import load_curves, load_record, write_curves
+from simcse_hn.evaluation.reports import model_label, unique_labels
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,8 +19,9 @@ import json
 import os
 import sys
 
-from simcse_hn import mteb_results
-from simcse_hn.data import STS_FILES, DataError
+from simcse_hn.data.sts import STS_FILES
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation import mteb_results
 
 
 def mteb_task(name: str, data_dir: str):

@@ -76,10 +76,10 @@ def weigh_batch(model, tokenizer, sentences: list[str], names: list[str], temper
     {objective: its diagnostics on the batch}"""
     import torch
 
-    from simcse_hn.data import SimCSECollator, model_inputs
+    from simcse_hn.data.collator import SimCSECollator, model_inputs
     from simcse_hn.losses import build_loss
-    from simcse_hn.targets import build_targets
-    from simcse_hn.trainer import contrastive_loss
+    from simcse_hn.losses.targets import build_targets
+    from simcse_hn.training.trainer import contrastive_loss
 
     batch = SimCSECollator(tokenizer, max_length)(sentences)
     text_ids, batch = batch["text_ids"], model_inputs(batch)
@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args) -> int:
     names = check(args)
-    from simcse_hn.data import load_sentences
-    from simcse_hn.modeling import SimCSEModel, load_tokenizer, resolve_packaged
+    from simcse_hn.data.sentences import load_sentences
+    from simcse_hn.modeling.loading import load_tokenizer, resolve_packaged
+    from simcse_hn.modeling.model import SimCSEModel
 
     sentences = load_sentences(args.corpus, args.text_column)
     if len(sentences) < args.batch_size:

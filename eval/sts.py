@@ -6,13 +6,13 @@
         [--curves] [--no_alignment_uniformity] [--mteb_results DIR | --no_mteb_results]
 
 Writes results.json, results.md (the SimCSE paper's table + sub-file scores) and results.png into --output, and
-predictions.npz: every pair's cosine and gold score per task (format: simcse_hn.evaluation.save_predictions), what
-eval/compare.py's paired bootstrap resamples. With STS-B dev in the data (the `dev` split of stsb.jsonl, or the Hub's
-validation split) it also reports alignment and uniformity under SimCSE's protocol, from the same encode call. A
+predictions.npz: every pair's cosine and gold score per task (format: simcse_hn.evaluation.results.save_predictions),
+what eval/compare.py's paired bootstrap resamples. With STS-B dev in the data (the `dev` split of stsb.jsonl, or the
+Hub's validation split) it also reports alignment and uniformity under SimCSE's protocol, from the same encode call. A
 SimCSE folder's simcse_config.json (the objective, its settings, the seed) is copied into results.json as
 "training"; --curves adds the run's training curves (eval/curves.py) under --output/curves.
-It also writes one MTEB result file per task, in MTEB's layout and schema (simcse_hn.mteb_results), into an MTEB
-results cache (default --output/mteb): results/{org}__{model}/{revision}/{Task}.json and model_meta.json, holding
+It also writes one MTEB result file per task, in MTEB's layout and schema (simcse_hn.evaluation.mteb_results), into an
+MTEB results cache (default --output/mteb): results/{org}__{model}/{revision}/{Task}.json and model_meta.json, holding
 MTEB's numbers (each task alone, SICK-R's 9,927 pairs), through mteb's own TaskResult when mteb is installed.
 Without --data_dir the tasks come from the Hub (mteb/*-sts, sentence-transformers/stsb) through `datasets`.
 User errors (a missing or malformed task file, a bad flag) print one `error: ...` line and exit with status 2.
@@ -30,25 +30,21 @@ import time
 # a checkout runs its own simcse_hn, never an installed copy (check_own_checkout refuses a mix)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from simcse_hn import mteb_results
-from simcse_hn.comparability import data_fingerprint
-from simcse_hn.data import STS_FILES, STS_HUB, DataError, STSPairs, load_sts_pairs, load_sts_task, read_sts_jsonl
-from simcse_hn.errors import UserError
-from simcse_hn.evaluation import (
+from simcse_hn.data.sts import STS_FILES, STS_HUB, STSPairs, load_sts_pairs, load_sts_task, read_sts_jsonl
+from simcse_hn.errors import DataError, UserError
+from simcse_hn.evaluation import mteb_results
+from simcse_hn.evaluation.comparability import data_fingerprint
+from simcse_hn.evaluation.encoding import load_encoder
+from simcse_hn.evaluation.plots import plot_results
+from simcse_hn.evaluation.reports import model_label, results_markdown, results_table
+from simcse_hn.evaluation.results import PREDICTIONS, save_predictions, sts_results
+from simcse_hn.evaluation.scoring import (
     AGGREGATION_HELP,
     AGGREGATIONS,
-    PREDICTIONS,
     check_aggregation,
     encode_union,
-    load_encoder,
-    model_label,
     parse_tasks,
-    plot_results,
-    results_markdown,
-    results_table,
-    save_predictions,
     score_encoded_tasks,
-    sts_results,
 )
 from simcse_hn.provenance import check_own_checkout, code_identity
 
@@ -173,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     args.output = args.output or default_output(args.model)
     requested_model = args.model  # a builtin's Hub id names its MTEB files
     if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
-        from simcse_hn.modeling import resolve_packaged
+        from simcse_hn.modeling.loading import resolve_packaged
 
         args.model = resolve_packaged(args.model, field="--model")
     local_model = os.path.isdir(args.model)
@@ -184,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
     if args.push_to_hub and not hub_repo:
         raise DataError("--push_to_hub needs --hub_model_id when --model is a local folder")
     if args.pooler is not None:
-        from simcse_hn.config import POOLERS  # imports transformers: only when needed, so data errors come fast
+        from simcse_hn.modeling.model import (
+            POOLERS,  # imports transformers: only when needed, so data errors come fast
+        )
 
         if args.pooler not in POOLERS:
             raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
@@ -214,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     dev, dev_source = (None, None) if args.no_alignment_uniformity else load_stsb_dev(args.data_dir)
     curves = None
     if args.curves:
-        from simcse_hn.curves import load_curves
+        from simcse_hn.evaluation.curves import load_curves
 
         if not local_model:
             raise DataError(f"--curves needs a local training output folder; {args.model!r} is not one")
@@ -240,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     scores, predictions = score_encoded_tasks(embeddings, index, tasks, args.aggregation)
     geometry = None
     if dev is not None:
-        from simcse_hn.analysis import alignment_uniformity_encoded
+        from simcse_hn.evaluation.analysis import alignment_uniformity_encoded
 
         geometry = alignment_uniformity_encoded(embeddings, index, dev, device=info["device"])
         geometry["source"] = dev_source
@@ -301,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     if mteb_record is not None:
         written.append(f"MTEB result files ({os.path.join(args.output, mteb_record['folder'])})")
     if curves is not None:
-        from simcse_hn.curves import write_curves
+        from simcse_hn.evaluation.curves import write_curves
 
         written += [f"curves/{name}" for name in write_curves([curves], os.path.join(args.output, "curves"))]
     if args.save_to_model:
@@ -312,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     logger.info("wrote %s to %s", ", ".join(written), args.output)
 
     if args.push_to_hub:
-        from simcse_hn.hub import HubError, push_sts_results
+        from simcse_hn.export.hub import HubError, push_sts_results
 
         try:  # the token comes from HF_TOKEN or `hf auth login`
             push_sts_results(hub_repo, results, token=None)
@@ -340,8 +338,8 @@ def code_settings(model: str, other_code: str | None, require_same: bool = False
 def save_to_model(folder: str, results: dict) -> None:
     """sts_results.json into the model folder (listed in its manifest, so a push uploads it) and the card updated:
     its STS table and model-index replaced, the rest kept; a card simcse-hn did not write is left alone."""
+    from simcse_hn.export.model_card import card_is_ours, update_card_sts, write_model_card
     from simcse_hn.files import CARD, STS_RESULTS, record_files
-    from simcse_hn.model_card import card_is_ours, update_card_sts, write_model_card
 
     write_json(os.path.join(folder, STS_RESULTS), results)
     record_files(folder, [STS_RESULTS])
@@ -360,7 +358,7 @@ def save_to_model(folder: str, results: dict) -> None:
 def load_stsb_dev(data_dir: str | None) -> tuple[STSPairs | None, str | None]:
     """STS-B dev for alignment and uniformity: the `dev` rows of the data folder's stsb.jsonl, else the Hub copy's
     validation split. (None, None) with a log line when it is not there: the suite does not need it."""
-    from simcse_hn.analysis import positive_pairs
+    from simcse_hn.evaluation.analysis import positive_pairs
 
     if data_dir is not None:
         source = os.path.join(data_dir, STS_FILES["STS-B"])

@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from simcse_hn.config import ConfigError
+    from simcse_hn.errors import ConfigError
 
     if os.path.exists(args.output) and not args.overwrite:
         raise ConfigError(f"output: {args.output} exists (pass --overwrite to replace it)")
@@ -88,10 +88,10 @@ def mine(args: argparse.Namespace):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
-    from simcse_hn.config import ConfigError
-    from simcse_hn.data import DataError, load_sentences
-    from simcse_hn.modeling import load_encoder_config
-    from simcse_hn.pairs import NO_NEGATIVES, load_pairs
+    from simcse_hn.data.pairs import NO_NEGATIVES, load_pairs
+    from simcse_hn.data.sentences import load_sentences
+    from simcse_hn.errors import ConfigError, DataError
+    from simcse_hn.modeling.loading import load_encoder_config
 
     _check(args)
     load_encoder_config(args.model, field="model")  # a missing model is one line, before any data is read

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
 SIMCSE_CONFIG = "simcse_config.json"  # pooler, loss, hyper-parameters, training budget (SimCSEModel.save_pretrained)
 HEAD_WEIGHTS = "simcse_head.safetensors"  # SimCSE's MLP head
 LOSS_STATE = "simcse_loss_state.safetensors"  # an objective's own state (its buffers and parameters)
-ADAPTER_DIR = "adapter"  # a LoRA run's adapter in peft's format, beside the merged weights (simcse_hn.lora)
+ADAPTER_DIR = "adapter"  # a LoRA run's adapter in peft's format, beside the merged weights (simcse_hn.modeling.lora)
 MANIFEST = "simcse_files.json"  # the files the last save wrote: the Hub upload is exactly these
 STS_RESULTS = "sts_results.json"  # eval/sts.py --save_to_model
 CARD = "README.md"
-RUN_MARKER = "simcse_run.json"  # an output folder simcse-hn writes, and its run family's id (simcse_hn.checkpoints)
+# an output folder simcse-hn writes, and its run family's id (simcse_hn.training.checkpoints)
+RUN_MARKER = "simcse_run.json"
 
 
 # Suffixes of the files a user points simcse-hn at: a name ending so is a local file that does not exist (yet), not a
@@ -23,8 +26,6 @@ _FILE_SUFFIXES = (".txt", ".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow
 def is_hub_id(name: str | None) -> bool:
     """'owner/name' or 'name' as the Hub spells repo ids, that is not an existing path, a relative or absolute path, a
     data file's name or a builtin ('builtin:tiny-bert')."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     if not name or ":" in name or os.path.exists(name) or name.startswith((".", "/", "~")):
         return False
     if name.count("/") > 1 or name.lower().endswith(_FILE_SUFFIXES):

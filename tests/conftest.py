@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))  # train.py and eval/ live at the top level
 
 
 def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Targets built independently of simcse_hn.data.contrastive_targets, for the loss references.
+    """Targets built independently of simcse_hn.losses.targets.contrastive_targets, for the loss references.
 
     Rows [a, a', b, b', ...]: positive of i is i ^ 1, negatives are all rows but i and i ^ 1."""
     rows = torch.arange(num_rows)
@@ -33,7 +33,7 @@ def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 def square_targets(num_rows: int):
     """`symmetric_targets` as the training loop's ContrastiveTargets on one process: anchor i is candidate i, so its
     checked facts (anchors_are_candidates, standard_negatives) hold and the losses' shortcuts apply."""
-    from simcse_hn.targets import ContrastiveTargets
+    from simcse_hn.losses.targets import ContrastiveTargets
 
     positive_index, negative_mask = symmetric_targets(num_rows)
     return ContrastiveTargets(positive_index, negative_mask, anchor_index=torch.arange(num_rows))

@@ -45,9 +45,9 @@ from dist_worker_common import (  # noqa: E402
     rank_texts,
 )
 
-from simcse_hn import distributed, grad_cache  # noqa: E402
-from simcse_hn.data import SimCSECollator  # noqa: E402
-from simcse_hn.modeling import build_tiny_bert  # noqa: E402
+from simcse_hn.data.collator import SimCSECollator  # noqa: E402
+from simcse_hn.testing import build_tiny_bert  # noqa: E402
+from simcse_hn.training import distributed, grad_cache  # noqa: E402
 
 DROPOUT = 0.1
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import torch
 from doc_examples import shared_objective
 
-from simcse_hn.config import SimCSETrainingArguments
-from simcse_hn.data import load_sts_pairs
+from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
+from simcse_hn.data.sts import load_sts_pairs
 from simcse_hn.losses import LOSSES, build_loss
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.trainer import SimCSETrainer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
+from simcse_hn.training.trainer import SimCSETrainer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TEMPERATURE = 0.1  # tiny random encoders give cosines near 1: a larger t keeps every loss's terms alive
@@ -154,7 +155,7 @@ def paired_cases() -> list[tuple[str, str, int | None, str | None]]:
 
 
 class TinyGuide(torch.nn.Module):
-    """A frozen guide model (another seeded tiny BERT) on the `guide_*` features: what simcse_hn.guide.Guide does
+    """A frozen guide model (another seeded tiny BERT) on the `guide_*` features: what simcse_hn.data.guide.Guide does
     with a sentence-transformers model."""
 
     def __init__(self):

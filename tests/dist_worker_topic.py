@@ -10,11 +10,12 @@ import sys
 import datasets
 import torch
 
-from simcse_hn.config import SimCSETrainingArguments
+from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
+from simcse_hn.data.pairs import PairCollator
 from simcse_hn.losses import build_loss
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.pairs import PairCollator
-from simcse_hn.trainer import SimCSETrainer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
+from simcse_hn.training.trainer import SimCSETrainer
 
 EXAMPLES, PER_DEVICE, CLUSTERS = 64, 4, 4
 

@@ -1,4 +1,4 @@
-"""A stand-in for the Hugging Face Hub on 127.0.0.1, for offline tests of simcse_hn.hub.
+"""A stand-in for the Hugging Face Hub on 127.0.0.1, for offline tests of simcse_hn.export.hub.
 
 It serves just what huggingface_hub 2.4 calls for `create_repo`, `upload_folder` (preupload + commit), `create_commit`,
 `hf_hub_download` and `whoami`:

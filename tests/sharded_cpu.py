@@ -77,6 +77,6 @@ if __name__ == "__main__":
 
     if not use_cpu():  # train.py adds --use_cpu true under a launcher without GPUs
         train._cpu_fallback = lambda argv: list(argv)
-    from simcse_hn.process_exit import finish
+    from simcse_hn.training.process_exit import finish
 
-    finish(train.main(sys.argv[1:]))  # see simcse_hn/process_exit.py
+    finish(train.main(sys.argv[1:]))  # see simcse_hn/training/process_exit.py

@@ -31,9 +31,10 @@ import torch  # noqa: E402
 from dist_worker_common import CACHE_SENTENCES, global_texts, make_loss, make_model, make_trainer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from simcse_hn import distributed  # noqa: E402
-from simcse_hn.data import SimCSECollator, load_sentence_stream  # noqa: E402
-from simcse_hn.modeling import build_tiny_bert  # noqa: E402
+from simcse_hn.data.collator import SimCSECollator  # noqa: E402
+from simcse_hn.data.sentences import load_sentence_stream  # noqa: E402
+from simcse_hn.testing import build_tiny_bert  # noqa: E402
+from simcse_hn.training import distributed  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "tiny_corpus.txt"
 
@@ -169,6 +170,6 @@ def main(out_dir: str) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main(sys.argv[1])
-    from simcse_hn.process_exit import finish
+    from simcse_hn.training.process_exit import finish
 
-    finish(0)  # see simcse_hn/process_exit.py
+    finish(0)  # see simcse_hn/training/process_exit.py

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import torch
 
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_packing_probe", ROOT / "bench" / "packing_probe.py")

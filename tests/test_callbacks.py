@@ -7,8 +7,8 @@ import logging
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from simcse_hn.callbacks import ClampWarningCallback
-from simcse_hn.config import parse_args
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.training.callbacks import ClampWarningCallback
 
 
 def arguments(tmp_path, *flags):
@@ -21,7 +21,8 @@ def log(callback, args, clamp_frac, step=50, main=True):
 
 
 def warnings(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "simcse_hn.callbacks" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records
+            if r.name == "simcse_hn.training.callbacks" and r.levelno == logging.WARNING]
 
 
 def test_warns_once_naming_the_setting(tmp_path, caplog):

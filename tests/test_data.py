@@ -6,17 +6,13 @@ import pytest
 import torch
 from conftest import FIXTURES
 
-from simcse_hn.config import ConfigError
-from simcse_hn.data import (
-    DataError,
-    SimCSECollator,
-    contrastive_targets,
-    load_sentences,
-    load_sts_pairs,
-    model_inputs,
-    text_id,
-)
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+from simcse_hn.data.collator import SimCSECollator, model_inputs, text_id
+from simcse_hn.data.sentences import load_sentences
+from simcse_hn.data.sts import load_sts_pairs
+from simcse_hn.errors import ConfigError, DataError
+from simcse_hn.losses.targets import contrastive_targets
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +180,7 @@ def test_dataset_name_route_passes_config_split_and_files_to_datasets(monkeypatc
     import datasets
 
     import train
-    from simcse_hn.config import parse_args
+    from simcse_hn.configuration.parser import parse_args
 
     calls = []
 

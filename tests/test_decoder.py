@@ -12,8 +12,10 @@ from test_hub import run_snippet, snippet, train_args
 from transformers import AutoConfig, AutoTokenizer
 
 import train
-from simcse_hn.model_card import write_model_card
-from simcse_hn.modeling import TINY_LLAMA, SimCSEModel, last_token, load_tokenizer
+from simcse_hn.export.model_card import write_model_card
+from simcse_hn.modeling.loading import load_tokenizer
+from simcse_hn.modeling.model import SimCSEModel, last_token
+from simcse_hn.testing import TINY_LLAMA
 
 SENTENCES = ["A man is playing a large guitar on the stage.", "Someone plays.", "The weather is cold today!"]
 

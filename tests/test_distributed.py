@@ -30,9 +30,9 @@ from dist_worker_common import (
     relative_error,
 )
 
-from simcse_hn import distributed
 from simcse_hn.losses import LOSSES
-from simcse_hn.modeling import build_tiny_bert
+from simcse_hn.testing import build_tiny_bert
+from simcse_hn.training import distributed
 
 CASES = cases()
 IDS = [case for case, _, _ in CASES]

@@ -12,19 +12,20 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from simcse_hn.data import STS_FILES, STS_TASKS, DataError, load_sts_task, read_sts_jsonl
-from simcse_hn.evaluation import (
+from simcse_hn.data.sts import STS_FILES, STS_TASKS, load_sts_task, read_sts_jsonl
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation.encoding import (
     encoder_backend,
     iter_prepared_batches,
     load_encoder,
-    parse_tasks,
-    score_sts_tasks,
     sentence_transformers_encode_fn,
     simcse_encode_fn,
-    sts_spearman,
     token_length_batches,
 )
-from simcse_hn.modeling import TINY_LLAMA, SimCSEModel, build_tiny_bert, load_tokenizer
+from simcse_hn.evaluation.scoring import parse_tasks, score_sts_tasks, sts_spearman
+from simcse_hn.modeling.loading import load_tokenizer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import TINY_LLAMA, build_tiny_bert
 
 WORDS = (
     "a the man woman dog cat child plays runs eats reads sings guitar piano ball book food park street car "
@@ -449,7 +450,7 @@ def fake_hub(monkeypatch, data_dir, sickr_split_column: bool):
     column; its SICK-R 'test' split holds every pair)."""
     calls = []
     by_id = {}
-    from simcse_hn.data import STS_HUB
+    from simcse_hn.data.sts import STS_HUB
 
     for task, hub_id in STS_HUB.items():
         rows = [json.loads(line) for line in (data_dir / STS_FILES[task]).read_text().splitlines()]
@@ -540,7 +541,7 @@ def two_threads():
 def test_map_batches_runs_batches_side_by_side_on_a_cpu_and_restores_the_thread_count(two_threads):
     import threading
 
-    from simcse_hn.modeling import map_batches
+    from simcse_hn.modeling.batching import map_batches
 
     barrier = threading.Barrier(2, timeout=30)  # passes only when two batches run at the same time
     seen = []
@@ -561,7 +562,7 @@ def test_map_batches_runs_batches_side_by_side_on_a_cpu_and_restores_the_thread_
 def test_map_batches_runs_the_first_batches_while_an_iterator_still_yields(two_threads):
     import threading
 
-    from simcse_hn.modeling import map_batches
+    from simcse_hn.modeling.batching import map_batches
 
     started = threading.Event()
 
@@ -580,7 +581,7 @@ def test_map_batches_runs_the_first_batches_while_an_iterator_still_yields(two_t
 
 
 def test_map_batches_restores_the_thread_count_when_a_batch_fails(two_threads):
-    from simcse_hn.modeling import map_batches
+    from simcse_hn.modeling.batching import map_batches
 
     def fn(batch):
         if batch == 3:
@@ -598,7 +599,7 @@ def test_encoders_side_by_side_equal_one_batch_after_the_other(st_folder, tasks,
     from sentence_transformers import SentenceTransformer
 
     sentences = list(dict.fromkeys(s for t in tasks for p in t.subsets.values() for s in p.sentence1 + p.sentence2))
-    from simcse_hn.evaluation import _plain_sentence_transformer
+    from simcse_hn.evaluation.encoding import _plain_sentence_transformer
 
     st = SentenceTransformer(st_folder, device="cpu")
     assert _plain_sentence_transformer(st)  # its forward on features made beforehand: the side-by-side path
@@ -618,7 +619,7 @@ def test_a_sentence_transformer_with_a_default_prompt_keeps_its_own_encode(st_fo
     `encode`, batch after batch, and gets the prompt (the dimension)."""
     from sentence_transformers import SentenceTransformer
 
-    from simcse_hn.evaluation import _plain_sentence_transformer
+    from simcse_hn.evaluation.encoding import _plain_sentence_transformer
 
     sentences = ["a man plays a guitar", "the cat sat", "x"]
     st = SentenceTransformer(st_folder, device="cpu", prompts={"query": "query: "}, default_prompt_name="query")

@@ -1,4 +1,4 @@
-"""GradCache (simcse_hn/grad_cache.py) through SimCSETrainer.training_step, one process, float64 tiny BERT.
+"""GradCache (simcse_hn/training/grad_cache.py) through SimCSETrainer.training_step, one process, float64 tiny BERT.
 
 With dropout on, the reference is the plain step with the same dropout masks: the same mini-batches embedded with
 a graph from the same RNG state, one loss over all rows, one backward. With dropout off it is the Trainer's own
@@ -26,7 +26,7 @@ from dist_worker_common import (
     relative_error,
 )
 
-from simcse_hn import grad_cache
+from simcse_hn.training import grad_cache
 
 CASES = cases()
 IDS = [case for case, _, _ in CASES]

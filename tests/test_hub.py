@@ -20,11 +20,13 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
 import train
-from simcse_hn import hub, model_card
-from simcse_hn.data import STS_TASKS
-from simcse_hn.hub import HubTarget
-from simcse_hn.modeling import TINY_MODEL, SimCSEModel, load_tokenizer
-from simcse_hn.mteb_results import MTEB_TASKS
+from simcse_hn.data.sts import STS_TASKS
+from simcse_hn.evaluation.mteb_results import MTEB_TASKS
+from simcse_hn.export import hub, model_card
+from simcse_hn.export.hub import HubTarget
+from simcse_hn.modeling.loading import load_tokenizer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import TINY_MODEL
 
 # The first sentence is longer than the training max_seq_length=32 (character-level tokenizer): the saved folder keeps
 # the encoder's own 128-token limit, so every path must encode it whole.

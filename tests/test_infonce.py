@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from simcse_hn.data import contrastive_targets
 from simcse_hn.losses import build_loss
+from simcse_hn.losses.targets import contrastive_targets
 
 
 def _views(num_sentences=6, dim=8, seed=0):

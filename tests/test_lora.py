@@ -26,7 +26,9 @@ from test_hub import train_args
 from transformers import AutoModel
 
 import train
-from simcse_hn.modeling import TINY_MODEL, SimCSEModel, load_tokenizer
+from simcse_hn.modeling.loading import load_tokenizer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import TINY_MODEL
 
 pytest.importorskip("peft")
 

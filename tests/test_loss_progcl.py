@@ -565,7 +565,7 @@ def test_closed_form_pairing_equals_the_general_one_under_standard_negatives(ran
     construction (cumulative sums over the mask) must give the same partner for every negative, on one process
     (anchors are the candidates) and on the second of two (anchors are rows 16..31 of 32 candidates)."""
     from simcse_hn.losses.progcl import standard_partners
-    from simcse_hn.targets import build_targets
+    from simcse_hn.losses.targets import build_targets
 
     targets = build_targets(16, "symmetric", offset=16 * rank, num_candidates=16 * (rank + 1))
     assert targets.standard_negatives

@@ -14,10 +14,11 @@ from scipy.stats import pearsonr, spearmanr
 from test_reports_compare import write_run
 from test_sts_cli import absolute_paths, load_script, write_data
 
-from simcse_hn import mteb_results
-from simcse_hn.data import STS_TASKS, load_sts_task
-from simcse_hn.evaluation import load_encoder
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+from simcse_hn.data.sts import STS_TASKS, load_sts_task
+from simcse_hn.evaluation import mteb_results
+from simcse_hn.evaluation.encoding import load_encoder
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_mteb = pytest.mark.skipif(not mteb_results.mteb_installed(), reason="mteb is not installed (the [mteb] extra)")

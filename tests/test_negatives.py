@@ -9,7 +9,7 @@ import torch
 from conftest import FIXTURES
 
 from simcse_hn.losses import build_loss
-from simcse_hn.trainer import contrastive_loss
+from simcse_hn.training.trainer import contrastive_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -46,14 +46,15 @@ def test_report_lists_the_most_similar_negatives_with_each_objectives_weight(tmp
 
 def test_weights_are_the_losses_own(tmp_path):
     """weigh_batch's HCL weights equal HCLLoss's on the same rows (dropout off, so the rows are reproducible)."""
-    from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+    from simcse_hn.modeling.model import SimCSEModel
+    from simcse_hn.testing import build_tiny_bert
 
     negatives = load_script()
     encoder, tokenizer = build_tiny_bert(dropout=0.0)
     model = SimCSEModel(encoder, pooler="avg")
     texts = (FIXTURES / "tiny_corpus.txt").read_text().splitlines()[:8]
     sim, weights, mask, _ = negatives.weigh_batch(model, tokenizer, texts, ["hcl"], 0.05, 32)
-    from simcse_hn.data import SimCSECollator
+    from simcse_hn.data.collator import SimCSECollator
 
     batch = SimCSECollator(tokenizer, 32)(texts)
     batch.pop("text_ids"), batch.pop("num_truncated")

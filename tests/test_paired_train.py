@@ -13,8 +13,9 @@ import torch
 from conftest import FIXTURES, ROOT
 
 import train
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.pairs import load_pairs
+from simcse_hn.data.pairs import load_pairs
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
 
 
 def _load_script():
@@ -112,11 +113,11 @@ def test_train_on_mined_pairs_with_a_guide_model(encoder, pairs, tmp_path, tiny_
 
 
 def test_the_guide_embeds_as_sentence_transformers_does(encoder):
-    """simcse_hn.guide.Guide: its own tokenisation of the texts and a forward without gradient give the
+    """simcse_hn.data.guide.Guide: its own tokenisation of the texts and a forward without gradient give the
     sentence-transformers model's encode()."""
     from sentence_transformers import SentenceTransformer
 
-    from simcse_hn.guide import load_guide
+    from simcse_hn.data.guide import load_guide
 
     texts = ["A man is playing a guitar.", "The weather is cold today.", "short"]
     guide = load_guide(encoder)

@@ -1,4 +1,4 @@
-"""Paired training data (simcse_hn/pairs.py): sentence-transformers' column conventions, SimCSE's NLI file read as
+"""Paired training data (simcse_hn/data/pairs.py): sentence-transformers' column conventions, SimCSE's NLI file read as
 is, one-line errors naming file, line and column, how --data_format decides, and the collator's rows."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import torch
 from conftest import FIXTURES
 
 import train
-from simcse_hn.data import DataError, text_id
-from simcse_hn.modeling import build_tiny_bert
-from simcse_hn.pairs import PairCollator, load_pairs, num_negatives, resolve_data_format
+from simcse_hn.data.collator import text_id
+from simcse_hn.data.pairs import PairCollator, load_pairs, num_negatives, resolve_data_format
+from simcse_hn.errors import DataError
+from simcse_hn.testing import build_tiny_bert
 
 NLI = (
     "\ufeffsent0,sent1,hard_neg\n"  # SimCSE's nli_for_simcse.csv header (here with a byte-order mark)
@@ -117,7 +118,7 @@ def test_bad_paired_data_gives_a_one_line_error(tmp_path, name, content, kwargs,
 
 
 def test_the_readers_of_single_sentences_guard_pairs_too(tmp_path):
-    """NUL bytes and bytes that are not UTF-8 fail as they do for sentences (simcse_hn.data._read_text)."""
+    """NUL bytes and bytes that are not UTF-8 fail as they do for sentences (simcse_hn.data.sentences._read_text)."""
     cases = [("nul.csv", b"sent0,sent1\na\x00,p\n", "nul.csv:2: NUL byte"),
              ("utf.jsonl", b'{"anchor": "a", "positive": "\xff"}\n', "utf.jsonl:1: not valid UTF-8")]
     for name, raw, message in cases:
@@ -177,7 +178,7 @@ def test_single_sentence_batches_carry_each_sentence_once_for_the_guide(tmp_path
     """Single sentences: the guide embeds each sentence once and its embedding serves both views [a, a']."""
     from dist_worker_common import TinyGuide, make_loss, make_model, make_trainer
 
-    from simcse_hn.data import SimCSECollator
+    from simcse_hn.data.collator import SimCSECollator
 
     _, tokenizer = build_tiny_bert()
     guide = TinyGuide()

@@ -1,4 +1,4 @@
-"""simcse_hn.process_exit.finish: the exit of a launched process (issue 39)."""
+"""simcse_hn.training.process_exit.finish: the exit of a launched process (issue 39)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from conftest import ROOT
 
 PROGRAM = """
 import atexit, sys, threading, time
-from simcse_hn.process_exit import finish
+from simcse_hn.training.process_exit import finish
 atexit.register(lambda: print("atexit ran", flush=True))
 t = threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined", flush=True)))
 t.start()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import train
-from simcse_hn.data import DataError
-from simcse_hn.modeling import SimCSEModel
+from simcse_hn.errors import DataError
+from simcse_hn.modeling.model import SimCSEModel
 
 
 def nan_embeddings_at(monkeypatch, training_call: int) -> None:
@@ -67,7 +67,7 @@ def test_the_gradient_guard_skips_exactly_the_steps_with_a_nonfinite_gradient(po
     large, pass untouched."""
     from types import SimpleNamespace
 
-    from simcse_hn.trainer import _NonFiniteGradientGuard
+    from simcse_hn.training.trainer import _NonFiniteGradientGuard
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     for p in model.parameters():

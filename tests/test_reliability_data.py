@@ -9,7 +9,9 @@ import logging
 
 import pytest
 
-from simcse_hn.data import DataError, load_sentences, load_sts_pairs, load_sts_task, read_sts_jsonl
+from simcse_hn.data.sentences import load_sentences
+from simcse_hn.data.sts import load_sts_pairs, load_sts_task, read_sts_jsonl
+from simcse_hn.errors import DataError
 
 BOM = b"\xef\xbb\xbf"
 

@@ -11,7 +11,8 @@ from test_hub import train_args
 from transformers import BertConfig, DebertaV2Config, MPNetConfig, RobertaConfig
 
 import train
-from simcse_hn.modeling import SimCSEModel, model_max_length
+from simcse_hn.modeling.loading import model_max_length
+from simcse_hn.modeling.model import SimCSEModel
 
 
 @pytest.fixture

@@ -10,8 +10,10 @@ import pytest
 from test_hub import files_snapshot, train_args
 
 import train
-from simcse_hn import model_card
-from simcse_hn.modeling import TINY_MODEL, SimCSEModel, load_tokenizer
+from simcse_hn.export import model_card
+from simcse_hn.modeling.loading import load_tokenizer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import TINY_MODEL
 
 
 def _someone_elses(folder: Path) -> dict[str, bytes]:

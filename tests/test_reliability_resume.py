@@ -16,8 +16,8 @@ from test_hub import train_args
 from test_resume import _run, _weights
 
 import train
-from simcse_hn.checkpoints import resolve_resume
-from simcse_hn.config import ConfigError
+from simcse_hn.errors import ConfigError
+from simcse_hn.training.checkpoints import resolve_resume
 
 
 def _truncate(path, keep: float = 0.5) -> None:

@@ -8,8 +8,9 @@ import pytest
 from test_hub import train_args
 
 import train
-from simcse_hn.config import ConfigError, parse_args
-from simcse_hn.modeling import SimCSEModel
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.errors import ConfigError
+from simcse_hn.modeling.model import SimCSEModel
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,9 @@ import pytest
 from test_hub import train_args
 
 import train
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert, load_tokenizer
+from simcse_hn.modeling.loading import load_tokenizer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
 
 
 @pytest.fixture

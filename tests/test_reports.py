@@ -14,20 +14,13 @@ import torch
 from conftest import ROOT, numpy_alignment, numpy_uniformity
 from scipy.stats import spearmanr
 
-from simcse_hn.analysis import alignment, alignment_uniformity, alignment_uniformity_encoded, uniformity
-from simcse_hn.data import DataError, STSPairs
-from simcse_hn.evaluation import (
-    STS_METRIC,
-    fitted_limits,
-    load_predictions,
-    model_label,
-    plot_results,
-    save_predictions,
-    spearman_x100,
-    sts_dev_metrics,
-    sts_spearman,
-    unique_labels,
-)
+from simcse_hn.data.sts import STSPairs
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation.analysis import alignment, alignment_uniformity, alignment_uniformity_encoded, uniformity
+from simcse_hn.evaluation.plots import fitted_limits, plot_results
+from simcse_hn.evaluation.reports import model_label, unique_labels
+from simcse_hn.evaluation.results import load_predictions, save_predictions
+from simcse_hn.evaluation.scoring import STS_METRIC, spearman_x100, sts_dev_metrics, sts_spearman
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -166,7 +159,7 @@ def test_evaluate_loads_the_sts_metric_offline_and_it_gives_scipys_spearman(tmp_
 
 
 def test_the_suite_computes_every_correlation_through_the_metric(monkeypatch):
-    from simcse_hn import evaluation
+    from simcse_hn.evaluation import scoring as evaluation
 
     metric = evaluation.sts_metric()
     calls = []

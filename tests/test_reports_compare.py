@@ -11,8 +11,8 @@ from scipy import stats as scipy_stats
 from scipy.stats import spearmanr
 from test_sts_cli import load_script
 
-from simcse_hn import stats
-from simcse_hn.evaluation import save_predictions
+from simcse_hn.evaluation import stats
+from simcse_hn.evaluation.results import save_predictions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -217,9 +217,9 @@ def test_checkpoints_of_one_run_are_one_replicate_and_a_path_in_the_geometry_cha
         results["model"] = f"/train/infonce/checkpoint-{step}"
         (tmp_path / f"ckpt{step}" / "results.json").write_text(json.dumps(results))
     drawn = []
-    import simcse_hn.analysis
+    import simcse_hn.evaluation.plots
 
-    monkeypatch.setattr(simcse_hn.analysis, "plot_alignment_uniformity",
+    monkeypatch.setattr(simcse_hn.evaluation.plots, "plot_alignment_uniformity",
                         lambda series, path, caption=None, connect=True: drawn.append((series, connect)))  # fmt: skip
     paths = [str(tmp_path / name) for name in ("ckpt500", "ckpt125", "ckpt250")]
     assert compare.main([*paths, "--output", str(tmp_path / "cmp")]) == 0

@@ -12,8 +12,8 @@ from conftest import FIXTURES, ROOT
 from test_sts_cli import load_script, write_data
 
 import train
-from simcse_hn.curves import event_folders, load_curves, read_tensorboard, write_curves
-from simcse_hn.data import DataError
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation.curves import event_folders, load_curves, read_tensorboard, write_curves
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

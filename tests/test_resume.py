@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 CRASH = """
 import os, sys, train
 from transformers import TrainerCallback
-from simcse_hn.trainer import SimCSETrainer
+from simcse_hn.training.trainer import SimCSETrainer
 
 where = os.environ["CRASH"]
 
@@ -115,8 +115,8 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path, loss_args, crash, resu
 
 
 def test_resume_needs_a_complete_checkpoint(tmp_path):
-    from simcse_hn.checkpoints import claim_output_dir, resolve_resume
-    from simcse_hn.config import ConfigError
+    from simcse_hn.errors import ConfigError
+    from simcse_hn.training.checkpoints import claim_output_dir, resolve_resume
 
     (tmp_path / "checkpoint-3").mkdir()
     with pytest.raises(ConfigError, match="was not written by simcse-hn"):

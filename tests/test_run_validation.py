@@ -1,6 +1,6 @@
-"""Combinations that cannot work are refused by one validation of the resolved run (simcse_hn.resolved), with one
-line naming the settings, before any model (or its config) or data rows load, from every way a user reaches them: a
-flag, a YAML key, or the data's own columns (auto-detection, in memory and streamed). A hint in an error never
+"""Combinations that cannot work are refused by one validation of the resolved run (simcse_hn.configuration.resolved),
+with one line naming the settings, before any model (or its config) or data rows load, from every way a user reaches
+them: a flag, a YAML key, or the data's own columns (auto-detection, in memory and streamed). A hint in an error never
 leads to a run that drops data silently."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from conftest import FIXTURES, ROOT
 from test_scale_config import HAS_DEEPSPEED, deepspeed_errors, zero
 
 import train
-from simcse_hn.config import ConfigError, parse_args
-from simcse_hn.data import DataError, load_sentences
-from simcse_hn.resolved import CHECKS, ResolvedData, resolve_data, resolve_run
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.configuration.resolved import CHECKS, ResolvedData, resolve_data, resolve_run
+from simcse_hn.data.sentences import load_sentences
+from simcse_hn.errors import ConfigError, DataError
 
 STREAM_PAIRS = ("streaming: streams single-sentence corpora only; paired data (data_format pairs, "
                 "hard_negative_weight) ")

@@ -1,4 +1,4 @@
-"""Batches without duplicates (simcse_hn/sampling.py) and the trainer's sampler hook: every gathered batch holds
+"""Batches without duplicates (simcse_hn/data/sampling.py) and the trainer's sampler hook: every gathered batch holds
 distinct texts, accelerate's sharding deals each gathered batch out to the processes, and a resumed run draws the
 batches of an uninterrupted one."""
 
@@ -13,12 +13,13 @@ import torch
 from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler, RandomSampler
 
-from simcse_hn.config import SimCSETrainingArguments
+from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
+from simcse_hn.data.pairs import PairCollator
+from simcse_hn.data.sampling import NoDuplicatesSampler
 from simcse_hn.losses import build_loss
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.pairs import PairCollator
-from simcse_hn.sampling import NoDuplicatesSampler
-from simcse_hn.trainer import SimCSETrainer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
+from simcse_hn.training.trainer import SimCSETrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -58,14 +59,14 @@ def test_the_order_depends_on_seed_and_epoch_only():
 
 def test_many_duplicates_take_reshuffled_passes_and_say_so(caplog):
     rows = [(f"premise {i % 5}", f"hypothesis {i}") for i in range(40)]  # at most 5 examples per window of 5
-    with caplog.at_level(logging.WARNING, logger="simcse_hn.sampling"):
+    with caplog.at_level(logging.WARNING, logger="simcse_hn.data.sampling"):
         order = list(NoDuplicatesSampler(rows, 5, seed=0))
     assert len(order) == 40
     for start in range(0, 40, 5):
         window = texts_of(rows, order[start : start + 5])
         assert len(window) == len(set(window))
     impossible = [("same", f"other {i}") for i in range(12)]  # one anchor for all: no window of 2 without a repeat
-    with caplog.at_level(logging.WARNING, logger="simcse_hn.sampling"):
+    with caplog.at_level(logging.WARNING, logger="simcse_hn.data.sampling"):
         assert len(list(NoDuplicatesSampler(impossible, 2))) == 12
     assert "hold a repeated text" in caplog.text
 
@@ -125,7 +126,7 @@ def test_the_trainer_samples_without_duplicates_for_pairs_by_default(tmp_path):
         ids = [tuple(row[row != 0].tolist()) for row in batch["input_ids"]]
         assert len(ids) == 24 and len(set(ids)) == 24  # 8 examples x 3 texts, none twice
     sentences = datasets.Dataset.from_dict({"text": [r[0] for r in rows]})
-    from simcse_hn.data import SimCSECollator
+    from simcse_hn.data.collator import SimCSECollator
 
     plain = make_trainer(tmp_path, sentences, SimCSECollator(tokenizer, 16))
     assert not plain.no_duplicates and plain.group_size is None

@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT
 
 import train
-from simcse_hn.config import ConfigError, parse_args
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.errors import ConfigError
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
@@ -23,7 +24,8 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 # (transformers' deepspeed weakref): each case runs in a subprocess, as train.py would under `accelerate launch`.
 DEEPSPEED_CASES = """
 import json, os, sys
-from simcse_hn.config import ConfigError, parse_args
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.errors import ConfigError
 out = {}
 for name, env, extra in json.loads(sys.argv[1]):
     os.environ.update(env)

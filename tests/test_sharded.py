@@ -138,8 +138,9 @@ def test_stopped_sharded_run_resumes_to_the_uninterrupted_weights(engine, kind, 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_each_process_trains_on_its_own_share_of_a_streamed_corpus(engine, tmp_path_factory):
     """Not re-sharded by accelerate nor dispatched from process 0: process r's batches are its split of the stream."""
-    from simcse_hn.data import SimCSECollator, load_sentence_stream
-    from simcse_hn.modeling import build_tiny_bert
+    from simcse_hn.data.collator import SimCSECollator
+    from simcse_hn.data.sentences import load_sentence_stream
+    from simcse_hn.testing import build_tiny_bert
 
     folder = runs(engine, tmp_path_factory) / "stream"
     collate = SimCSECollator(build_tiny_bert()[1], max_length=24)
@@ -160,7 +161,8 @@ def test_train_py_under_the_shipped_config(engine, tmp_path):
     own FSDP checkpoint, and the folder loads in sentence-transformers with SimCSEModel's embeddings."""
     from sentence_transformers import SentenceTransformer
 
-    from simcse_hn.modeling import SimCSEModel, load_tokenizer
+    from simcse_hn.modeling.loading import load_tokenizer
+    from simcse_hn.modeling.model import SimCSEModel
 
     out = tmp_path / "out"
     args = ["--config", "configs/debug_tiny.yaml", "--train_file", str(FIXTURES / "tiny_corpus.txt"),

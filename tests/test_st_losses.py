@@ -10,9 +10,10 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
-from simcse_hn import st_losses
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.trainer import contrastive_loss
+from simcse_hn.export import st_losses
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
+from simcse_hn.training.trainer import contrastive_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

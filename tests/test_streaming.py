@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 from test_hub import train_args
 
 import train
-from simcse_hn.data import DataError, load_sentence_stream, load_sentences
-from simcse_hn.trainer import SimCSETrainer
+from simcse_hn.data.sentences import load_sentence_stream, load_sentences
+from simcse_hn.errors import DataError
+from simcse_hn.training.trainer import SimCSETrainer
 
 
 def first(stream, count: int) -> list[str]:

@@ -18,9 +18,12 @@ from conftest import ROOT, numpy_alignment, numpy_uniformity
 from huggingface_hub import ModelCard
 from scipy.stats import spearmanr
 
-from simcse_hn.data import STS_TASKS, load_sts_task
-from simcse_hn.evaluation import load_encoder, load_predictions, score_sts_tasks
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
+from simcse_hn.data.sts import STS_TASKS, load_sts_task
+from simcse_hn.evaluation.encoding import load_encoder
+from simcse_hn.evaluation.results import load_predictions
+from simcse_hn.evaluation.scoring import score_sts_tasks
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
 
 RESULT_KEYS = {"model", "pooler", "aggregation", "sickr_pairs", "date", "versions", "settings", "training", "tasks",
                "average", "alignment_uniformity"}  # fmt: skip
@@ -102,7 +105,7 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 def test_save_to_model_updates_a_trained_models_card_and_reports_go_beside_the_folder(tmp_path):
     """A card written at the end of training keeps everything but its STS part; without --output the report goes
     next to the model folder, not into it."""
-    from simcse_hn.model_card import write_model_card
+    from simcse_hn.export.model_card import write_model_card
 
     folder = tmp_path / "trained"
     encoder, tokenizer = build_tiny_bert(seed=5, dropout=0.0)
@@ -263,14 +266,14 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
 
 
 def test_cli_sickr_all_and_push_to_hub(tmp_path, monkeypatch, capsys):
-    import simcse_hn.hub
+    import simcse_hn.export.hub
 
     pushed = []
 
     def push_sts_results(repo_id: str, results: dict, token: str | None = None) -> None:
         pushed.append((repo_id, results, token))
 
-    monkeypatch.setattr(simcse_hn.hub, "push_sts_results", push_sts_results, raising=False)
+    monkeypatch.setattr(simcse_hn.export.hub, "push_sts_results", push_sts_results, raising=False)
     sts = load_script("sts")
     data = write_data(tmp_path / "sts", pairs_per_subset=4)
     out = tmp_path / "out"
@@ -285,9 +288,9 @@ def test_cli_sickr_all_and_push_to_hub(tmp_path, monkeypatch, capsys):
     assert pushed == [("me/tiny", results, None)]
 
     def refuse(repo_id, results, token=None):
-        raise simcse_hn.hub.HubError(f"push STS results to {repo_id}: 401 Unauthorized")
+        raise simcse_hn.export.hub.HubError(f"push STS results to {repo_id}: 401 Unauthorized")
 
-    monkeypatch.setattr(simcse_hn.hub, "push_sts_results", refuse)
+    monkeypatch.setattr(simcse_hn.export.hub, "push_sts_results", refuse)
     capsys.readouterr()
     assert sts.main(argv) == 2
     assert capsys.readouterr().err.splitlines()[-1] == "error: push STS results to me/tiny: 401 Unauthorized"

@@ -1,6 +1,6 @@
-"""Topic-aware batches (simcse_hn/topic_batches.py): every gathered batch drawn from one k-means cluster, the share
-option, an order that depends on seed, epoch and assignment only (so a resumed run skips to the same batches), the
-same batches on two processes, paired data, GradCache, and one-line errors."""
+"""Topic-aware batches (simcse_hn/data/topic_batches.py): every gathered batch drawn from one k-means cluster, the
+share option, an order that depends on seed, epoch and assignment only (so a resumed run skips to the same batches),
+the same batches on two processes, paired data, GradCache, and one-line errors."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from torch.utils.data import BatchSampler, DataLoader
 from transformers import TrainerCallback
 
 import train
-from simcse_hn.config import SimCSETrainingArguments
+from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
+from simcse_hn.data.topic_batches import InForce, TopicBatchSampler, kmeans
 from simcse_hn.losses import build_loss
-from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.topic_batches import InForce, TopicBatchSampler, kmeans
-from simcse_hn.trainer import TOPIC_CLUSTERS_FILE, SimCSETrainer
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing import build_tiny_bert
+from simcse_hn.training.trainer import TOPIC_CLUSTERS_FILE, SimCSETrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ import torch
 from conftest import FIXTURES, ROOT
 
 import train
-from simcse_hn.modeling import SimCSEModel, load_tokenizer
+from simcse_hn.modeling.loading import load_tokenizer
+from simcse_hn.modeling.model import SimCSEModel
 
 SENTENCES = ["A man is playing a guitar.", "The weather is cold today.", "Stocks fell sharply on Monday."]
 

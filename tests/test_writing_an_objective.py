@@ -16,9 +16,10 @@ import torch
 from conftest import ROOT
 from doc_examples import commands, write_objective
 
-from simcse_hn.config import ConfigError, parse_args
+from simcse_hn.configuration.parser import parse_args
+from simcse_hn.errors import ConfigError
 from simcse_hn.losses import HCLLoss, InfoNCELoss, ReweightingLoss, build_loss
-from simcse_hn.targets import ContrastiveTargets, LossContext, build_targets
+from simcse_hn.losses.targets import ContrastiveTargets, LossContext, build_targets
 
 
 def doc_command(line: str, objective, output) -> list[str]:
@@ -72,7 +73,8 @@ def test_the_saved_folder_loads_without_the_objectives_code(trained, objective, 
     objective.rename(hidden)
     try:
         folder = str(trained)
-        code = ("import sys; from sentence_transformers import SentenceTransformer; from simcse_hn.modeling import "
+        code = ("import sys; from sentence_transformers import SentenceTransformer; "
+                "from simcse_hn.modeling.model import "
                 f"SimCSEModel; m = SentenceTransformer({folder!r}); SimCSEModel.from_pretrained({folder!r}); "
                 "print(m.encode(['a sentence']).shape, "
                 "any(k.startswith('simcse_hn_objective_') for k in sys.modules))")  # fmt: skip

@@ -29,8 +29,8 @@ from simcse_hn.losses.registry import (
     objective_class_path,
     resolve_objective,
 )
+from simcse_hn.losses.targets import ContrastiveTargets, LossContext, build_targets
 from simcse_hn.losses.unremix import UnReMixLoss
-from simcse_hn.targets import ContrastiveTargets, LossContext, build_targets
 
 LOSSES = BUILTIN  # the built-in objectives by name (the name simcse-hn 0.1 exported)
 

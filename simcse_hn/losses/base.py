@@ -19,9 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from simcse_hn.losses.options import NoOptions, ObjectiveOptions
-from simcse_hn.targets import ContrastiveTargets, LossContext
+from simcse_hn.losses.targets import NEG_INF, ContrastiveTargets, LossContext
 
-NEG_INF = float("-inf")
 # `NegativeWeights.make` and `LossOutput.weights_fn`: (rows, a slice; all by default) -> the weights of those rows
 WeightsMaker = Callable[..., Tensor]
 
@@ -366,7 +365,7 @@ class ContrastiveLoss(nn.Module):
     * `loss_fn(anchors, candidates, positive_index, negative_mask=None, context=None)`: the plain call. A mask is
       read as given (no structure assumed); without one the negatives are the standard ones (`forward`), a stated
       structure that takes the shortcuts below.
-    * `loss_fn.compute(candidates, targets, context=None)`: the training loop's call (`simcse_hn.trainer
+    * `loss_fn.compute(candidates, targets, context=None)`: the training loop's call (`simcse_hn.training.trainer
       .contrastive_loss`). The anchors are the candidates' rows `targets.anchor_index`, so the targets' checked facts
       (`anchors_are_candidates`, `standard_negatives`) hold for the tensors the loss sees and a loss may use them.
 
@@ -379,7 +378,7 @@ class ContrastiveLoss(nn.Module):
 
     # --- what the objective is: every other part of simcse-hn reads these ---
     name: ClassVar[str] = ""  # --loss NAME, the registry's key (a user's objective: its "module:Class" when empty)
-    title: ClassVar[str] = ""  # display name ("HCL"); also SimCSE{title}Loss in simcse_hn.st_losses
+    title: ClassVar[str] = ""  # display name ("HCL"); also SimCSE{title}Loss in simcse_hn.export.st_losses
     Options: ClassVar[type[ObjectiveOptions]] = NoOptions
     flag_prefix: ClassVar[str | None] = None  # configuration flags --{prefix}_{option}; None: the name
     summary: ClassVar[str] = ""  # a paragraph for the model card and the docs

@@ -21,7 +21,7 @@ from simcse_hn.losses.base import (
     mean_over_anchors_with_negatives,
 )
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
-from simcse_hn.targets import ContrastiveTargets
+from simcse_hn.losses.targets import ContrastiveTargets
 
 GRADIENTS = ("head", "embedding")
 STD_EPS = 1e-6

@@ -19,17 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from simcse_hn.data import (
-    NAMED_PAIRS,
-    DataError,
-    SimCSECollator,
-    _read_lines,
-    _short,
-    handle_repeats,
-    load_hub_dataset,
-    read_csv_table,
-    text_id,
-)
+from simcse_hn.data.collator import SimCSECollator, text_id
+from simcse_hn.data.sentences import NAMED_PAIRS, handle_repeats, load_hub_dataset, read_csv_table, read_lines
+from simcse_hn.data.sts import short
+from simcse_hn.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +57,7 @@ def is_table(path: str) -> bool:
 
 def _jsonl_records(path: str) -> Iterator[tuple[int, dict | None]]:
     """(line, record) of a JSON Lines file; None for a blank line. Malformed JSON or a non-object is a DataError."""
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             yield number, None
             continue
@@ -200,7 +193,7 @@ def _field(record: dict, column: str, where: str, flag: str) -> str:
         raise DataError(f"{where}: no field {column!r} (set --{flag})")
     value = record[column]
     if value is not None and not isinstance(value, str):
-        raise DataError(f"{where}: field {column!r} is not a string: {_short(value)}")
+        raise DataError(f"{where}: field {column!r} is not a string: {short(value)}")
     return value or ""
 
 
@@ -214,7 +207,7 @@ def _read_rows(path: str, columns: PairColumns, data_files: str | None, config_n
         for c, column in zip(columns.all, values):
             bad = next((i for i, v in enumerate(column) if v is not None and not isinstance(v, str)), None)
             if bad is not None:
-                raise DataError(f"{path}[{split}]:row {bad}: field {c!r} is not a string: {_short(column[bad])}")
+                raise DataError(f"{path}[{split}]:row {bad}: field {c!r} is not a string: {short(column[bad])}")
         return [tuple(v or "" for v in row) for row in zip(*values)]
     if path.lower().endswith((".csv", ".tsv")):
         header, records = read_csv_table(path)

@@ -12,10 +12,16 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
+from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    LocalEntryNotFoundError,  # hf_hub_download's "could not reach the Hub"
+    OfflineModeIsEnabled,
+)
 from transformers import TrainerCallback
 
+from simcse_hn.export.model_card import model_card, update_card_sts
 from simcse_hn.files import CARD, MANIFEST, SIMCSE_CONFIG, STS_RESULTS, read_json, recorded_files
-from simcse_hn.model_card import model_card, update_card_sts
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +32,6 @@ class HubError(RuntimeError):
 
 def find_token(token: str | None = None) -> str | None:
     """The explicit token, else HF_TOKEN, else the one saved by `hf auth login`."""
-    from huggingface_hub import get_token
-
     return token or get_token()
 
 
@@ -38,8 +42,6 @@ def _first_line(error: BaseException) -> str:
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
     """Connection-level errors: the HTTP client's base error (httpx2 under huggingface_hub 2.x, httpx under 1.x)."""
-    from huggingface_hub.errors import LocalEntryNotFoundError  # hf_hub_download's "could not reach the Hub"
-
     errors: list[type[BaseException]] = [ConnectionError, TimeoutError, LocalEntryNotFoundError]
     for name in ("httpx2", "httpx"):
         with contextlib.suppress(ImportError):
@@ -50,9 +52,6 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 @contextlib.contextmanager
 def _hub_errors(action: str):
     """Turn what huggingface_hub raises (HTTP status, connection, offline mode, bad metadata) into a HubError."""
-    from huggingface_hub import constants
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
     try:
         yield
     except OfflineModeIsEnabled:
@@ -94,8 +93,6 @@ def push_to_hub(output_dir: str, target: HubTarget, commit_message: str = "Uploa
     """Create the repo (and branch) if needed and upload, in one commit, exactly the files that the folder's last save
     recorded in its manifest (never checkpoints, logs, pickled arguments or anything else in the folder); returns the
     commit URL. Raises HubError (one line) without credentials, network or permission."""
-    from huggingface_hub import CommitOperationAdd, HfApi
-
     action = f"push {output_dir} to {target.repo_id}"
     files = recorded_files(output_dir)
     if files is None or SIMCSE_CONFIG not in files:
@@ -132,8 +129,6 @@ class CheckpointPush(TrainerCallback):
 def push_sts_results(repo_id: str, results: dict, token: str | None = None) -> str:
     """Upload sts_results.json to an existing model repo and update its card's STS table and model-index, in one
     commit; returns the commit URL. A repo without a card gets one built from its simcse_config.json."""
-    from huggingface_hub import CommitOperationAdd, HfApi
-
     action = f"push STS results to {repo_id}"
     api = HfApi(token=_require_token(token, action))
     name = repo_id.split("/")[-1]

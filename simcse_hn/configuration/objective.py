@@ -6,7 +6,7 @@
 * `resolve_objective_arguments` turns `--loss` and those into the objective class and its validated options, with
   one-line errors that name the flag: a bad value, an option of another objective than the selected one. What the
   objective refuses of the run it would train in (`check_for_training`, the contrast form) is checked with the rest of
-  the resolved run, in simcse_hn.resolved.
+  the resolved run, in simcse_hn.configuration.resolved.
 """
 
 from __future__ import annotations
@@ -22,13 +22,7 @@ from typing import Any
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.base import ContrastiveLoss
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option_fields
-from simcse_hn.losses.registry import (
-    BUILTIN,
-    ObjectiveError,
-    flag_prefix,
-    objective_class_path,
-    resolve_objective,
-)
+from simcse_hn.losses.registry import BUILTIN, ObjectiveError, flag_prefix, objective_class_path, resolve_objective
 
 
 def _flag_fields() -> list[tuple[str, Any, dataclasses.Field[Any]]]:
@@ -114,7 +108,7 @@ def _parse_loss_options(text: str | dict[str, Any] | None) -> dict[str, Any]:
 def resolve_objective_arguments(args: Any, shape: TrainingShape | None = None) -> ResolvedObjective:
     """`args.loss`, the built-in objectives' flags and `args.loss_options` -> the objective and its options.
     Raises ConfigError (one line). `shape`: the run's facts, for the objective's own training checks (train.py
-    makes them once the data is resolved: simcse_hn.resolved)."""
+    makes them once the data is resolved: simcse_hn.configuration.resolved)."""
     try:
         cls = resolve_objective(args.loss)
     except ObjectiveError as e:

@@ -18,16 +18,18 @@ from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
-from simcse_hn import distributed, grad_cache
-from simcse_hn.callbacks import ClampWarningCallback
-from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
-from simcse_hn.data import GUIDE_PREFIX, STSPairs
-from simcse_hn.evaluation import load_encoder, simcse_encode_fn, sts_dev_metrics
-from simcse_hn.guide import SELF, Guide, guide_targets, load_guide
+from simcse_hn.data.collator import GUIDE_PREFIX
+from simcse_hn.data.guide import SELF, Guide, guide_targets, load_guide
+from simcse_hn.data.sampling import NoDuplicatesSampler
+from simcse_hn.data.sts import STSPairs
+from simcse_hn.data.topic_batches import InForce, TopicBatchSampler, cluster_corpus
+from simcse_hn.evaluation.encoding import load_encoder, simcse_encode_fn
+from simcse_hn.evaluation.scoring import sts_dev_metrics
 from simcse_hn.losses import ContrastiveLoss, LossOutput
-from simcse_hn.sampling import NoDuplicatesSampler
-from simcse_hn.targets import LossContext, build_paired_targets, build_targets
-from simcse_hn.topic_batches import InForce, TopicBatchSampler, cluster_corpus
+from simcse_hn.losses.targets import LossContext, build_paired_targets, build_targets
+from simcse_hn.training import distributed, grad_cache
+from simcse_hn.training.callbacks import ClampWarningCallback
+from simcse_hn.training.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
 
 logger = logging.getLogger(__name__)
 

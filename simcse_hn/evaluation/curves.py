@@ -17,8 +17,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simcse_hn.data import DataError
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation.plots import (
+    MARKERS,
+    legend_below,
+    new_figure,
+    paper_style,
+    plot_alignment_uniformity,
+    save_figure,
+    wrap,
+)
+from simcse_hn.evaluation.reports import model_label
 from simcse_hn.files import portable_name
+from simcse_hn.training.checkpoints import checkpoints_by_step
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +80,6 @@ class Curves:
 def trainer_state_path(run: str) -> str | None:
     """The folder's own trainer_state.json, else the newest complete checkpoint's (the Trainer does not write one
     beside the final model)."""
-    from simcse_hn.checkpoints import checkpoints_by_step
-
     if os.path.isfile(os.path.join(run, TRAINER_STATE)):
         return os.path.join(run, TRAINER_STATE)
     # only reading its history: any checkpoint the Trainer finished writing (its state file comes last) will do
@@ -142,8 +151,6 @@ def read_tensorboard(folder: str) -> dict[str, dict[int, float]]:
 
 def load_curves(run: str, name: str | None = None) -> Curves:
     """A run's curves from its output folder (or one checkpoint folder). DataError when it holds neither source."""
-    from simcse_hn.evaluation import model_label
-
     if not os.path.isdir(run):
         raise DataError(f"{run}: no such folder")
     curves = Curves(name or model_label(run), folder=run)
@@ -184,8 +191,6 @@ def is_constant(runs: Sequence[Curves], key: str) -> bool:
 
 
 def _draw(ax, runs: Sequence[Curves], key: str) -> list:
-    from simcse_hn.evaluation import MARKERS
-
     handles = []
     for k, run in enumerate(runs):
         steps, values = run.steps(key), run.values(key)
@@ -208,8 +213,6 @@ def _draw(ax, runs: Sequence[Curves], key: str) -> list:
 
 def plot_curve(runs: Sequence[Curves], key: str, path: str) -> None:
     """One metric over steps, one line per run, one paper column wide."""
-    from simcse_hn.evaluation import legend_below, new_figure, paper_style, save_figure
-
     with paper_style():
         figure, ax = new_figure(height=2.1)
         handles = _draw(ax, runs, key)
@@ -221,8 +224,6 @@ def plot_curve(runs: Sequence[Curves], key: str, path: str) -> None:
 
 def plot_overview(runs: Sequence[Curves], keys: Sequence[str], path: str) -> None:
     """Every metric in `keys` as a grid of panels (three per row, the full width of a page)."""
-    from simcse_hn.evaluation import legend_below, new_figure, paper_style, save_figure, wrap
-
     ncols = min(3, len(keys))
     nrows = -(-len(keys) // ncols)
     with paper_style():
@@ -242,8 +243,6 @@ def plot_overview(runs: Sequence[Curves], keys: Sequence[str], path: str) -> Non
 def plot_alignment_uniformity_steps(runs: Sequence[Curves], path: str) -> bool:
     """The SimCSE-style chart for every evaluation of each run that logged eval_alignment and eval_uniformity;
     False (nothing written) when none did."""
-    from simcse_hn.analysis import plot_alignment_uniformity
-
     series = []
     for run in runs:
         a, u = run.series.get("eval_alignment", {}), run.series.get("eval_uniformity", {})

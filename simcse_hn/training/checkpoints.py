@@ -23,8 +23,9 @@ import struct
 import uuid
 import zipfile
 
-from simcse_hn.config import ConfigError
+from simcse_hn.errors import ConfigError
 from simcse_hn.files import RUN_MARKER, SIMCSE_CONFIG, read_json
+from simcse_hn.losses.registry import portable_loss_name
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,6 @@ def checkpoint_run_id(checkpoint: str) -> str | None:
 def check_resumed_objective(checkpoint: str, loss: str) -> None:
     """A checkpoint resumes only under the objective it was trained with, named again (`--loss`): a user's objective
     is code the checkpoint never imports. Raises ConfigError (one line)."""
-    from simcse_hn.losses.registry import portable_loss_name
-
     config = _read_json(os.path.join(checkpoint, SIMCSE_CONFIG))
     trained = config.get("loss") if isinstance(config, dict) else None
     if trained is not None and trained != portable_loss_name(loss):

@@ -5,8 +5,8 @@ neighbours, i.e. hard negatives at no extra forward cost. The corpus (the `text`
 is embedded once by an encoder and clustered by k-means (`kmeans`: seeded Lloyd iterations in torch, or faiss when it
 is installed); `TopicBatchSampler` then orders the dataset so that every window of `window` consecutive indices (one
 gathered batch: per-device batch x processes, which accelerate deals out to the processes batch by batch) takes
-`round(share x window)` rows from one cluster and the rest at random. Like simcse_hn.sampling.NoDuplicatesSampler it
-is a plain index sampler: the order is a function of the seed, the epoch and the assignments in force only, so every
+`round(share x window)` rows from one cluster and the rest at random. Like simcse_hn.data.sampling.NoDuplicatesSampler
+it is a plain index sampler: the order is a function of the seed, the epoch and the assignments in force only, so every
 process draws the same windows and a resumed run skips exactly the batches it had trained on. A re-clustering
 (`TopicBatchSampler.recluster`) puts a new assignment in force from a later window of the epoch on.
 """

@@ -1,31 +1,25 @@
-"""Training sentences, STS pairs, the [a, a', b, b', ...] collator and the contrastive targets.
+"""Training sentences: text, JSON Lines and CSV files, Hub datasets, read into memory (`load_sentences`) or streamed
+(`load_sentence_stream`).
 
-The only module that knows file formats of the inputs. User mistakes raise `DataError` with one line naming the
-file and the line or field.
-"""
+With data/sts.py and data/pairs.py, the only modules that know the input file formats. User mistakes raise
+`DataError` with one line naming the file and the line or field."""
 
 from __future__ import annotations
 
 import codecs
 import csv
 import functools
-import hashlib
 import io
+import itertools
 import json
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
-
-import torch
-from torch import Tensor
 
 from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported from here by callers)
-from simcse_hn.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.data.contrastive_targets)
+from simcse_hn.losses.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.losses.targets.contrastive_targets)
 
 logger = logging.getLogger(__name__)
-
-GUIDE_PREFIX = "guide_"  # the batch keys of a guide model's own tokenisation (simcse_hn.guide)
 
 
 NAMED_PAIRS = (("anchor", "positive"), ("sent0", "sent1"))  # sentence-transformers', SimCSE's NLI file's pair columns
@@ -39,6 +33,10 @@ def no_text_field(where: str, column: str, columns) -> DataError:
         return DataError(f"{where}: no field {column!r} (set --text_column)")
     return DataError(f"{where}: no field {column!r}, and its columns {list(columns)} are paired data ({pair[0]!r}, "
                      f"{pair[1]!r}): train on them with --data_format pairs, read into memory (not with streaming)")
+
+def short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _read_text(path: str) -> str:
@@ -62,7 +60,7 @@ def _read_text(path: str) -> str:
     return text
 
 
-def _read_lines(path: str) -> list[str]:
+def read_lines(path: str) -> list[str]:
     lines = _read_text(path).split("\n")  # not splitlines(): form feeds and U+2028 stay inside a sentence
     if lines and lines[-1] == "":
         lines.pop()
@@ -71,7 +69,7 @@ def _read_lines(path: str) -> list[str]:
 
 def _read_jsonl_column(path: str, column: str) -> list[str]:
     texts = []
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             texts.append("")
             continue
@@ -85,7 +83,7 @@ def _read_jsonl_column(path: str, column: str) -> list[str]:
             raise no_text_field(f"{path}:{number}", column, record)
         value = record[column]
         if value is not None and not isinstance(value, str):
-            raise DataError(f"{path}:{number}: field {column!r} is not a string: {_short(value)}")
+            raise DataError(f"{path}:{number}: field {column!r} is not a string: {short(value)}")
         texts.append(value or "")  # null: an empty sentence, dropped and counted with the blank lines
     return texts
 
@@ -190,7 +188,7 @@ def load_sentences(
         elif suffix in (".csv", ".tsv"):
             raw = _read_csv_column(path, text_column)
         else:
-            raw = _read_lines(path)
+            raw = read_lines(path)
     else:
         raw = _read_hub_column(path, text_column, data_files, split, config_name, dataset)
 
@@ -261,7 +259,7 @@ def _clean_record(record: dict, index: int, *, path: str, column: str, kind: str
         raise no_text_field(where, column, record)
     value = record[column]
     if value is not None and not isinstance(value, str):
-        raise DataError(f"{where}: field {column!r} is not a string: {_short(value)}")
+        raise DataError(f"{where}: field {column!r} is not a string: {short(value)}")
     text = value or ""  # null: an empty sentence, dropped
     if "\0" in text:
         raise DataError(f"{where}: NUL byte (a binary file, or UTF-16 text?)")
@@ -306,8 +304,6 @@ def load_sentence_stream(
       The order is a function of the seed alone, so a resumed run that skips the batches already trained on (the
       Trainer does) continues with the sentences an uninterrupted run would see next.
     """
-    import itertools
-
     from datasets.distributed import split_dataset_by_node
 
     raw, kind = _open_stream(path, text_column, data_files, config_name, split)
@@ -329,263 +325,3 @@ def load_sentence_stream(
     if shuffle_buffer:
         stream = stream.shuffle(seed=seed, buffer_size=shuffle_buffer)
     return stream
-
-
-@dataclass
-class STSPairs:
-    sentence1: list[str]
-    sentence2: list[str]
-    scores: list[float]
-
-
-def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
-    """STS pairs from JSON Lines (sentence1, sentence2, score, optional split) or a Hub dataset id.
-
-    Local rows whose `split` differs from `split` are skipped; rows without a `split` field are kept.
-    """
-    if not os.path.exists(path) and not os.path.splitext(path)[1]:
-        import datasets
-
-        try:
-            dataset = datasets.load_dataset(path, split=split or "validation")
-        except Exception as e:
-            raise DataError(f"{path}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-        pairs = STSPairs(list(dataset["sentence1"]), list(dataset["sentence2"]), [float(s) for s in dataset["score"]])
-        warn_out_of_scale(path, pairs.scores, "STS-B")
-        return pairs
-
-    rows = [row for row in read_sts_jsonl(path) if split is None or row["split"] in (None, split)]
-    pairs = STSPairs([r["sentence1"] for r in rows], [r["sentence2"] for r in rows], [r["score"] for r in rows])
-    if not pairs.scores:
-        raise DataError(f"{path}: no pairs" + (f" with split {split!r}" if split else ""))
-    warn_out_of_scale(path, pairs.scores, "STS-B")
-    return pairs
-
-
-def text_id(text: str) -> int:
-    """A 63-bit id of a sentence's text, the same in every process (Python's own hash is salted per process)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
-
-
-BOOKKEEPING = ("num_truncated", "text_ids")  # collator outputs that are not model inputs (the trainer pops them)
-
-
-def model_inputs(batch: dict) -> dict:
-    """A collator's batch (SimCSECollator, simcse_hn.pairs.PairCollator) as `SimCSEModel(**...)` takes it: without
-    its bookkeeping (`BOOKKEEPING`) and a guide model's `guide_*` features, which the trainer pops before the
-    forward. For code that runs the encoder on a batch outside the trainer (benches, eval/negatives.py)."""
-    return {key: value for key, value in batch.items() if key not in BOOKKEEPING and not key.startswith(GUIDE_PREFIX)}
-
-
-class SimCSECollator:
-    """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
-    gives two dropout views of every sentence.
-
-    Sentences longer than `max_length` tokens are truncated: the batch says how many (`num_truncated`, an int, not a
-    model input: the trainer pops it and counts the batches it trains on; the data loader collates one batch ahead,
-    so a count kept here would include a batch never trained on), and a warning is logged the first time. The batch
-    also holds `text_ids` (2B,), each row's `text_id` (not a model input either: the duplicate diagnostics use it).
-    `guide_tokenize` (simcse_hn.guide.Guide.tokenize): the batch also carries the guide model's own features of each
-    sentence, under `guide_*` keys (B rows)."""
-
-    def __init__(self, tokenizer, max_length: int = 32, text_column: str = "text", guide_tokenize=None):
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.text_column = text_column
-        self.guide_tokenize = guide_tokenize
-        self.warned = False
-
-    def __call__(self, features: list) -> dict[str, Tensor]:
-        texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
-        if len(texts) < 2:
-            raise ValueError(f"a batch needs at least 2 sentences to have negatives, got {len(texts)}")
-        batch, truncated = self.tokenize(texts)
-        rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
-        ids = torch.tensor([text_id(t) for t in texts]).repeat_interleave(2)  # (2B,) the same text, the same id
-        return {**rows, **self.guide_features(texts), "num_truncated": truncated, "text_ids": ids}
-
-    def tokenize(self, texts: list[str]) -> tuple[dict[str, Tensor], int]:
-        """texts -> padded token tensors, each (len(texts), T), every text cut to its first `max_length` tokens, and
-        how many were cut."""
-        batch = self.tokenizer(
-            texts, max_length=self.max_length, truncation=True, padding=True, return_tensors="pt",
-            return_overflowing_tokens=True,
-        )  # each (B + overflow rows, T)
-        sample = batch.pop("overflow_to_sample_mapping", None)
-        truncated = 0
-        if sample is not None and len(sample) > len(texts):  # keep each sentence's first window
-            first = torch.ones_like(sample, dtype=torch.bool)
-            first[1:] = sample[1:] != sample[:-1]
-            batch = {key: value[first] for key, value in batch.items()}
-            truncated = int(sample[~first].unique().numel())
-            if not self.warned:
-                logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d)",
-                               self.max_length, truncated, len(texts))
-                self.warned = True
-        return dict(batch), truncated
-
-    def guide_features(self, texts: list[str]) -> dict[str, Tensor]:
-        """The guide model's features of `texts` under `guide_*` keys (none without a guide)."""
-        if self.guide_tokenize is None:
-            return {}
-        return {f"{GUIDE_PREFIX}{key}": value for key, value in self.guide_tokenize(texts).items()}
-
-
-# --- the STS evaluation suite: files in the layout of shared/data/sts, or the public copies on the Hub ---
-
-STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
-STS_FILES = {
-    "STS12": "sts12.jsonl",
-    "STS13": "sts13.jsonl",
-    "STS14": "sts14.jsonl",
-    "STS15": "sts15.jsonl",
-    "STS16": "sts16.jsonl",
-    "STS-B": "stsb.jsonl",
-    "SICK-R": "sickr.jsonl",
-}
-# MTEB's copies carry no sub-file labels (only `all` aggregation), and its SICK-R test split holds all 9,927 pairs.
-STS_HUB = {
-    "STS12": "mteb/sts12-sts",
-    "STS13": "mteb/sts13-sts",
-    "STS14": "mteb/sts14-sts",
-    "STS15": "mteb/sts15-sts",
-    "STS16": "mteb/sts16-sts",
-    "STS-B": "sentence-transformers/stsb",
-    "SICK-R": "mteb/sickr-sts",
-}
-SENTEVAL_MULTI_FILE = ("STS12", "STS13", "STS14", "STS15", "STS16")
-# Gold similarity scales: 0 (unrelated) to 5 (equivalent) for STS; SICK-R's relatedness runs from 1 to 5.
-STS_SCALES = {task: (1.0, 5.0) if task == "SICK-R" else (0.0, 5.0) for task in STS_TASKS}
-
-
-def warn_out_of_scale(source: str, scores: list[float], task: str) -> int:
-    """Log one warning naming `source` when scores fall outside `task`'s gold scale; returns how many do. (A score
-    off the scale is a sign of another file or a rescaled copy; Spearman would not notice.)"""
-    low, high = STS_SCALES[task]
-    outside = sum(not low <= score <= high for score in scores)
-    if outside:
-        logger.warning("%s: %d of %d scores are outside the %s scale [%g, %g]", source, outside, len(scores), task,
-                       low, high)
-    return outside
-
-
-@dataclass
-class STSTask:
-    """One task of the suite. STS12-16: `subsets` are SentEval's sub-files and `aggregation` applies to them.
-    STS-B, SICK-R: one file each, so the score is always one correlation; `subsets` (splits) are detail only.
-    Pairs without a sub-file label are grouped under "all" (`labelled` is then False)."""
-
-    name: str
-    source: str
-    subsets: dict[str, STSPairs]
-    multi_file: bool
-    labelled: bool = True
-
-    @property
-    def pairs(self) -> int:
-        return sum(len(p.scores) for p in self.subsets.values())
-
-
-def _short(value, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _sts_row(record, where: str) -> dict:
-    """A validated STS record: sentence1/sentence2 strings, a finite numeric score, optional split and subset."""
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    for key in ("sentence1", "sentence2", "score"):
-        if record.get(key) is None:
-            raise DataError(f"{where}: missing field {key!r}")
-    for key in ("sentence1", "sentence2"):
-        if not isinstance(record[key], str):
-            raise DataError(f"{where}: field {key!r} is not a string: {_short(record[key])}")
-    raw = record["score"]
-    try:
-        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-            raise ValueError
-        score = float(raw)
-    except ValueError:
-        raise DataError(f"{where}: field 'score' is not a number: {_short(raw)}") from None
-    if not abs(score) < float("inf"):
-        raise DataError(f"{where}: field 'score' is not a finite number: {_short(raw)}")
-    subset = record.get("subset")
-    split = record.get("split")
-    return {
-        "sentence1": record["sentence1"],
-        "sentence2": record["sentence2"],
-        "score": score,
-        "split": None if split is None else str(split),
-        "subset": None if subset is None else str(subset),
-    }
-
-
-def read_sts_jsonl(path: str) -> list[dict]:
-    """Validated rows of an STS JSON Lines file (sentence1, sentence2, score, split, subset); blank lines skipped."""
-    rows = []
-    for number, line in enumerate(_read_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
-        rows.append(_sts_row(record, f"{path}:{number}"))
-    return rows
-
-
-def _read_sts_hub(name: str, split: str = "test") -> list[dict]:
-    import datasets
-
-    try:
-        dataset = datasets.load_dataset(name, split=split)
-    except Exception as e:  # offline, missing repo or split: all user-facing
-        raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-    missing = [c for c in ("sentence1", "sentence2", "score") if c not in dataset.column_names]
-    if missing:
-        raise DataError(f"{name}: no column {missing[0]!r} in {dataset.column_names}")
-    return [_sts_row(record, f"{name}[{split}]:row {i}") for i, record in enumerate(dataset)]
-
-
-def load_sts_task(task: str, data_dir: str | None = None, sickr_all: bool = False) -> STSTask:
-    """One task of the suite from `data_dir` (stsNN.jsonl, stsb.jsonl, sickr.jsonl) or, without it, from the Hub.
-
-    STS12-16 and STS-B: the test pairs. SICK-R: its 4,927 test pairs (SimCSE), or all 9,927 with `sickr_all` (MTEB).
-    """
-    if task not in STS_TASKS:
-        raise DataError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
-    if data_dir is not None:
-        source = os.path.join(data_dir, STS_FILES[task])
-        if not os.path.isfile(source):
-            raise DataError(f"{source}: file not found ({task} expects {STS_FILES[task]} in the data folder)")
-        rows = read_sts_jsonl(source)
-    else:
-        source = STS_HUB[task]
-        rows = _read_sts_hub(source)
-    warn_out_of_scale(source, [row["score"] for row in rows], task)
-
-    multi_file = task in SENTEVAL_MULTI_FILE
-    if task == "SICK-R" and sickr_all:
-        selected = rows
-    else:
-        if task == "SICK-R" and all(row["split"] is None for row in rows):
-            raise DataError(
-                f"{source}: no 'split' field to pick SimCSE's 4,927 SICK-R test pairs; "
-                "pass --sickr_all (MTEB: all 9,927 pairs) or a data folder with split labels"
-            )
-        selected = [row for row in rows if row["split"] in (None, "test")]
-    if not selected:
-        raise DataError(f"{source}: no test pairs for {task}")
-
-    subsets: dict[str, STSPairs] = {}
-    for row in selected:
-        key = row["subset"] if multi_file else row["split"]
-        pairs = subsets.setdefault(key or "all", STSPairs([], [], []))
-        pairs.sentence1.append(row["sentence1"])
-        pairs.sentence2.append(row["sentence2"])
-        pairs.scores.append(row["score"])
-    labelled = not multi_file or all(row["subset"] is not None for row in selected)
-    if not labelled and len(subsets) > 1:
-        raise DataError(f"{source}: some {task} pairs have a 'subset' field and some do not")
-    return STSTask(task, source, subsets, multi_file, labelled)

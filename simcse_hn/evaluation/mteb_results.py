@@ -9,8 +9,7 @@ test, its SICK-R is all 9,927 pairs (SimCSE scores the 4,927 test pairs).
 A folder is an MTEB results cache, as `mteb.ResultCache(folder)` reads and `mteb.evaluate(..., cache=...)` writes:
 `folder/results/{org}__{model}/{revision}/{Task}.json`, with `model_meta.json` beside the task files. With `mteb`
 installed the files are written by its own `TaskResult.to_disk` and `ModelMeta.to_dict`; without it, in the same
-schema (tests/test_mteb_results.py checks the two agree).
-"""
+schema (tests/test_mteb_results.py checks the two agree)."""
 
 from __future__ import annotations
 
@@ -25,12 +24,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from scipy.stats import pearsonr, spearmanr
 from torch import Tensor
 
-from simcse_hn.data import STS_TASKS, DataError, STSTask
+from simcse_hn.data.sts import STS_TASKS, STSTask
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation.mteb_scores import SCORE_KEYS, SIMILARITIES, sts_scores  # noqa: F401  (SCORE_KEYS: a task file's score keys, public here)
 from simcse_hn.files import PACKAGED_MODELS, is_hub_id, portable_name, source_record
 
 
@@ -54,66 +52,14 @@ MTEB_TASKS = {
 }
 OUR_NAME = {task.name: ours for ours, task in MTEB_TASKS.items()}
 SPLIT, HF_SUBSET, LANGUAGES, MAIN_SCORE = "test", "default", ["eng-Latn"], "cosine_spearman"
-SCORE_KEYS = ("pearson", "spearman", "cosine_pearson", "cosine_spearman", "manhattan_pearson", "manhattan_spearman",
-              "euclidean_pearson", "euclidean_spearman")  # fmt: skip
 NO_REVISION = "no_revision_available"  # MTEB's revision folder for a model without one
 MODEL_META = "model_meta.json"
 PROTOCOL = ("MTEB: each task alone, its test pairs pooled (STS12-16 sub-files, SICK-R all 9,927 pairs), "
             "cosine_spearman")  # fmt: skip
-SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 
 
 def mteb_installed() -> bool:
     return importlib.util.find_spec("mteb") is not None
-
-
-def sts_scores(e1: np.ndarray, e2: np.ndarray, gold, similarity: str = "cosine") -> dict[str, float]:
-    """MTEB's STS scores of one task (AnySTSEvaluator + AbsTaskSTS._calculate_scores): the pairs' embeddings e1, e2
-    (n, D), the gold scores (n,). The similarities are computed as MTEB computes them, by scikit-learn's paired
-    cosine, Manhattan and Euclidean distances on the float32 embeddings (the same formulas, in numpy): a float64
-    cosine breaks the ties that float32 rounding makes among near-1 cosines, which moves STS12's Spearman by 1e-5
-    (docs/mteb.md). MTEB normalises the gold scores to 0-1 first, which no correlation sees.
-    `similarity`: the model's own function (its `pearson` and `spearman`), cosine for SimCSE models."""
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
-    a, b = np.asarray(e1, dtype=np.float32), np.asarray(e2, dtype=np.float32)
-    gold = np.asarray(gold, dtype=np.float64)
-
-    def row_norms(x: np.ndarray) -> np.ndarray:  # sklearn.utils.extmath.row_norms
-        return np.sqrt(np.einsum("ij,ij->i", x, x))
-
-    unit_a = a / row_norms(a)[:, None]  # sklearn.preprocessing.normalize
-    unit_b = b / row_norms(b)[:, None]
-    difference = unit_a - unit_b
-    values = {
-        "cosine": 1 - 0.5 * np.einsum("ij,ij->i", difference, difference),  # 1 - paired_cosine_distances
-        "manhattan": -np.abs(a - b).sum(axis=1),
-        "euclidean": -row_norms(a - b),
-        "dot": np.einsum("ij,ij->i", a, b),
-    }
-    values = {name: v.astype(np.float64) for name, v in values.items()}  # (n,), as MTEB's .tolist() gives them
-    model = model_similarity(torch.from_numpy(a), torch.from_numpy(b), similarity).double().numpy()
-    scores = {}
-    for name in ("cosine", "manhattan", "euclidean"):
-        scores[f"{name}_pearson"] = float(pearsonr(gold, values[name])[0])
-        scores[f"{name}_spearman"] = float(spearmanr(gold, values[name])[0])
-    scores["pearson"] = float(pearsonr(gold, model)[0])
-    scores["spearman"] = float(spearmanr(gold, model)[0])
-    return {key: scores[key] for key in SCORE_KEYS}
-
-
-def model_similarity(a: Tensor, b: Tensor, similarity: str) -> Tensor:
-    """The model's own similarity of each pair, as MTEB computes it for `pearson` and `spearman` (its
-    similarity_functions.pairwise_*: torch, float32), not by scikit-learn as for `cosine_*`: the two round
-    differently, and a tie one makes the other breaks (MiniLM's STS12 `spearman` and `cosine_spearman` differ by
-    1.7e-5 in MTEB's own files). a, b: (n, D) float32 -> (n,)"""
-    if similarity == "cosine":
-        return (F.normalize(a, p=2, dim=1) * F.normalize(b, p=2, dim=1)).sum(dim=-1)
-    if similarity == "dot":
-        return (a * b).sum(dim=-1)
-    if similarity == "euclidean":
-        return -torch.sqrt(torch.sum((a - b) ** 2, dim=-1))
-    return -torch.sum(torch.abs(a - b), dim=-1)  # manhattan
 
 
 def model_name(model: str, hub_model_id: str | None = None) -> str:

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from simcse_hn.data import SENTEVAL_MULTI_FILE, DataError
+from simcse_hn.data.sts import SENTEVAL_MULTI_FILE
+from simcse_hn.errors import DataError
 
 Predictions = dict[str, dict[str, np.ndarray]]  # {task: {"cosine", "gold", "subset"}}, as predictions.npz holds
 

@@ -13,8 +13,9 @@ import logging
 import torch
 from torch import Tensor, nn
 
+from simcse_hn.errors import ConfigError
 from simcse_hn.losses.base import cosine_similarities, positive_logits
-from simcse_hn.targets import ContrastiveTargets
+from simcse_hn.losses.targets import ContrastiveTargets
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,6 @@ def load_guide(name_or_path: str) -> Guide:
     """The guide model of `--guide_model` (a Hub id or a local folder that sentence-transformers loads, e.g. a
     simcse-hn output folder)."""
     from sentence_transformers import SentenceTransformer
-
-    from simcse_hn.config import ConfigError
 
     try:
         model = SentenceTransformer(name_or_path, device="cpu")

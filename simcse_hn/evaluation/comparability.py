@@ -12,8 +12,9 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from simcse_hn.data import STS_TASKS, DataError, STSTask
-from simcse_hn.evaluation import protocol
+from simcse_hn.data.sts import STS_TASKS, STSTask
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation.reports import protocol
 
 FIELDS = ("protocol", "tasks", "data", "pooler", "max_seq_length")
 WORDS = {"protocol": "protocols", "tasks": "tasks", "data": "data", "pooler": "poolers",

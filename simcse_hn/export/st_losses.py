@@ -3,7 +3,7 @@ model: `SimCSELoss(model, objective, **options)` for any objective (a built-in n
 one named class per built-in objective, made from the registry: `SimCSEInfoNCELoss`, `SimCSEHCLLoss`, ...
 
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-    from simcse_hn.st_losses import SimCSEHCLLoss
+    from simcse_hn.export.st_losses import SimCSEHCLLoss
 
     model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")
     train = Dataset.from_dict({"anchor": sentences, "positive": sentences})  # dropout pairs: SimCSE unsupervised
@@ -13,8 +13,8 @@ one named class per built-in objective, made from the registry: `SimCSEInfoNCELo
 The dataset has two columns, (anchor, positive): the same sentence twice is SimCSE's unsupervised recipe (the model
 is in train mode, so the two forward passes draw different dropout masks), a paraphrase is a supervised pair. Each
 batch of B pairs becomes the rows [a_0, p_0, a_1, p_1, ...] of simcse-hn's training step, and the loss is exactly
-what `SimCSETrainer` computes on those rows (`simcse_hn.trainer.contrastive_loss`): symmetric form by default, every
-row an anchor against the 2B - 2 others; across processes the rows are gathered with an exact gradient.
+what `SimCSETrainer` computes on those rows (`simcse_hn.training.trainer.contrastive_loss`): symmetric form by
+default, every row an anchor against the 2B - 2 others; across processes the rows are gathered with an exact gradient.
 
 The keyword arguments are the objective's own options (its `Options` dataclass; docs/losses.md), on top of its
 `sentence_transformers_options` (what a SentenceTransformer, which has no MLP head whose inputs a loss could see,
@@ -32,7 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from simcse_hn.losses import BASELINE, BUILTIN, ContrastiveLoss, build_loss, objective_class_path, resolve_objective
-from simcse_hn.targets import FORMS
+from simcse_hn.losses.targets import FORMS
+from simcse_hn.training.trainer import contrastive_loss
 
 
 def _embed_columns(model: nn.Module, features: list[dict[str, Tensor]]) -> list[Tensor]:
@@ -91,8 +92,6 @@ class SimCSELoss(nn.Module):
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
         """embeddings: [anchors (B, D), positives (B, D)] -> the objective on rows [a_0, p_0, a_1, p_1, ...]."""
-        from simcse_hn.trainer import contrastive_loss  # the trainer module imports transformers' Trainer
-
         if len(embeddings) != 2:
             raise ValueError(
                 f"{type(self).__name__} takes (anchor, positive) columns, got {len(embeddings)} columns; "

@@ -1,4 +1,5 @@
-# An `evaluate` metric script: `evaluate.load(simcse_hn.evaluation.STS_METRIC)` (the path of this file) copies and
+# An `evaluate` metric script: `evaluate.load(simcse_hn.evaluation.scoring.STS_METRIC)` (the path of this file) copies
+# and
 # imports it on its own, so it imports only `evaluate`, `datasets` and SciPy, never simcse_hn.
 """The STS metric of simcse-hn: Spearman correlation x 100 between predicted similarities and gold scores."""
 
@@ -13,7 +14,7 @@ similarity a model predicts for each sentence pair (in simcse-hn the cosine simi
 embeddings) and the gold similarity scores, multiplied by 100. Ties get average ranks (scipy.stats.spearmanr).
 The predictions are kept in float64, so that near-equal cosines rank as their exact values do. How the sub-files
 of STS12-16 are combined (SimCSE's pooled `all`, SentEval's `mean` / `wmean`) is decided by the caller
-(simcse_hn.evaluation.score_sts_tasks), which calls this metric once per correlation.
+(simcse_hn.evaluation.scoring.score_sts_tasks), which calls this metric once per correlation.
 """
 
 _KWARGS_DESCRIPTION = """\
@@ -26,7 +27,7 @@ Returns:
     spearman (float): Spearman correlation x 100, in [-100, 100]; NaN when either side is constant.
 Examples:
     >>> import evaluate
-    >>> from simcse_hn.evaluation import STS_METRIC
+    >>> from simcse_hn.evaluation.scoring import STS_METRIC
     >>> metric = evaluate.load(STS_METRIC, keep_in_memory=True)
     >>> metric.compute(predictions=[0.1, 0.4, 0.35, 0.8], references=[0.0, 2.5, 3.0, 5.0])
     {'spearman': 80.0}

@@ -18,11 +18,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from simcse_hn.data import NAMED_PAIRS, no_text_field, stream_columns
-from simcse_hn.errors import ConfigError
-from simcse_hn.losses.options import TrainingShape
-from simcse_hn.objective_config import ResolvedObjective, option_error
-from simcse_hn.pairs import (
+from simcse_hn.configuration.objective import ResolvedObjective, option_error
+from simcse_hn.data.pairs import (
     LABEL_COLUMNS,
     NO_NEGATIVES,
     PairColumns,
@@ -32,6 +29,9 @@ from simcse_hn.pairs import (
     pair_columns,
     table_columns,
 )
+from simcse_hn.data.sentences import NAMED_PAIRS, no_text_field, stream_columns
+from simcse_hn.errors import ConfigError
+from simcse_hn.losses.options import TrainingShape
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ def declared_data(data_args) -> ResolvedData:
 
 
 def resolve_data(data_args, dataset=None) -> ResolvedData:
-    """The data's format, decided by the same rule in memory and streamed (simcse_hn.pairs.format_from_columns): from
-    a table's columns (a Hub dataset's: `dataset`, its split, already loaded), or from a stream's first record. Paired
-    data also gets its columns. A DataError (one line) when the columns do not tell."""
+    """The data's format, decided by the same rule in memory and streamed (simcse_hn.data.pairs.format_from_columns):
+    from a table's columns (a Hub dataset's: `dataset`, its split, already loaded), or from a stream's first record.
+    Paired data also gets its columns. A DataError (one line) when the columns do not tell."""
     source = data_args.train_source
     hub = {"config_name": data_args.dataset_config_name, "split": data_args.dataset_split}
     if data_args.streaming:

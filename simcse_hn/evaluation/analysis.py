@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from simcse_hn.data import STSPairs
+from simcse_hn.data.sts import STSPairs
 
 THRESHOLD = 4.0  # SimCSE: "pairs with scores higher than 4" on STS-B's 0-5 scale
 PROTOCOL = (
@@ -111,60 +111,3 @@ def alignment_uniformity(encode, pairs: STSPairs, threshold: float = THRESHOLD) 
     """
     sentences = list(dict.fromkeys(pairs.sentence1 + pairs.sentence2))
     return alignment_uniformity_encoded(encode(sentences), {s: i for i, s in enumerate(sentences)}, pairs, threshold)
-
-
-# --- the SimCSE-style chart: uniformity on x, alignment on y, lower left is better ---
-
-
-def plot_alignment_uniformity(
-    series: Sequence[tuple[str, Sequence[tuple[str, float, float]]]],
-    path: str,
-    caption: str | None = None,
-    connect: bool | Sequence[bool] = True,
-) -> None:
-    """One marker per checkpoint or run, written as a PNG one paper column wide.
-
-    series: [(label, [(point tag, alignment, uniformity), ...]), ...]. With `connect` (one flag, or one per series),
-    a series of several points
-    (one run's checkpoints, in step order) is a path from a hollow first marker to a filled last one, its first and
-    last tags written beside them; without it (runs of one objective, several seeds) its points are separate
-    markers of one colour, each tagged. A single point carries its tag when that differs from the label.
-    """
-    from simcse_hn.evaluation import legend_below, new_figure, paper_style, save_figure, wrap
-
-    with paper_style():
-        figure, ax = new_figure(height=3.0)
-        flags = [connect] * len(series) if isinstance(connect, bool) else list(connect)
-        for k, ((label, points), path_of_points) in enumerate(zip(series, flags)):
-            color = f"C{k % 10}"
-            u, a = [p[2] for p in points], [p[1] for p in points]
-            if len(points) > 1 and not path_of_points:
-                ax.plot(u, a, "o", ms=4, color=color, label=label)
-                tagged = range(len(points))
-            elif len(points) > 1:
-                ax.plot(u, a, "-", color=color, lw=1.0, alpha=0.6, marker="o", ms=2.5, label=label)
-                ax.plot(u[0], a[0], "o", ms=5, mfc="white", color=color)
-                ax.plot(u[-1], a[-1], "o", ms=5, color=color)
-                tagged = (0, len(points) - 1)
-            elif points:
-                ax.plot(u, a, "o", ms=5, color=color, label=label)
-                tagged = (0,) if points[0][0] and points[0][0] != label else ()
-            else:
-                continue
-            for i in tagged:  # a path's last tag below its marker, off the line that arrives from above
-                offset = (4, -9) if path_of_points and len(points) > 1 and i == len(points) - 1 else (3, 3)
-                ax.annotate(points[i][0], (u[i], a[i]), xytext=offset, textcoords="offset points", color=color,
-                            fontsize="x-small")  # fmt: skip
-        ax.set_xlabel(r"uniformity  $\log\,\mathbb{E}\,e^{-2\|\hat{x}-\hat{y}\|^2}$  (all dev sentence pairs)")
-        ax.set_ylabel(r"alignment  $\mathbb{E}\,\|\hat{x}-\hat{y}\|^2$  (positive pairs)")
-        ax.margins(0.15)
-        bottom, top = ax.get_ylim()
-        if bottom < 0:  # alignment is a squared distance: no room below 0 beyond the marker's
-            ax.set_ylim(-0.05 * max(top, 1e-3), top)
-        ax.grid(alpha=0.3)
-        caption = caption or "STS-B dev, SimCSE protocol (positives: gold > 4)"
-        if len(series) == 1:  # no legend for one series: its name goes in the title
-            caption = f"{series[0][0]}: {caption}"
-        ax.set_title(wrap(f"{caption}; lower left is better", 70), loc="left")
-        legend_below(ax, len(series))
-        save_figure(figure, path)

@@ -1,0 +1,1 @@
+"""Configuration: the command line and YAML (argument dataclasses, parser), the objective, the resolved run."""

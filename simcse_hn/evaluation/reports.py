@@ -1,0 +1,144 @@
+"""Markdown for the STS report: the SimCSE paper's table (`results_table`), one run's report (`results_markdown`),
+model labels that tell runs apart, the scoring protocol in words and the training summary."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+from torch import Tensor
+
+from simcse_hn.data.sts import STS_TASKS
+from simcse_hn.evaluation.scoring import AGGREGATION_HELP
+from simcse_hn.files import is_generic_folder
+
+logger = logging.getLogger(__name__)
+
+EncodeFn = Callable[[list[str]], Tensor]
+
+
+def task_columns(runs: Sequence[tuple[str, dict]]) -> list[str]:
+    present = {name for _, results in runs for name in results["tasks"]}
+    return [name for name in STS_TASKS if name in present]
+
+
+
+
+def model_label(name_or_path: str) -> str:
+    """A short label: a local folder's name (its parent's too for `checkpoint-N` and generic names such as `model`),
+    else the Hub id.
+
+    A path that is not a folder here (results read on another machine) is recognised by its form: absolute,
+    relative with ./ or ../, or more than one '/' (a Hub id has one)."""
+    local = os.path.isdir(name_or_path) or os.path.isabs(name_or_path) or name_or_path.startswith(".")
+    if not local and name_or_path.count("/") <= 1:
+        return name_or_path
+    path = os.path.normpath(name_or_path)
+    name = os.path.basename(path)
+    generic = is_generic_folder(name)
+    if generic and os.path.basename(os.path.dirname(path)):
+        return f"{os.path.basename(os.path.dirname(path))}/{name}"
+    return name
+
+
+def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
+    """Labels made distinct where two coincide: each of those gets the nearest folder above its path that tells
+    them apart (…/run_a/sts/results.json and …/run_b/sts/results.json: "run_a/x", "run_b/x"), else a number."""
+    out = list(labels)
+    for label in set(labels):
+        same = [k for k, other in enumerate(labels) if other == label]
+        if len(same) < 2:
+            continue
+        parts = {k: os.path.normpath(os.path.abspath(paths[k])).split(os.sep)[:-1] for k in same}
+        for depth in range(1, max(len(p) for p in parts.values()) + 1):
+            names = [parts[k][-depth] if depth <= len(parts[k]) else "" for k in same]
+            if len(set(names)) == len(names):
+                for k, name in zip(same, names):
+                    out[k] = f"{name}/{label}"
+                break
+        else:
+            for number, k in enumerate(same, start=1):
+                out[k] = f"{label} ({number})"
+    return out
+
+
+def protocol(results: dict) -> str:
+    """How a results record was scored, in words: two records with other protocols are not one measurement."""
+    if results.get("aggregation") == "mteb":  # an MTEB result folder (simcse_hn.evaluation.mteb_results.load_run)
+        return "MTEB protocol (each task alone, SICK-R all 9,927 pairs)"
+    sickr = "SICK-R all 9,927 pairs (MTEB)" if results.get("sickr_pairs") == "all" else "SICK-R test (SimCSE)"
+    return f"aggregation {results['aggregation']}, {sickr}"
+
+
+def results_table(runs: Sequence[tuple[str, dict]]) -> str:
+    """Markdown table in the SimCSE paper's layout: one row per (label, results), Spearman x 100, two decimals."""
+    columns = task_columns(runs)
+    protocols = {protocol(results) for _, results in runs}
+    header = ["Model", *columns, "Avg."] + (["Protocol"] if len(protocols) > 1 else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(columns) + 1)) + "|"]
+    if len(protocols) > 1:
+        lines[1] += ":---|"
+    for label, results in runs:
+        cells = [f"{results['tasks'][c]['spearman']:.2f}" if c in results["tasks"] else "–" for c in columns]
+        row = [label, *cells, f"{results['average']:.2f}"] + ([protocol(results)] if len(protocols) > 1 else [])
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def training_summary(training: dict | None) -> str:
+    """One line for the objective a results file was trained with (its simcse_config.json), or ''."""
+    if not training:
+        return ""
+    parts = [f"loss `{training.get('loss', '?')}`"]
+    if training.get("contrast_form"):
+        parts.append(f"contrast form `{training['contrast_form']}`")
+    kwargs = training.get("loss_kwargs") or {}
+    parts += [f"{key} {value}" for key, value in kwargs.items()]
+    for key in ("seed", "base_model", "max_seq_length", "per_device_train_batch_size", "learning_rate"):
+        if training.get(key) is not None:
+            parts.append(f"{key} {training[key]}")
+    return ", ".join(parts)
+
+
+def results_markdown(results: dict, label: str | None = None) -> str:
+    """results.md: the paper-layout table, the protocol, alignment and uniformity, and each task's sub-files."""
+    label = label or model_label(results["model"])
+    aggregation = AGGREGATION_HELP[results["aggregation"]]
+    pooler = results.get("pooler") or "the model's own sentence-transformers modules"
+    sickr = (
+        "all 9,927 pairs (MTEB's protocol, not SimCSE's)"
+        if results.get("sickr_pairs") == "all"
+        else "the 4,927 test pairs (SimCSE)"
+    )
+    lines = [
+        f"# STS results: {label}",
+        "",
+        results_table([(label, results)]),
+        f"Spearman x 100 of cosine similarities. Aggregation of STS12-16 sub-files: {aggregation}. "
+        f"STS-B: test. SICK-R: {sickr}. Pooler: {pooler}. "
+        f"Date: {results['date']}.",
+        "",
+    ]
+    if results.get("training"):
+        lines += [f"Trained with {training_summary(results['training'])}.", ""]
+    geometry = results.get("alignment_uniformity")
+    if geometry:
+        lines += [
+            "## Alignment and uniformity (STS-B dev)",
+            "",
+            "| Alignment | Uniformity | Positive pairs | Sentences |",
+            "|---:|---:|---:|---:|",
+            f"| {geometry['alignment']:.4f} | {geometry['uniformity']:.4f} | {geometry['positive_pairs']:,} | "
+            f"{geometry['sentences']:,} |",
+            "",
+            f"Lower is better for both. Protocol: {geometry['protocol']}."
+            + (f" Data: {geometry['source']}." if geometry.get("source") else ""),
+            "",
+        ]
+    for name, task in results["tasks"].items():
+        lines += [f"## {name}: {task['spearman']:.2f} ({task['pairs']:,} pairs)", ""]
+        lines += ["| Sub-file | Pairs | Spearman |", "|:---|---:|---:|"]
+        lines += [f"| {sub} | {s['pairs']:,} | {s['spearman']:.2f} |" for sub, s in task["subsets"].items()]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Export: the model card, the Hugging Face Hub, and the objectives as sentence-transformers losses."""
