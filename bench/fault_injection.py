@@ -10,12 +10,13 @@ evaluation), kills it once with SIGKILL at one moment, then runs the same comman
   Trainer writes it last);
 * final: as soon as the final folder's model.safetensors exists and its simcse_config.json does not (the final save);
 * push: the run pushes every save (`--push_to_hub true --hub_strategy every_save`) to the stand-in Hub of
-  tests/hub_server.py on 127.0.0.1 (HF_ENDPOINT); killed as soon as the stand-in has answered the preupload of push
-  number K (K drawn from 1..7: six checkpoints, then the final folder), i.e. while that upload is in flight, before
-  its commit. The resume pushes too. Checks besides the ones below: the repo's model files on the stand-in at the
-  end are bit-equal to the uninterrupted run's, the last commit is the final folder's, and the repo as every commit
-  the stand-in stored left it holds a whole model (model.safetensors, config.json and the tokenizer; a commit is one
-  request, stored only once its whole body arrived, and carries only the files that changed).
+  simcse_hn/testing/hub_server.py on 127.0.0.1 (HF_ENDPOINT); killed as soon as the stand-in has answered the
+  preupload of push number K (K drawn from 1..7: six checkpoints, then the final folder), i.e. while that upload
+  is in flight, before its commit. The resume pushes too. Checks besides the ones below: the repo's model files on
+  the stand-in at the end are bit-equal to the uninterrupted run's, the last commit is the final folder's, and the
+  repo as every commit the stand-in stored left it holds a whole model (model.safetensors, config.json and the
+  tokenizer; a commit is one request, stored only once its whole body arrived, and carries only the files that
+  changed).
 Checks: the checkpoint a resume names is complete and the newest complete one at that moment (both judged on a
 snapshot of the checkpoint folders taken after the kill and before the resume, since the resumed run's rotation may
 delete the one it resumed from); the final weights are bit-equal to the uninterrupted run's.
@@ -202,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     reference = weights(work / "reference")
     trials: list[dict] = []
-    sys.path.insert(0, str(ROOT / "tests"))
-    from hub_server import HubStandIn
+    from simcse_hn.testing.hub_server import HubStandIn
 
     with HubStandIn(max_requests=10**9) as server:
         for i in range(args.trials):

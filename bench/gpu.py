@@ -3,7 +3,7 @@
 1. *sync*: every objective's loss path (simcse_hn.training.trainer.contrastive_loss, forward and backward; rows of
    single sentences and paired rows with a hard negative weight) under torch.cuda.set_sync_debug_mode("error"), after
    one warm-up call (the targets are built and checked once, with one synchronisation, then cached). On a CPU
-   (--cpu_check) the stand-in is tests/test_loss_device.py's recorder of host-made tensors and host syncs.
+   (--cpu_check) the stand-in is simcse_hn/testing/recorder.py's recorder of host-made tensors and host syncs.
 2. *training*: train.py's run() per objective (bench/train_throughput.py's objectives section: one process, runs
    alternating, order rotated per round) on a BERT-base-shaped encoder built from a config (12 x 768, 3072, vocab
    30522, random weights, the character tokenizer of builtin:tiny-bert: no Hub), bf16 autocast, batch 64 sentences,
@@ -18,7 +18,7 @@
    enough of the time budget is left.
 
     bash bench/gpu.sh                                      # results in $OUT, else bench/results/gpu/
-    python bench/gpu.py --cpu_check --out /tmp/gpu_check   # every part on the CPU with tiny sizes
+    python -m bench.gpu --cpu_check --out /tmp/gpu_check   # every part on the CPU with tiny sizes
 """
 
 from __future__ import annotations
@@ -31,13 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
-import train_throughput as tt  # noqa: E402
-from common import (  # noqa: E402
+import torch
+
+from bench import train_throughput as tt
+from bench.common import (
     RESULTS,
-    ROOT,
     base_shaped_model,
     environment,
     environment_line,
@@ -45,9 +43,9 @@ from common import (  # noqa: E402
     shuffled_corpus,
     write_json,
 )
-
-from simcse_hn.losses import BASELINE, benchmark_settings, build_loss  # noqa: E402
-from simcse_hn.training.trainer import contrastive_loss  # noqa: E402
+from simcse_hn.losses import BASELINE, benchmark_settings, build_loss
+from simcse_hn.testing.recorder import HostTensorRecorder
+from simcse_hn.training.trainer import contrastive_loss
 
 BUDGET_S = 420  # gpu.sh kills the run at 470 s; the optional compile section needs what is left
 # objective -> build_loss arguments, from the registry (without warm-ups: every timed call is the objective's own)
@@ -57,10 +55,7 @@ SYNC_LOSSES = benchmark_settings(timed=True)
 def sync_check(device: torch.device, rows: int = 126, dim: int = 768) -> dict:
     """Each objective's loss path, both layouts, after a warm-up call: under set_sync_debug_mode("error") on CUDA,
     under the host-tensor recorder on a CPU. -> {"objective/layout": "ok" or the first line of what it did}"""
-    recorder = None
-    if device.type != "cuda":
-        sys.path.insert(0, str(ROOT / "tests"))
-        from test_loss_device import HostTensorRecorder as recorder
+    recorder = None if device.type == "cuda" else HostTensorRecorder
     out = {}
     generator = torch.Generator().manual_seed(0)
     for name, (loss_name, kwargs) in SYNC_LOSSES.items():
@@ -128,7 +123,7 @@ def two_devices(model: str, corpus: Path, cpu_check: bool, threads: int, one_pro
 
 
 def sts_suite(out_dir: Path, cpu_check: bool, work_dir: Path) -> dict:
-    import eval_speed
+    from bench import eval_speed
 
     args = ["--output", str(out_dir / "eval_speed_gpu"), "--device", "cpu" if cpu_check else "cuda"]
     if cpu_check:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The speed checks of issue 15 on a fresh GPU machine, in under 8 minutes: bench/gpu.py says what runs and how.
 #   bash bench/gpu.sh                # results: $OUT/gpu.{json,md} (else bench/results/gpu/), eval_speed_gpu.*
-#   python bench/gpu.py --cpu_check --out /tmp/gpu_check   # the same script on a CPU, tiny sizes
+#   python -m bench.gpu --cpu_check --out /tmp/gpu_check   # the same script on a CPU, tiny sizes
 # Installs this checkout (pip install -e .; torch is assumed present); where pip cannot (no index), the scripts run
-# from the checkout anyway (they put it on sys.path). SKIP_INSTALL=1 skips the install.
+# from the checkout anyway (PYTHONPATH is the checkout). SKIP_INSTALL=1 skips the install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -13,4 +13,4 @@ if [ "${SKIP_INSTALL:-0}" != "1" ]; then
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'; print('torch', torch.__version__, torch.cuda.device_count(), 'GPU(s):', torch.cuda.get_device_name(0))"
-exec timeout 470 "$PYTHON" bench/gpu.py --out "${OUT:-bench/results/gpu}" "$@"
+exec timeout 470 "$PYTHON" -m bench.gpu --out "${OUT:-bench/results/gpu}" "$@"

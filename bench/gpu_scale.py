@@ -14,8 +14,8 @@ STS-B dev every 3 steps, the best checkpoint loaded at the end, bf16 autocast (t
   relative to the training's update, is recorded and must stay below 5%).
 
     bash bench/gpu_scale.sh                 # results: bench/results/gpu_scale.{json,md}; ~30 launches, ~10 min
-    python bench/gpu_scale.py --quick       # tiny model only, 1 GPU
-    python bench/gpu_scale.py --cpu_check --out /tmp/x   # this script's own check on a machine without GPUs
+    python -m bench.gpu_scale --quick       # tiny model only, 1 GPU
+    python -m bench.gpu_scale --cpu_check --out /tmp/x   # this script's own check on a machine without GPUs
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import RESULTS, ROOT, base_shaped_model, environment, write_json  # noqa: E402
+from bench.common import RESULTS, ROOT, base_shaped_model, environment, write_json
 
 ENGINES = {"fsdp": "fsdp.yaml", "zero2": "deepspeed_zero2.yaml", "zero3": "deepspeed_zero3.yaml"}
 SENTENCES = ["A man is playing a guitar.", "The weather is cold today.", "Stocks fell sharply on Monday."]

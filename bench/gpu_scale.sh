@@ -15,4 +15,4 @@ if [ "${SKIP_INSTALL:-0}" != "1" ]; then
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false   # everything is built in code or bundled
 "$PYTHON" -c "import torch, deepspeed; assert torch.cuda.is_available(), 'no CUDA GPU'; print(torch.__version__, deepspeed.__version__, torch.cuda.device_count(), 'GPU(s)')"
-exec "$PYTHON" bench/gpu_scale.py "$@"
+exec "$PYTHON" -m bench.gpu_scale "$@"

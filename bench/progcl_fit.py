@@ -6,25 +6,20 @@
 2. A fit on M sampled pairs against the fit on every pair, at 2N = 1024: the components' means, standard deviations
    and weights, the weights w_ij, and the EM time per fit (one thread).
 
-    python bench/progcl_fit.py           # results: bench/results/progcl_fit.{json,md}
+    python -m bench.progcl_fit           # results: bench/results/progcl_fit.{json,md}
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import RESULTS, environment, write_json  # noqa: E402
-from dcl_clamp import corpus, dropout_views, load_minilm  # noqa: E402
-
-from simcse_hn.losses import ProGCLLoss  # noqa: E402
-from simcse_hn.losses.base import cosine_similarities  # noqa: E402
+from bench.common import RESULTS, environment, write_json
+from bench.dcl_clamp import corpus, dropout_views, load_minilm
+from simcse_hn.losses import ProGCLLoss
+from simcse_hn.losses.base import cosine_similarities
 from simcse_hn.losses.progcl import (
     EPS,
     BetaMixture,
@@ -34,7 +29,7 @@ from simcse_hn.losses.progcl import (
     identify_components,
     negative_posteriors,
 )
-from simcse_hn.losses.targets import build_targets  # noqa: E402
+from simcse_hn.losses.targets import build_targets
 
 SEEDS = 100
 SAMPLES = (1024, 4096, 16384, 65536)

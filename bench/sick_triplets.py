@@ -1,6 +1,6 @@
 """NLI-style triplets from SICK, for offline smoke runs of paired training (the lab has no copy of SimCSE's NLI file).
 
-    python bench/sick_triplets.py --output outputs/sick_triplets.csv
+    python -m bench.sick_triplets --output outputs/sick_triplets.csv
 
 Each SICK pair (sentence1 A, sentence2 B) carries an entailment label. A triplet is (A, B, C) with A entailing B
 (the positive) and A contradicting C (the hard negative): SimCSE's `sent0, sent1, hard_neg` layout, written as CSV
@@ -17,13 +17,10 @@ import argparse
 import csv
 import json
 import random
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, not an installed one
-from common import SHARED_DATA  # noqa: E402
+from bench.common import SHARED_DATA
 
 SICK = SHARED_DATA / "sts" / "sickr.jsonl"
 

@@ -15,30 +15,26 @@ section 2). Phases are wall-clock intervals around the Trainer's own calls, mean
 Then torch.profiler over `--profile_steps` steps: self CPU time per operator, the matrix products (mm, addmm, bmm,
 linear's kernels, the attention kernel) against everything else, and the allocator's calls (empty/resize).
 
-    python bench/step_profile.py            # results: bench/results/step_profile.{json,md}
-    python bench/step_profile.py --quick    # a tiny encoder, a smoke run (step_profile_quick)
+    python -m bench.step_profile            # results: bench/results/step_profile.{json,md}
+    python -m bench.step_profile --quick    # a tiny encoder, a smoke run (step_profile_quick)
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import (  # noqa: E402
+from bench.common import (
     RESULTS,
     environment,
     environment_line,
     training_bench_inputs,
     write_json,
 )
-
-from simcse_hn.losses.registry import BASELINE  # noqa: E402
+from simcse_hn.losses.registry import BASELINE
 
 PHASES = ("collate", "forward", "loss", "backward", "clip_and_zero_grad", "optimizer", "between_steps")
 ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
@@ -51,7 +47,7 @@ def run(model: str, corpus: Path, steps: int, warmup: int, profile_steps: int, t
     import torch
     from transformers import TrainerCallback
 
-    import train
+    from simcse_hn.cli import train
 
     torch.set_num_threads(threads)
     marks: dict[str, list[float]] = {name: [] for name in PHASES}

@@ -6,8 +6,8 @@ evaluation or checkpoints. The peak resident set size of that process is the ker
 child alone). In memory, the corpus is read whole (a Python list, then an Arrow table); streamed, datasets reads it as
 the steps need it, through the shuffle buffer (10,000 sentences, the default).
 
-    python bench/streaming_memory.py            # results: bench/results/streaming_memory.{json,md}
-    python bench/streaming_memory.py --report   # the Markdown again from the JSON
+    python -m bench.streaming_memory            # results: bench/results/streaming_memory.{json,md}
+    python -m bench.streaming_memory --report   # the Markdown again from the JSON
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's simcse_hn, not an installed one
-from common import RESULTS, ROOT, environment, write_json  # noqa: E402
+from bench.common import RESULTS, ROOT, environment, write_json
 
 SIZES = (10_000, 100_000, 1_000_000)
 STEPS = 5

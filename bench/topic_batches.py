@@ -13,8 +13,8 @@ largest such cosine), both averaged over anchors and batches; and SimCSE's unsup
 two dropout views of each sentence (MiniLM in train mode, dropout 0.1, no gradient): cross-entropy of view 1 against
 the batch's view 2 rows.
 
-    python bench/topic_batches.py            # results: bench/results/topic_batches.{json,md}
-    python bench/topic_batches.py --report   # the Markdown again from the JSON
+    python -m bench.topic_batches            # results: bench/results/topic_batches.{json,md}
+    python -m bench.topic_batches --report   # the Markdown again from the JSON
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from bench.common import (
     RESULTS,
     SHARED_DATA,
     environment,
@@ -148,8 +146,8 @@ def main(limit: int | None = None) -> None:
     for k in CLUSTERS:
         backends = ("torch", "faiss") if faiss is not None else ("torch",)
         for backend in backends:
-            child = subprocess.run([sys.executable, __file__, "--kmeans-child", str(saved), str(k), backend],
-                                   capture_output=True, text=True, check=True)  # fmt: skip
+            child = subprocess.run([sys.executable, "-m", "bench.topic_batches", "--kmeans-child", str(saved), str(k),
+                                    backend], capture_output=True, text=True, check=True)  # fmt: skip
             clustering.append(json.loads(child.stdout.strip().splitlines()[-1]))
             print(clustering[-1], flush=True)
             assignment = torch.load(f"{saved}.{k}.{backend}")

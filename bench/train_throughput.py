@@ -35,9 +35,9 @@ Fraction = useful FLOP/s / limit.
    losses and final weights are compared (weights in units of lr x steps, the most AdamW moves one: `compare_runs`);
    where it cannot run, the error's first line is recorded.
 
-    python bench/train_throughput.py            # all of it on all-MiniLM-L6-v2: results/train_throughput.{json,md}
-    python bench/train_throughput.py --quick    # a tiny encoder, one round: results/train_throughput_quick.*
-    python bench/train_throughput.py --sections objectives compile --compile_backend inductor
+    python -m bench.train_throughput            # all of it on all-MiniLM-L6-v2: results/train_throughput.{json,md}
+    python -m bench.train_throughput --quick    # a tiny encoder, one round: results/train_throughput_quick.*
+    python -m bench.train_throughput --sections objectives compile --compile_backend inductor
 """
 
 from __future__ import annotations
@@ -52,9 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import (  # noqa: E402
+from bench.common import (
     RESULTS,
     ROOT,
     EncoderShape,
@@ -71,9 +69,8 @@ from common import (  # noqa: E402
     training_bench_inputs,
     write_json,
 )
-
-from simcse_hn.files import portable_name  # noqa: E402
-from simcse_hn.losses.registry import BASELINE, benchmark_settings, setting_flags  # noqa: E402
+from simcse_hn.files import portable_name
+from simcse_hn.losses.registry import BASELINE, benchmark_settings, setting_flags
 
 BATCH = 64
 MAX_LENGTH = 32
@@ -170,7 +167,7 @@ def recording_callback(marks: list[float], memory: dict):
 
 
 def run_ours(spec: dict, corpus: Path, output_dir: str, callback, batches: list, losses: list):
-    import train
+    from simcse_hn.cli import train
 
     base = train.SimCSETrainer
 
@@ -389,7 +386,8 @@ def launch(specs: list[dict], corpus: Path, threads: int, processes: int = 1, ti
     with tempfile.TemporaryDirectory() as tmp:
         spec_file, out_file = Path(tmp) / "specs.json", Path(tmp) / "out.json"
         spec_file.write_text(json.dumps({"specs": specs, "corpus": str(corpus), "threads": threads}))
-        command = [sys.executable, __file__, "--worker", str(spec_file), "--worker_out", str(out_file)]
+        command = [sys.executable, "-m", "bench.train_throughput", "--worker", str(spec_file),
+                   "--worker_out", str(out_file)]
         if processes > 1:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                        str(processes), *command[1:]]  # fmt: skip

@@ -1,63 +1,8 @@
-"""Training curves of one run or several side by side: loss, STS-B dev, alignment / uniformity and the loss
-diagnostics over steps, from what the Trainer wrote.
+"""Training curves of one run or several; the code is simcse_hn/cli/curves.py (installed: `simcse-hn-curves`)."""
 
-    python eval/curves.py outputs/unsup-bert-base-infonce outputs/unsup-bert-base-hcl --output reports/curves \
-        [--labels InfoNCE,HCL] [--keys loss,eval_stsb_spearman,pos_sim]
-
-Each RUN is a training output folder (or one checkpoint-N folder): its trainer_state.json, else the newest
-complete checkpoint's, and the TensorBoard event files under runs/ when the run used `--report_to tensorboard`;
-or a curves.json this script wrote, whose runs come back under their recorded names (curves kept after the training
-folders are gone).
-Writes curves.md (a summary table), curves.json (every series), curves.png (all metrics), curve_<metric>.png (one
-per metric, one paper column wide) and, when the runs logged eval_alignment and eval_uniformity,
-alignment_uniformity.png (the SimCSE chart, one point per evaluation). Metrics that never changed (no fallback,
-no skipped step) are listed in curves.md instead of drawn, unless named in --keys.
-"""
-
-from __future__ import annotations
-
-import argparse
-import os
 import sys
 
-# a checkout runs its own simcse_hn, never an installed copy (check_own_checkout refuses a mix)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from simcse_hn.errors import DataError
-from simcse_hn.evaluation.curves import load_curves, load_record, write_curves
-from simcse_hn.evaluation.reports import model_label, unique_labels
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "runs", nargs="+", help="Training output folders (or checkpoint folders), or curves.json files it wrote."
-    )
-    parser.add_argument("--output", required=True, help="Folder for curves.md, curves.json and the PNG charts.")
-    parser.add_argument(
-        "--labels", default=None, help="Comma-separated labels of the run folders (default: their names)."
-    )
-    parser.add_argument("--keys", default=None, help="Comma-separated metrics to draw (default: every one logged).")
-    args = parser.parse_args(argv)
-    try:
-        folders = [run for run in args.runs if not (run.endswith(".json") and os.path.isfile(run))]
-        labels = [label.strip() for label in args.labels.split(",")] if args.labels else None
-        if labels is not None and len(labels) != len(folders):
-            raise DataError(f"--labels: {len(labels)} labels for {len(folders)} run folders")
-        labels = iter(labels or unique_labels([model_label(run) for run in folders], [
-            os.path.join(run, "x") for run in folders]))  # fmt: skip
-        runs = []
-        for run in args.runs:
-            runs += load_record(run) if run not in folders else [load_curves(run, name=next(labels))]
-        keys = [key.strip() for key in args.keys.split(",")] if args.keys else None
-        written = write_curves(runs, args.output, keys)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(open(os.path.join(args.output, "curves.md"), encoding="utf-8").read(), end="")
-    print(f"wrote {', '.join(written)} to {args.output}", file=sys.stderr)
-    return 0
-
+from simcse_hn.cli.curves import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,9 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(ROOT))  # train.py and eval/ live at the top level
+# This checkout first for the processes tests start (launchers, workers, scripts); pytest itself gets it from
+# `pythonpath` in pyproject.toml.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 
 def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:

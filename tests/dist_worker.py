@@ -24,10 +24,6 @@ from pathlib import Path
 import datasets
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # simcse_hn when started by torchrun from anywhere
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from dist_worker_common import (  # noqa: E402
     CACHE_SENTENCES,
     batch,
@@ -46,7 +42,7 @@ from dist_worker_common import (  # noqa: E402
 )
 
 from simcse_hn.data.collator import SimCSECollator  # noqa: E402
-from simcse_hn.testing import build_tiny_bert  # noqa: E402
+from simcse_hn.testing.models import build_tiny_bert  # noqa: E402
 from simcse_hn.training import distributed, grad_cache  # noqa: E402
 
 DROPOUT = 0.1

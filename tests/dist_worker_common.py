@@ -17,7 +17,7 @@ from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
 from simcse_hn.data.sts import load_sts_pairs
 from simcse_hn.losses import LOSSES, build_loss
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 from simcse_hn.training.trainer import SimCSETrainer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -14,7 +14,7 @@ from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
 from simcse_hn.data.pairs import PairCollator
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 from simcse_hn.training.trainer import SimCSETrainer
 
 EXAMPLES, PER_DEVICE, CLUSTERS = 64, 4, 4

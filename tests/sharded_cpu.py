@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 
 def requested(name: str) -> bool:
@@ -71,9 +70,8 @@ def use_cpu() -> bool:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # train.py and simcse_hn, from any folder
     allow_sharding_on_cpu()
-    import train
+    from simcse_hn.cli import train
 
     if not use_cpu():  # train.py adds --use_cpu true under a launcher without GPUs
         train._cpu_fallback = lambda argv: list(argv)

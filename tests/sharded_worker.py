@@ -19,9 +19,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # simcse_hn when started from anywhere
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from sharded_cpu import allow_sharding_on_cpu, requested, use_cpu  # noqa: E402
 
 allow_sharding_on_cpu()  # before the first Accelerator
@@ -33,7 +30,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 from simcse_hn.data.collator import SimCSECollator  # noqa: E402
 from simcse_hn.data.sentences import load_sentence_stream  # noqa: E402
-from simcse_hn.testing import build_tiny_bert  # noqa: E402
+from simcse_hn.testing.models import build_tiny_bert  # noqa: E402
 from simcse_hn.training import distributed  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "tiny_corpus.txt"

@@ -1,17 +1,11 @@
 """bench/packing_probe.py's packed forward: the embeddings its recorded timings stand for."""
 
-import importlib.util
-from pathlib import Path
 
 import torch
 
+from bench import packing_probe as probe
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
-
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("bench_packing_probe", ROOT / "bench" / "packing_probe.py")
-probe = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(probe)
+from simcse_hn.testing.models import build_tiny_bert
 
 SENTENCES = ["a b c", "the cat sat on the mat today", "x", "one two three four five six seven eight nine"]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import FIXTURES, ROOT
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.errors import ConfigError
 

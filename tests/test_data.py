@@ -12,7 +12,7 @@ from simcse_hn.data.sts import load_sts_pairs
 from simcse_hn.errors import ConfigError, DataError
 from simcse_hn.losses.targets import contrastive_targets
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +47,7 @@ def test_model_inputs_drop_the_collators_bookkeeping_so_the_encoder_takes_the_ba
 
 
 def test_the_benches_dropout_views_run_the_encoder_on_a_collated_batch(tokenizer, monkeypatch):
-    import importlib.util
-
-    from conftest import ROOT
-
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # dcl_clamp imports bench/common
-    spec = importlib.util.spec_from_file_location("bench_dcl_clamp", ROOT / "bench" / "dcl_clamp.py")
-    dcl_clamp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dcl_clamp)
+    from bench import dcl_clamp
     model = SimCSEModel(build_tiny_bert()[0], pooler="cls")
     z = dcl_clamp.dropout_views(model, tokenizer, ["one sentence", "another one", "a third"])
     assert z.shape[0] == 6 and not torch.allclose(z[0], z[1])  # two dropout views of each sentence
@@ -179,7 +172,7 @@ def test_dataset_name_route_passes_config_split_and_files_to_datasets(monkeypatc
     (a stand-in here: the Hub is out of reach); train_file and dataset_name together are refused."""
     import datasets
 
-    import train
+    from simcse_hn.cli import train
     from simcse_hn.configuration.parser import parse_args
 
     calls = []

@@ -11,11 +11,11 @@ import torch
 from test_hub import run_snippet, snippet, train_args
 from transformers import AutoConfig, AutoTokenizer
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.export.model_card import write_model_card
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel, last_token
-from simcse_hn.testing import TINY_LLAMA
+from simcse_hn.testing.models import TINY_LLAMA
 
 SENTENCES = ["A man is playing a large guitar on the stage.", "Someone plays.", "The weather is cold today!"]
 

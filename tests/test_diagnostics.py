@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import square_targets
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.losses import LossContext, build_loss
 from simcse_hn.losses.base import negative_diagnostics
 

@@ -31,7 +31,7 @@ from dist_worker_common import (
 )
 
 from simcse_hn.losses import LOSSES
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 from simcse_hn.training import distributed
 
 CASES = cases()

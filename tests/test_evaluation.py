@@ -25,7 +25,7 @@ from simcse_hn.evaluation.encoding import (
 from simcse_hn.evaluation.scoring import parse_tasks, score_sts_tasks, sts_spearman
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import TINY_LLAMA, build_tiny_bert
+from simcse_hn.testing.models import TINY_LLAMA, build_tiny_bert
 
 WORDS = (
     "a the man woman dog cat child plays runs eats reads sings guitar piano ball book food park street car "

@@ -1,5 +1,6 @@
 """What train.py saves loads in sentence-transformers and transformers with SimCSE's embeddings; the card and the
-push to a Hub stand-in on 127.0.0.1 (tests/hub_server.py); one-line errors without credentials or network."""
+push to a Hub stand-in on 127.0.0.1 (simcse_hn/testing/hub_server.py); one-line errors without credentials or
+network."""
 
 from __future__ import annotations
 
@@ -14,19 +15,19 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FIXTURES, ROOT
-from hub_server import HubStandIn
 from huggingface_hub import ModelCard, constants
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.data.sts import STS_TASKS
 from simcse_hn.evaluation.mteb_results import MTEB_TASKS
 from simcse_hn.export import hub, model_card
 from simcse_hn.export.hub import HubTarget
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import TINY_MODEL
+from simcse_hn.testing.hub_server import HubStandIn
+from simcse_hn.testing.models import TINY_MODEL
 
 # The first sentence is longer than the training max_seq_length=32 (character-level tokenizer): the saved folder keeps
 # the encoder's own 128-token limit, so every path must encode it whole.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.errors import ConfigError
 from simcse_hn.modeling.batching import MIN_GROUP_ROWS, length_groups_of
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert, build_tiny_llama
+from simcse_hn.testing.models import build_tiny_bert, build_tiny_llama
 
 # lengths from 2 to ~40 characters: a padded batch is mostly padding
 SENTENCES = [("word " * (1 + (7 * i) % 9)).strip() + f" {i}" for i in range(32)]

@@ -25,10 +25,10 @@ from sentence_transformers import SentenceTransformer
 from test_hub import train_args
 from transformers import AutoModel
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import TINY_MODEL
+from simcse_hn.testing.models import TINY_MODEL
 
 pytest.importorskip("peft")
 

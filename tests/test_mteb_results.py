@@ -18,7 +18,7 @@ from simcse_hn.data.sts import STS_TASKS, load_sts_task
 from simcse_hn.evaluation import mteb_results
 from simcse_hn.evaluation.encoding import load_encoder
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_mteb = pytest.mark.skipif(not mteb_results.mteb_installed(), reason="mteb is not installed (the [mteb] extra)")

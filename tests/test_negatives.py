@@ -15,12 +15,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def load_script():
-    import importlib.util
+    import importlib
 
-    spec = importlib.util.spec_from_file_location("eval_negatives", FIXTURES.parents[1] / "eval" / "negatives.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("simcse_hn.cli.negatives")
 
 
 def test_report_lists_the_most_similar_negatives_with_each_objectives_weight(tmp_path, capsys):
@@ -47,7 +44,7 @@ def test_report_lists_the_most_similar_negatives_with_each_objectives_weight(tmp
 def test_weights_are_the_losses_own(tmp_path):
     """weigh_batch's HCL weights equal HCLLoss's on the same rows (dropout off, so the rows are reproducible)."""
     from simcse_hn.modeling.model import SimCSEModel
-    from simcse_hn.testing import build_tiny_bert
+    from simcse_hn.testing.models import build_tiny_bert
 
     negatives = load_script()
     encoder, tokenizer = build_tiny_bert(dropout=0.0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.configuration.parser import ARGUMENT_CLASSES, parse_args
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses import LOSSES, benchmark_settings, build_loss
@@ -214,7 +214,7 @@ def test_trainer_tells_the_loss_what_its_targets_are(form):
 def test_a_run_whose_debiasing_clamp_holds_warns_once_naming_the_setting(tiny_args, caplog):
     """SimCSETrainer registers the clamp warning: DCL with a large prior and identical views (dropout 0, so s_ip = 1)
     clamps nearly every anchor (mean pooling: the tiny model's CLS vectors are all alike)."""
-    import train
+    from simcse_hn.cli import train
 
     extra = ["--loss", "dcl", "--dcl_tau_plus", "0.5", "--dropout", "0", "--pooler", "avg", "--max_steps", "4",
              "--logging_steps", "2",

@@ -10,19 +10,16 @@ import random
 
 import pytest
 import torch
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.data.pairs import load_pairs
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("mine_negatives", ROOT / "scripts" / "mine_negatives.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("simcse_hn.cli.mine_negatives")
 
 
 mine_negatives = _load_script()

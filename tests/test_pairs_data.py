@@ -7,11 +7,11 @@ import pytest
 import torch
 from conftest import FIXTURES
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.data.collator import text_id
 from simcse_hn.data.pairs import PairCollator, load_pairs, num_negatives, resolve_data_format
 from simcse_hn.errors import DataError
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 
 NLI = (
     "\ufeffsent0,sent1,hard_neg\n"  # SimCSE's nli_for_simcse.csv header (here with a byte-order mark)

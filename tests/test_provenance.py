@@ -12,7 +12,7 @@ import pytest
 from conftest import FIXTURES, ROOT
 from test_sts_cli import write_data
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.errors import UserError
 from simcse_hn.provenance import check_own_checkout, code_identity, data_sha256, source_sha256
 
@@ -79,8 +79,7 @@ def test_train_records_data_hash_and_code_and_eval_compares(tiny_args, tmp_path,
     assert saved["code"]["source_sha256"] == source_sha256()
     assert not any(str(ROOT) in json.dumps(v) for v in saved["code"].values())
 
-    sys.path.insert(0, str(ROOT / "eval"))
-    import sts
+    from simcse_hn.cli import sts
 
     tasks = ["--data_dir", str(write_data(tmp_path / "sts")), "--device", "cpu", "--no_progress_bar"]
     assert sts.main(["--model", str(out), "--output", str(tmp_path / "r"), "--require_same_code", *tasks]) == 0

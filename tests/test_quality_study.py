@@ -17,9 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def quality(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_quality", ROOT / "bench" / "quality.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.reload(importlib.import_module("bench.quality"))  # a fresh module for each test
     monkeypatch.setattr(module, "OUT", tmp_path / "results")
     calls = []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.errors import DataError
 from simcse_hn.modeling.model import SimCSEModel
 

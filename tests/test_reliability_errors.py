@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from test_hub import train_args
 from transformers import BertConfig, DebertaV2Config, MPNetConfig, RobertaConfig
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.modeling.loading import model_max_length
 from simcse_hn.modeling.model import SimCSEModel
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from test_hub import files_snapshot, train_args
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.export import model_card
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import TINY_MODEL
+from simcse_hn.testing.models import TINY_MODEL
 
 
 def _someone_elses(folder: Path) -> dict[str, bytes]:

@@ -15,7 +15,7 @@ from conftest import FIXTURES
 from test_hub import train_args
 from test_resume import _run, _weights
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.errors import ConfigError
 from simcse_hn.training.checkpoints import resolve_resume
 

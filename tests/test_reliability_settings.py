@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_hub import train_args
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.errors import ConfigError
 from simcse_hn.modeling.model import SimCSEModel

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from hub_server import HubStandIn
 from test_hub import hub_env, train_args  # noqa: F401 - hub_env is a fixture
 
-import train
+from simcse_hn.cli import train
+from simcse_hn.testing.hub_server import HubStandIn
 
 SECRET = "hf_SECRETtokenThatMustNeverReachTheDisk0123"
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from test_hub import train_args
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from conftest import FIXTURES, ROOT
 from test_sts_cli import load_script, write_data
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.curves import event_folders, load_curves, read_tensorboard, write_curves
 

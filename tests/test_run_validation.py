@@ -12,7 +12,7 @@ import yaml
 from conftest import FIXTURES, ROOT
 from test_scale_config import HAS_DEEPSPEED, deepspeed_errors, zero
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.configuration.resolved import CHECKS, ResolvedData, resolve_data, resolve_run
 from simcse_hn.data.sentences import load_sentences

@@ -18,7 +18,7 @@ from simcse_hn.data.pairs import PairCollator
 from simcse_hn.data.sampling import NoDuplicatesSampler
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 from simcse_hn.training.trainer import SimCSETrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

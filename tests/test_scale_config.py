@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.errors import ConfigError
 

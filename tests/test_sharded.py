@@ -140,7 +140,7 @@ def test_each_process_trains_on_its_own_share_of_a_streamed_corpus(engine, tmp_p
     """Not re-sharded by accelerate nor dispatched from process 0: process r's batches are its split of the stream."""
     from simcse_hn.data.collator import SimCSECollator
     from simcse_hn.data.sentences import load_sentence_stream
-    from simcse_hn.testing import build_tiny_bert
+    from simcse_hn.testing.models import build_tiny_bert
 
     folder = runs(engine, tmp_path_factory) / "stream"
     collate = SimCSECollator(build_tiny_bert()[1], max_length=24)

@@ -13,7 +13,7 @@ from conftest import FIXTURES
 from safetensors.torch import load_file
 from test_hub import train_args
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.data.sentences import load_sentence_stream, load_sentences
 from simcse_hn.errors import DataError
 from simcse_hn.training.trainer import SimCSETrainer

@@ -23,7 +23,7 @@ from simcse_hn.evaluation.encoding import load_encoder
 from simcse_hn.evaluation.results import load_predictions
 from simcse_hn.evaluation.scoring import score_sts_tasks
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 
 RESULT_KEYS = {"model", "pooler", "aggregation", "sickr_pairs", "date", "versions", "settings", "training", "tasks",
                "average", "alignment_uniformity"}  # fmt: skip
@@ -39,10 +39,7 @@ FILES = {
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"eval_{name}", ROOT / "eval" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"simcse_hn.cli.{name}")
 
 
 def write_data(root, pairs_per_subset: int = 8):

@@ -19,12 +19,12 @@ from dist_worker_topic import RecordingCollator as AnchorCollator
 from torch.utils.data import BatchSampler, DataLoader
 from transformers import TrainerCallback
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
 from simcse_hn.data.topic_batches import InForce, TopicBatchSampler, kmeans
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import build_tiny_bert
+from simcse_hn.testing.models import build_tiny_bert
 from simcse_hn.training.trainer import TOPIC_CLUSTERS_FILE, SimCSETrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,7 +13,7 @@ import scipy.stats
 import torch
 from conftest import FIXTURES, ROOT
 
-import train
+from simcse_hn.cli import train
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
 

@@ -11,14 +11,19 @@ uniformity runs over every distinct sentence of STS-B dev. Both are computed in 
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from simcse_hn.data.sts import STSPairs
+from simcse_hn.data.sts import STS_FILES, STS_HUB, STSPairs, load_sts_pairs, read_sts_jsonl
+from simcse_hn.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 THRESHOLD = 4.0  # SimCSE: "pairs with scores higher than 4" on STS-B's 0-5 scale
 PROTOCOL = (
@@ -111,3 +116,28 @@ def alignment_uniformity(encode, pairs: STSPairs, threshold: float = THRESHOLD) 
     """
     sentences = list(dict.fromkeys(pairs.sentence1 + pairs.sentence2))
     return alignment_uniformity_encoded(encode(sentences), {s: i for i, s in enumerate(sentences)}, pairs, threshold)
+
+
+def load_stsb_dev(data_dir: str | None) -> tuple[STSPairs | None, str | None]:
+    """STS-B dev for alignment and uniformity: the `dev` rows of the data folder's stsb.jsonl, else the Hub copy's
+    validation split. (None, None) with a log line when it is not there: the suite does not need it."""
+    if data_dir is not None:
+        source = os.path.join(data_dir, STS_FILES["STS-B"])
+        rows = [row for row in read_sts_jsonl(source) if row["split"] == "dev"] if os.path.isfile(source) else []
+        if not rows:
+            logger.info("%s: no split 'dev' rows; alignment and uniformity not measured", source)
+            return None, None
+        pairs = STSPairs([r["sentence1"] for r in rows], [r["sentence2"] for r in rows], [r["score"] for r in rows])
+        source += " (split dev)"
+    else:
+        source = STS_HUB["STS-B"]
+        try:
+            pairs = load_sts_pairs(source, "validation")
+        except DataError as e:
+            logger.warning("alignment and uniformity not measured: %s", e)
+            return None, None
+        source += " (split validation)"
+    if not positive_pairs(pairs):
+        logger.warning("%s: no pair with a gold score above 4 of 5; alignment and uniformity not measured", source)
+        return None, None
+    return pairs, source

@@ -14,7 +14,7 @@ from simcse_hn.files import SIMCSE_CONFIG
 from simcse_hn.modeling.batching import map_batches, restore_order, token_length_order
 from simcse_hn.modeling.loading import inference_max_length, load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.testing import BUILTIN_MODELS
+from simcse_hn.testing.models import BUILTIN_MODELS
 
 logger = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ usage for sentence-transformers and transformers. `update_card_sts` replaces the
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -223,3 +224,22 @@ def update_card_sts(card_text: str, results: dict, model_name: str | None = None
     else:
         card.text = card.text.rstrip("\n") + f"\n\n## STS results\n\n{section}\n"
     return card.content
+
+
+def save_sts_results(folder: str, results: dict) -> None:
+    """sts_results.json into the model folder (listed in its manifest, so a push uploads it) and the card updated:
+    its STS table and model-index replaced, the rest kept; a card simcse-hn did not write is left alone."""
+    with open(os.path.join(folder, STS_RESULTS), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+    record_files(folder, [STS_RESULTS])
+    card = os.path.join(folder, CARD)
+    if not os.path.isfile(card):
+        write_model_card(folder, sts_results=results)
+    elif card_is_ours(folder):
+        with open(card, encoding="utf-8") as f:
+            text = update_card_sts(f.read(), results, model_name=os.path.basename(os.path.normpath(folder)))
+        with open(card, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        logger.warning("%s was not written by simcse-hn: its STS results are not updated", card)

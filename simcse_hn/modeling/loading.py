@@ -18,7 +18,7 @@ from simcse_hn.files import (
     read_json,
     write_json,
 )
-from simcse_hn.testing import (
+from simcse_hn.testing.models import (
     BUILTIN_MODELS,
     TINY_LLAMA,
     TINY_MODEL,

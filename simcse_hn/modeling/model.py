@@ -33,7 +33,7 @@ from simcse_hn.modeling.batching import (
 )
 from simcse_hn.modeling.loading import encoder_files, finish_tokenizer_config, is_decoder_only
 from simcse_hn.modeling.st_format import head_as_encoder_pooler, write_sentence_transformers_files
-from simcse_hn.testing import BUILTIN_MODELS, build_builtin
+from simcse_hn.testing.models import BUILTIN_MODELS, build_builtin
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,369 @@
+"""The STS suite (STS12-16, STS-B test, SICK-R test) for a SimCSE folder, a Hub id or a sentence-transformers model.
+
+    python eval/sts.py --model PATH_OR_ID [--pooler avg] --data_dir ../shared/data/sts --output runs/sts \
+        [--tasks all|sts12,stsb,...] [--aggregation all|mean|wmean] [--sickr_all] [--batch_size 128] \
+        [--max_seq_length N] [--device cpu] [--save_to_model] [--push_to_hub --hub_model_id user/name] \
+        [--curves] [--no_alignment_uniformity] [--mteb_results DIR | --no_mteb_results]
+
+Writes results.json, results.md (the SimCSE paper's table + sub-file scores) and results.png into --output, and
+predictions.npz: every pair's cosine and gold score per task (format: simcse_hn.evaluation.results.save_predictions),
+what eval/compare.py's paired bootstrap resamples. With STS-B dev in the data (the `dev` split of stsb.jsonl, or the
+Hub's validation split) it also reports alignment and uniformity under SimCSE's protocol, from the same encode call. A
+SimCSE folder's simcse_config.json (the objective, its settings, the seed) is copied into results.json as
+"training"; --curves adds the run's training curves (eval/curves.py) under --output/curves.
+It also writes one MTEB result file per task, in MTEB's layout and schema (simcse_hn.evaluation.mteb_results), into an
+MTEB results cache (default --output/mteb): results/{org}__{model}/{revision}/{Task}.json and model_meta.json, holding
+MTEB's numbers (each task alone, SICK-R's 9,927 pairs), through mteb's own TaskResult when mteb is installed.
+Without --data_dir the tasks come from the Hub (mteb/*-sts, sentence-transformers/stsb) through `datasets`.
+User errors (a missing or malformed task file, a bad flag) print one `error: ...` line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from simcse_hn.data.sts import load_sts_task
+from simcse_hn.errors import DataError, UserError
+from simcse_hn.evaluation import mteb_results
+from simcse_hn.evaluation.analysis import load_stsb_dev
+from simcse_hn.evaluation.comparability import data_fingerprint
+from simcse_hn.evaluation.encoding import load_encoder
+from simcse_hn.evaluation.plots import plot_results
+from simcse_hn.evaluation.reports import model_label, results_markdown, results_table
+from simcse_hn.evaluation.results import PREDICTIONS, save_predictions, sts_results
+from simcse_hn.evaluation.scoring import (
+    AGGREGATION_HELP,
+    AGGREGATIONS,
+    check_aggregation,
+    encode_union,
+    parse_tasks,
+    score_encoded_tasks,
+)
+from simcse_hn.export.model_card import save_sts_results
+from simcse_hn.provenance import check_own_checkout, code_identity
+
+logger = logging.getLogger("eval.sts")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="SimCSE output folder, Hub id, or sentence-transformers model.")
+    parser.add_argument(
+        "--pooler",
+        default=None,
+        help="Evaluate as a SimCSEModel with this pooler: cls, cls_before_pooler, avg, avg_first_last, avg_top2. "
+        "Default: the pooler saved in simcse_config.json, else the model's sentence-transformers modules when it has "
+        "modules.json, else 'cls'.",
+    )
+    parser.add_argument(
+        "--data_dir",
+        default=None,
+        help="Folder with sts12..16.jsonl, stsb.jsonl, sickr.jsonl. "
+        "Default: the public copies on the Hub (needs network).",
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="Folder for results.json, results.md, results.png and predictions.npz. Default: beside the model, "
+        "never inside it: MODEL-sts for a local folder, sts-NAME in the current folder for a Hub id.",
+    )
+    parser.add_argument("--tasks", default="all", help="'all' or a comma-separated list, e.g. sts12,stsb,sickr.")
+    parser.add_argument(
+        "--aggregation",
+        choices=AGGREGATIONS,
+        default="all",
+        help="; ".join(AGGREGATION_HELP.values()) + ". STS-B and SICK-R are single files either way.",
+    )
+    parser.add_argument(
+        "--sickr_all",
+        action="store_true",
+        help="Score SICK-R on all 9,927 pairs as MTEB does, "
+        "instead of SimCSE's 4,927 test pairs; labelled as such in every output.",
+    )
+    parser.add_argument("--batch_size", type=int, default=128, help="Sentences per encoder batch.")
+    parser.add_argument(
+        "--max_seq_length",
+        type=int,
+        default=None,
+        help="Truncate longer inputs (tokens). Default: the model's own inference length (its sentence-transformers "
+        "max_seq_length, else the encoder's limit), recorded in results.json.",
+    )
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... Default: cuda when available.")
+    parser.add_argument(
+        "--save_to_model",
+        action="store_true",
+        help="Also write sts_results.json into the local --model folder and update its model card (STS table and "
+        "model-index) when simcse-hn wrote the card.",
+    )
+    parser.add_argument(
+        "--allow_other_code",
+        action="store_true",
+        help="Run even when the imported simcse_hn is not this checkout's (recorded in results.json settings).",
+    )
+    parser.add_argument(
+        "--require_same_code",
+        action="store_true",
+        help="Refuse a model whose simcse_config.json records training code (source_sha256) other than this "
+        "evaluation's, or none (a study's evaluation must run the checkout that trained it).",
+    )
+    parser.add_argument("--push_to_hub", action="store_true", help="Upload the results to the model's Hub repo.")
+    parser.add_argument(
+        "--hub_model_id", default=None, help="Hub repo for --push_to_hub (default: --model when it is a Hub id)."
+    )
+    parser.add_argument("--no_progress_bar", action="store_true", help="Hide the encoding progress bar.")
+    parser.add_argument(
+        "--no_alignment_uniformity",
+        action="store_true",
+        help="Skip alignment and uniformity on STS-B dev (by default measured when the data has that split).",
+    )
+    parser.add_argument(
+        "--mteb_results",
+        default=None,
+        metavar="DIR",
+        help="MTEB results cache for the MTEB result files (DIR/results/{org}__{model}/{revision}/{Task}.json, as "
+        "mteb.ResultCache(DIR) reads). Default: OUTPUT/mteb.",
+    )
+    parser.add_argument(
+        "--mteb_model_name",
+        default=None,
+        help="The name the MTEB files are filed under (org/model). Default: --hub_model_id, the Hub id, else "
+        "local/<folder name>.",
+    )
+    parser.add_argument("--no_mteb_results", action="store_true", help="Write no MTEB result files.")
+    parser.add_argument(
+        "--curves",
+        action="store_true",
+        help="Also draw the training curves of --model (a training output or checkpoint folder: trainer_state.json, "
+        "TensorBoard events) into --output/curves.",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None, script: str | None = None) -> int:
+    """`script`: the file that started this run (eval/sts.py), whose checkout's package must be the one imported
+    (provenance.check_own_checkout); None for the console script, whose package is its code."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args, script)
+    except UserError as e:  # a bad task file or flag, a model folder without a usable tokenizer, ...
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def default_output(model: str) -> str:
+    """Beside the model, never inside it (a report in the folder would be taken for one of its files)."""
+    if os.path.isdir(model):
+        return os.path.normpath(model) + "-sts"
+    return "sts-" + model.rstrip("/").split("/")[-1].split(":")[-1]
+
+
+def run(args: argparse.Namespace, script: str | None = None) -> int:
+    other_code = check_own_checkout(script, allow_other=args.allow_other_code) if script else None
+    if other_code is not None:
+        logger.warning("%s", other_code)
+    args.output = args.output or default_output(args.model)
+    requested_model = args.model  # a builtin's Hub id names its MTEB files
+    if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
+        from simcse_hn.modeling.loading import resolve_packaged
+
+        args.model = resolve_packaged(args.model, field="--model")
+    local_model = os.path.isdir(args.model)
+    provenance = code_settings(args.model, other_code, args.require_same_code)  # refuses before any encoding
+    if args.save_to_model and not local_model:
+        raise DataError(f"--save_to_model needs a local model folder; {args.model!r} is not one")
+    hub_repo = args.hub_model_id or (None if local_model else args.model)
+    if args.push_to_hub and not hub_repo:
+        raise DataError("--push_to_hub needs --hub_model_id when --model is a local folder")
+    if args.pooler is not None:
+        # imports transformers: only when needed, so that data errors come fast
+        from simcse_hn.modeling.model import POOLERS
+
+        if args.pooler not in POOLERS:
+            raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
+    if args.device is not None and args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DataError(f"--device {args.device}: no CUDA device is available here")
+    if args.batch_size < 1:
+        raise DataError(f"--batch_size must be >= 1, got {args.batch_size}")
+    try:
+        names = parse_tasks(args.tasks)
+    except ValueError as e:
+        raise DataError(f"--tasks: {e}") from None
+
+    # Read and check every task file before the model loads: a bad line fails in seconds.
+    tasks = [load_sts_task(name, args.data_dir, sickr_all=args.sickr_all) for name in names]
+    for task in tasks:
+        logger.info("%s: %d pairs from %s (%s)", task.name, task.pairs, task.source, ", ".join(task.subsets))
+    check_aggregation(tasks, args.aggregation)
+    # MTEB scores SICK-R on all its pairs: without --sickr_all those are loaded too and encoded in the same call
+    mteb_tasks = [] if args.no_mteb_results else [
+        load_sts_task(task.name, args.data_dir, sickr_all=True) if task.name == "SICK-R" and not args.sickr_all
+        else task for task in tasks]  # fmt: skip
+    mteb_extra = [s for task in mteb_tasks if task not in tasks for p in task.subsets.values()
+                  for s in p.sentence1 + p.sentence2]  # fmt: skip
+    dev, dev_source = (None, None) if args.no_alignment_uniformity else load_stsb_dev(args.data_dir)
+    curves = None
+    if args.curves:
+        from simcse_hn.evaluation.curves import load_curves
+
+        if not local_model:
+            raise DataError(f"--curves needs a local training output folder; {args.model!r} is not one")
+        curves = load_curves(args.model)
+
+    try:
+        encode, info = load_encoder(
+            args.model,
+            pooler=args.pooler,
+            device=args.device,
+            batch_size=args.batch_size,
+            max_seq_length=args.max_seq_length,
+            show_progress_bar=not args.no_progress_bar,
+        )
+    except OSError as e:  # missing folder or Hub repo, no network, unreadable weights
+        raise DataError(f"could not load model {args.model!r} ({str(e).splitlines()[0]})") from None
+
+    # one encode call: the suite's sentences, then the STS-B dev sentences it lacks (about a quarter of them)
+    start = time.perf_counter()
+    extra = ((dev.sentence1 + dev.sentence2) if dev else []) + mteb_extra
+    embeddings, index = encode_union(encode, tasks, extra=extra)
+    encode_seconds = time.perf_counter() - start
+    scores, predictions = score_encoded_tasks(embeddings, index, tasks, args.aggregation)
+    geometry = None
+    if dev is not None:
+        from simcse_hn.evaluation.analysis import alignment_uniformity_encoded
+
+        geometry = alignment_uniformity_encoded(embeddings, index, dev, device=info["device"])
+        geometry["source"] = dev_source
+    settings = {
+        "tasks": names,
+        "data": args.data_dir or "hub",
+        "sources": {task.name: task.source for task in tasks},
+        "encoder": info["backend"],
+        "modules": info["modules"],
+        "batch_size": args.batch_size,
+        "max_seq_length": info["max_seq_length"],  # the length inputs were truncated to
+        "max_seq_length_requested": args.max_seq_length,
+        "device": info["device"],
+        "predictions": PREDICTIONS,
+        "data_sha256": {task.name: data_fingerprint(task) for task in tasks},  # what eval/compare.py checks
+        **provenance,
+    }
+    results = sts_results(
+        scores,
+        args.model,
+        info["pooler"],
+        sickr_all=args.sickr_all,
+        settings=settings,
+        alignment_uniformity=geometry,
+        training=training_config(args.model),
+    )
+
+    os.makedirs(args.output, exist_ok=True)
+    mteb_record = None
+    if mteb_tasks:
+        similarity = mteb_results.similarity_function(args.model, info["backend"])
+        scored = mteb_results.score_tasks(embeddings, index, mteb_tasks, similarity, encode_seconds)
+        fields = {
+            "name": args.mteb_model_name or mteb_results.model_name(requested_model, args.hub_model_id),
+            "revision": mteb_results.model_revision(args.model),
+            "embed_dim": int(embeddings.shape[1]),
+            "max_tokens": info["max_seq_length"],
+            "similarity_fn_name": similarity,
+            "framework": ["Sentence Transformers", "PyTorch"],
+            "adapted_from": mteb_results.adapted_from(results.get("training")),
+        }
+        cache = args.mteb_results or os.path.join(args.output, "mteb")
+        mteb_record = mteb_results.write_report_folder(cache, args.output, scored, mteb_tasks, fields)
+        results["settings"]["mteb_results"] = mteb_record
+    write_json(os.path.join(args.output, "results.json"), results)
+    save_predictions(os.path.join(args.output, PREDICTIONS), predictions)
+    with open(os.path.join(args.output, "results.md"), "w", encoding="utf-8") as f:
+        f.write(results_markdown(results))
+        if mteb_record is not None:
+            f.write("\n" + mteb_results.markdown_section(mteb_record))
+        if settings["same_code"] is False:
+            f.write("\n**Code differs:** this evaluation ran other code (source_sha256 "
+                    f"{settings['code']['source_sha256'][:12]}) than the model's training "
+                    f"({settings['training_code']['source_sha256'][:12]}).\n")  # fmt: skip
+    label = model_label(args.model)
+    plot_results([(label, results)], os.path.join(args.output, "results.png"), title=label)
+    written = ["results.json", "results.md", "results.png", PREDICTIONS]
+    if mteb_record is not None:
+        written.append(f"MTEB result files ({os.path.join(args.output, mteb_record['folder'])})")
+    if curves is not None:
+        from simcse_hn.evaluation.curves import write_curves
+
+        written += [f"curves/{name}" for name in write_curves([curves], os.path.join(args.output, "curves"))]
+    if args.save_to_model:
+        save_sts_results(args.model, results)
+    print(results_table([(label, results)]), end="")
+    if geometry is not None:
+        print(f"alignment {geometry['alignment']:.4f}, uniformity {geometry['uniformity']:.4f} (STS-B dev)")
+    logger.info("wrote %s to %s", ", ".join(written), args.output)
+
+    if args.push_to_hub:
+        from simcse_hn.export.hub import HubError, push_sts_results
+
+        try:  # the token comes from HF_TOKEN or `hf auth login`
+            push_sts_results(hub_repo, results, token=None)
+        except HubError as e:  # one line already; the local results are written
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        logger.info("pushed STS results to %s", hub_repo)
+    return 0
+
+
+def code_settings(model: str, other_code: str | None, require_same: bool = False) -> dict:
+    """The evaluating code's identity, the model's recorded training code (None for a model simcse-hn did not train)
+    and whether they agree (None when there is no record to compare)."""
+    ours = code_identity()
+    config = training_config(model)
+    theirs = config.get("code") if isinstance(config, dict) else None
+    same = None if not isinstance(theirs, dict) else theirs.get("source_sha256") == ours["source_sha256"]
+    if require_same and same is not True:
+        why = "records no training code" if same is None else (
+            f"was trained by code {theirs['source_sha256'][:12]}, this evaluation runs {ours['source_sha256'][:12]}")
+        raise UserError(f"--require_same_code: {model_label(model)} {why}")
+    return {"code": ours, "training_code": theirs, "same_code": same, "other_code": other_code}
+
+
+def training_config(model: str) -> dict | None:
+    """The model's simcse_config.json (what it was trained with), from its folder or the Hub cache; None when it
+    has none (a model this project did not train) or it cannot be read."""
+    from simcse_hn.files import SIMCSE_CONFIG
+
+    path = os.path.join(model, SIMCSE_CONFIG)
+    if not os.path.isdir(model):
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = hf_hub_download(model, SIMCSE_CONFIG)
+        except Exception:  # no such file, repo or network: the results stand without it
+            return None
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        logger.warning("%s: unreadable (%s); results.json gets no 'training' record", path, e)
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def write_json(path: str, results: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
