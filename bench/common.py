@@ -18,6 +18,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -232,6 +233,18 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_report(stem: Path, record: dict, markdown: Callable[[dict], str], echo: bool = False) -> str:
+    """Every bench's ending: stem.json (the record) and stem.md (`markdown(record)`, so that `python -m bench.report
+    stem.json` writes the same page again), the page printed with `echo`; returns the page."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    write_json(stem.with_name(stem.name + ".json"), record)
+    page = markdown(record)
+    stem.with_name(stem.name + ".md").write_text(page, encoding="utf-8")
+    if echo:
+        print(page)
+    return page
 
 
 # --- the limit: dense matrix products on this machine, now ---

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from bench.common import RESULTS, SHARED_DATA, environment, minilm_path, write_json
+from bench.common import RESULTS, SHARED_DATA, environment, minilm_path, write_report
 from simcse_hn.data.collator import SimCSECollator, model_inputs
 from simcse_hn.losses import DCLLoss
 from simcse_hn.losses.base import cosine_similarities
@@ -146,8 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     report.update(environment=environment(), seconds=round(time.time() - start),
                   load_average=[round(x, 2) for x in load])
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / "dcl_clamp.json", report)
-    (RESULTS / "dcl_clamp.md").write_text(markdown(report), encoding="utf-8")
+    write_report(RESULTS / "dcl_clamp", report, markdown)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from bench.common import (
     steal_percent,
     sts_data_dir,
     tiny_bert_folder,
-    write_json,
+    write_report,
 )
 from simcse_hn.data.sts import STS_TASKS, STSPairs, STSTask, load_sts_task
 from simcse_hn.evaluation.encoding import sentence_transformers_encode_fn, simcse_encode_fn
@@ -352,9 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     stem = Path(args.output) if args.output else RESULTS / ("eval_speed_quick" if args.quick else "eval_speed")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    write_json(stem.with_suffix(".json"), record)
-    stem.with_suffix(".md").write_text(markdown(record), encoding="utf-8")
-    print(markdown(record))
+    write_report(stem, record, markdown, echo=True)
     return 0
 
 

@@ -25,7 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, ROOT, environment, environment_line, load_average, steal_percent, write_json
+from bench.common import (
+    RESULTS,
+    ROOT,
+    environment,
+    environment_line,
+    load_average,
+    steal_percent,
+    write_report,
+)
 
 ABORT = "terminate called without an active exception"
 CONFIGS = {"fsdp": "fsdp.yaml", "zero2": "deepspeed_zero2.yaml", "zero3": "deepspeed_zero3.yaml"}
@@ -89,7 +97,7 @@ def summary(launches: list[dict]) -> dict:
     }
 
 
-def write_markdown(path: Path, data: dict) -> None:
+def markdown(data: dict) -> str:
     s = summary(data["launches"])
     lines = [
         "# Two-process CPU launches in a row: how each ends",
@@ -117,7 +125,7 @@ def write_markdown(path: Path, data: dict) -> None:
     ]
     if data.get("note"):
         lines += ["", data["note"]]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     data["load_average_end"] = load_average()
     data["cpu_steal_percent"] = steal_percent(start_counters)
     data["summary"] = summary(data["launches"])
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / f"{args.name}.json", data)
-    write_markdown(RESULTS / f"{args.name}.md", data)
+    write_report(RESULTS / args.name, data, markdown)
     print(json.dumps(data["summary"]))
     return 0 if data["summary"]["failed_launches"] == 0 else 1
 

@@ -43,7 +43,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 
-from bench.common import RESULTS, ROOT, environment, environment_line, load_average, write_json
+from bench.common import RESULTS, ROOT, environment, environment_line, load_average, write_report
 from simcse_hn.training.checkpoints import checkpoint_problem, last_complete_checkpoint, read_run_id
 
 MOMENTS = ("random", "checkpoint", "final", "push")
@@ -165,14 +165,21 @@ def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[
                                      and t.get("hub_equal", True) and t.get("hub_last_is_final", True)
                                      and not t.get("hub_partial_commits", 0))]  # fmt: skip
     data = {"environment": env, "reference_seconds": round(seconds, 1), "per_moment": per, "failures": len(bad),
-            "kills": sum(t["killed"] for t in trials), "load_average_now": load_average(), "trials": trials}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / f"{args.name}.json", data)
+            "kills": sum(t["killed"] for t in trials), "load_average_now": load_average(), "trials": trials,
+            "trials_per_moment": args.trials}
+    write_report(RESULTS / args.name, data, markdown)
+    return per, bad
+
+
+def markdown(data: dict) -> str:
+    """bench/results/<name>.md from its record."""
+    env, per, trials = data["environment"], data["per_moment"], data["trials"]
+    planned = data.get("trials_per_moment", max((v["trials"] for v in per.values()), default=0))
     lines = ["# Fault injection: SIGKILL, resume, compare with the uninterrupted run", "",
-             f"`python -m bench.fault_injection --trials {args.trials}` (see the module docstring); "
-             f"{len(trials)} of {len(args.moments) * args.trials} trials done when this was written.",
+             f"`python -m bench.fault_injection --trials {planned}` (see the module docstring); "
+             f"{len(trials)} of {len(per) * planned} trials done when this was written.",
              environment_line(env), "",
-             f"**{data['kills']} kills landed, {len(bad)} trials failed** (final weights not bit-equal to the "
+             f"**{data['kills']} kills landed, {data['failures']} trials failed** (final weights not bit-equal to the "
              "uninterrupted run's, a resume chose a checkpoint that was not the newest complete one, or, for push, "
              "the stand-in Hub's model differs from the uninterrupted run's, its last commit is not the final "
              "folder's, or a stored commit lacks part of a model).", "",
@@ -184,8 +191,7 @@ def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[
                f"{t['chosen_complete']} | {t['final_equal']} | {t.get('hub_equal', '')} | "
                f"{_hub_column(t)} |"
                for t in trials]]  # fmt: skip
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return per, bad
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

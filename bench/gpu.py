@@ -41,7 +41,7 @@ from bench.common import (
     environment_line,
     limit_sentence,
     shuffled_corpus,
-    write_json,
+    write_report,
 )
 from simcse_hn.losses import BASELINE, benchmark_settings, build_loss
 from simcse_hn.testing.recorder import HostTensorRecorder
@@ -216,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save():
         report["seconds"] = round(time.time() - start)
-        write_json(out_dir / "gpu.json", report)
-        (out_dir / "gpu.md").write_text(markdown(report), encoding="utf-8")
+        write_report(out_dir / "gpu", report, markdown)
 
     report["sync"] = sync_check(device, rows=24 if args.cpu_check else 126, dim=32 if args.cpu_check else 768)
     print(f"sync: {sum(v == 'ok' for v in report['sync'].values())} of {len(report['sync'])} ok", flush=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import RESULTS, ROOT, base_shaped_model, environment, write_json
+from bench.common import RESULTS, ROOT, base_shaped_model, environment, write_report
 
 ENGINES = {"fsdp": "fsdp.yaml", "zero2": "deepspeed_zero2.yaml", "zero3": "deepspeed_zero3.yaml"}
 SENTENCES = ["A man is playing a guitar.", "The weather is cold today.", "Stocks fell sharply on Monday."]
@@ -180,7 +180,15 @@ def main() -> None:
 
     device = torch.cuda.get_device_name(0) if gpus else "CPU (--cpu_check)"
     record_ = {"gpus": gpus, "gpu": device, "processes": processes, "runs": runs, **environment()}
-    write_json(results_dir / "gpu_scale.json", record_)
+    write_report(results_dir / "gpu_scale", record_, markdown)
+    failed = [r for r in runs if not r["ok"]]
+    print(f"{len(runs) - len(failed)} of {len(runs)} runs ok; logs in {tmp}")
+    sys.exit(1 if failed else 0)
+
+
+def markdown(record_: dict) -> str:
+    """bench/results/gpu_scale.md (or --out's) from its record."""
+    gpus, runs = record_["gpus"], record_["runs"]
     lines = ["# FSDP and DeepSpeed on GPUs (bench/gpu_scale.py)", "",
              f"{gpus} x {record_['gpu']}; commit {record_['commit']}; {record_['date']}.", "",
              "| engine | processes | run | ok | exit | s | notes |", "|---|---:|---|---|---:|---:|---|"]  # fmt: skip
@@ -188,10 +196,7 @@ def main() -> None:
         notes = {k: v for k, v in r.items() if k not in ("run", "engine", "processes", "ok", "exit_code", "seconds")}
         lines.append(f"| {r['engine']} | {r['processes']} | {r['run']} | {r['ok']} | {r['exit_code']} | "
                      f"{r['seconds']} | {notes} |")  # fmt: skip
-    (results_dir / "gpu_scale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    failed = [r for r in runs if not r["ok"]]
-    print(f"{len(runs) - len(failed)} of {len(runs)} runs ok; logs in {tmp}")
-    sys.exit(1 if failed else 0)
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import RESULTS, SHARED_DATA, environment, minilm_path, status_kib, write_json
+from bench.common import RESULTS, SHARED_DATA, environment, minilm_path, status_kib, write_report
 
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 CONFIGS = {  # name -> (sentences per batch, GradCache mini-batch in sentences or None)
@@ -196,9 +196,7 @@ def main() -> None:
     }
     stem = "grad_cache_quick" if args.quick else "grad_cache"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / f"{stem}.json", result)
-    (RESULTS / f"{stem}.md").write_text(markdown(result), encoding="utf-8")
-    print((RESULTS / f"{stem}.md").read_text())
+    write_report(RESULTS / stem, result, markdown, echo=True)
 
 
 if __name__ == "__main__":

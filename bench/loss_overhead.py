@@ -44,7 +44,7 @@ from bench.common import (
     product_seconds,
     reexec_with_malloc,
     shuffled_corpus,
-    write_json,
+    write_report,
 )
 from simcse_hn.data.collator import SimCSECollator, model_inputs
 from simcse_hn.losses import BASELINE, benchmark_settings, build_loss
@@ -445,9 +445,7 @@ def main() -> None:
     if args.malloc == "tuned" and args.name is None:
         name += "_malloc_tuned"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / f"{name}.json", report)
-    (RESULTS / f"{name}.md").write_text(markdown(report), encoding="utf-8")
-    print(markdown(report))
+    write_report(RESULTS / name, report, markdown, echo=True)
 
 
 if __name__ == "__main__":

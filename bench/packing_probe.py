@@ -41,7 +41,7 @@ from bench.common import (
     limit_sentence,
     matmul_rates,
     training_bench_inputs,
-    write_json,
+    write_report,
 )
 from bench.step_profile import operator_table
 
@@ -295,9 +295,7 @@ def main(argv: list[str] | None = None) -> None:
                            args.threads, arms)  # fmt: skip
     report["seconds"] = round(time.time() - start)
     name = "packing_probe_quick" if args.quick else "packing_probe"
-    write_json(RESULTS / f"{name}.json", report)
-    (RESULTS / f"{name}.md").write_text(markdown(report), encoding="utf-8")
-    print(markdown(report))
+    write_report(RESULTS / name, report, markdown, echo=True)
 
 
 if __name__ == "__main__":

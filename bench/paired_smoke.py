@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_json
+from bench.common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_report
 from bench.sick_triplets import sick_triplets, write_csv
 from simcse_hn.losses import BUILTIN
 
@@ -125,8 +125,7 @@ def main() -> None:
         run = summary(json.loads(history.read_text()))
         run.update(seconds=time.time() - start, load_before=load_before, load_after=os.getloadavg()[0])
         study["runs"][loss] = run
-        write_json(done, study)
-        (RESULTS / "paired_smoke.md").write_text(markdown(study), encoding="utf-8")
+        write_report(RESULTS / "paired_smoke", study, markdown)
         print(f"{loss}: STS-B dev {run['stsb_dev_before']:.2f} -> {run['stsb_dev_after']:.2f}", flush=True)
 
 

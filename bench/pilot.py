@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import RESULTS, ROOT, environment, environment_line, load_average, shuffled_corpus, write_json
+from bench.common import RESULTS, ROOT, environment, environment_line, load_average, shuffled_corpus, write_report
 from simcse_hn.losses.registry import flag_prefix, resolve_objective
 
 OUT = RESULTS / "pilot"
@@ -213,9 +213,7 @@ def main() -> None:
               "saturated_loss": SATURATED_LOSS, "runs": runs, "verdicts": verdicts(runs, args.batch_size),
               "load_average_end": load_average()}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
-    write_json(OUT / f"{args.name}.json", report)
-    (OUT / f"{args.name}.md").write_text(markdown(report), encoding="utf-8")
-    print(markdown(report))
+    write_report(OUT / args.name, report, markdown, echo=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from bench.common import RESULTS, environment, write_json
+from bench.common import RESULTS, environment, write_report
 from bench.dcl_clamp import corpus, dropout_views, load_minilm
 from simcse_hn.losses import ProGCLLoss
 from simcse_hn.losses.base import cosine_similarities
@@ -210,8 +210,7 @@ def main() -> None:
         print(pooler, "sampling done", flush=True)
     report.update(environment=environment(), seconds=round(time.time() - start),
                   load_average=[round(x, 2) for x in load])
-    write_json(RESULTS / "progcl_fit.json", report)
-    (RESULTS / "progcl_fit.md").write_text(markdown(report), encoding="utf-8")
+    write_report(RESULTS / "progcl_fit", report, markdown)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import argparse
 import json
 import statistics
 
-from bench.common import RESULTS, write_json
+from bench.common import RESULTS, write_report
 from simcse_hn.data.sts import STS_TASKS as TASKS
 
 
@@ -63,9 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     summary = summarise(load_studies(args.steps))
     stem = f"quality_{args.steps}steps_summary"
-    write_json(RESULTS / f"{stem}.json", summary)
-    (RESULTS / f"{stem}.md").write_text(markdown(summary), encoding="utf-8")
-    print(markdown(summary))
+    write_report(RESULTS / stem, summary, markdown, echo=True)
 
 
 if __name__ == "__main__":

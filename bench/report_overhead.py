@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_json  # noqa: E402
+from bench.common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_report  # noqa: E402
 from simcse_hn.data.sts import STS_TASKS, STSPairs, load_sts_task, read_sts_jsonl  # noqa: E402
 from simcse_hn.evaluation import encoding, results, scoring  # noqa: E402
 from simcse_hn.evaluation.analysis import alignment_uniformity_encoded  # noqa: E402
@@ -184,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     stem = Path(args.output)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    write_json(stem.with_suffix(".json"), record)
-    stem.with_suffix(".md").write_text(markdown(record), encoding="utf-8")
-    print(markdown(record))
+    write_report(stem, record, markdown, echo=True)
     return 0
 
 

@@ -32,7 +32,7 @@ from bench.common import (
     environment,
     environment_line,
     training_bench_inputs,
-    write_json,
+    write_report,
 )
 from simcse_hn.losses.registry import BASELINE
 
@@ -209,9 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     report["result"] = run(str(model), corpus, args.steps, args.warmup, args.profile_steps, args.threads)
     report["seconds"] = round(time.time() - start)
     name = "step_profile_quick" if args.quick else "step_profile"
-    write_json(RESULTS / f"{name}.json", report)
-    (RESULTS / f"{name}.md").write_text(markdown(report), encoding="utf-8")
-    print(markdown(report))
+    write_report(RESULTS / name, report, markdown, echo=True)
 
 
 if __name__ == "__main__":

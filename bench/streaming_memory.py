@@ -7,12 +7,11 @@ child alone). In memory, the corpus is read whole (a Python list, then an Arrow 
 the steps need it, through the shuffle buffer (10,000 sentences, the default).
 
     python -m bench.streaming_memory            # results: bench/results/streaming_memory.{json,md}
-    python -m bench.streaming_memory --report   # the Markdown again from the JSON
+    python -m bench.report bench/results/streaming_memory.json   # the Markdown again from the JSON
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -21,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, ROOT, environment, write_json
+from bench.common import RESULTS, ROOT, environment, write_report
 
 SIZES = (10_000, 100_000, 1_000_000)
 STEPS = 5
@@ -70,12 +69,11 @@ def main() -> None:
     record = {"settings": {"model": "builtin:tiny-bert", "steps": STEPS, "batch": 16, "shuffle_buffer": 10_000,
                            "sizes": list(SIZES)}, "load_average_1_5_15": load, "results": results,
               **environment()}  # fmt: skip
-    write_json(RESULTS / "streaming_memory.json", record)
-    write_report(record)
+    write_report(RESULTS / "streaming_memory", record, markdown)
 
 
-def write_report(record: dict) -> None:
-    """bench/results/streaming_memory.md from the measurements (`--report`: from the saved JSON, without rerunning)."""
+def markdown(record: dict) -> str:
+    """bench/results/streaming_memory.md from the measurements."""
     results, load = record["results"], record["load_average_1_5_15"]
     header = ("| lines | file (MiB) | peak RSS in memory (MiB) | peak RSS streamed (MiB) | in memory (s) "
               "| streamed (s) |")
@@ -89,15 +87,8 @@ def write_report(record: dict) -> None:
     text = (f"# Peak memory with and without --streaming\n\n{__doc__.split(chr(10) + chr(10))[1]}\n\n"
             + "\n".join(rows) + f"\n\nLoad average (1, 5, 15 min) before: {before}; after: {after} (a shared "
             f"machine). {record['machine']}; commit {record['commit']}; {record['date']}.\n")  # fmt: skip
-    (RESULTS / "streaming_memory.md").write_text(text, encoding="utf-8")
+    return text
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report", action="store_true", help="only write the Markdown again from the JSON")
-    if parser.parse_args().report:
-        write_report(json.loads((RESULTS / "streaming_memory.json").read_text(encoding="utf-8")))
-    else:
-        main()
+    main()

@@ -14,7 +14,7 @@ two dropout views of each sentence (MiniLM in train mode, dropout 0.1, no gradie
 the batch's view 2 rows.
 
     python -m bench.topic_batches            # results: bench/results/topic_batches.{json,md}
-    python -m bench.topic_batches --report   # the Markdown again from the JSON
+    python -m bench.report bench/results/topic_batches.json   # the Markdown again from the JSON
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from bench.common import (
     peak_rss_mib,
     reset_peak_rss,
     rss_mib,
-    write_json,
+    write_report,
 )
 
 CLUSTERS = (24, 48, 96)
@@ -169,15 +169,14 @@ def main(limit: int | None = None) -> None:
         "clustering": clustering, "hardness": hard, "load_average_after": [round(x, 2) for x in os.getloadavg()],
         **env,
     }  # fmt: skip
-    write_json(RESULTS / "topic_batches.json", record)
-    write_report(record)
+    write_report(RESULTS / "topic_batches", record, markdown)
 
 
 def _cell(value) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def write_report(record: dict) -> None:
+def markdown(record: dict) -> str:
     """bench/results/topic_batches.md from the measurements."""
     s = record["settings"]
     rows = ["| k | backend | seconds | peak extra RSS (MiB) | smallest cluster | largest cluster |",
@@ -201,20 +200,17 @@ def write_report(record: dict) -> None:
         + "\n".join(hard) + f"\n\n{environment_line(record)} Load average after: "
         f"{', '.join(map(str, record['load_average_after']))}.\n"
     )  # fmt: skip
-    (RESULTS / "topic_batches.md").write_text(text, encoding="utf-8")
+    return text
 
 
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report", action="store_true", help="only write the Markdown again from the JSON")
     parser.add_argument("--sentences", type=int, help="the first N sentences only (a quick look)")
     parser.add_argument("--kmeans-child", nargs=3, metavar=("EMBEDDINGS", "K", "BACKEND"), help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.kmeans_child:
         kmeans_child(arguments.kmeans_child[0], int(arguments.kmeans_child[1]), arguments.kmeans_child[2])
-    elif arguments.report:
-        write_report(json.loads((RESULTS / "topic_batches.json").read_text(encoding="utf-8")))
     else:
         main(arguments.sentences)

@@ -68,6 +68,7 @@ from bench.common import (
     rss_mib,
     training_bench_inputs,
     write_json,
+    write_report,
 )
 from simcse_hn.files import portable_name
 from simcse_hn.losses.registry import BASELINE, benchmark_settings, setting_flags
@@ -638,9 +639,7 @@ def main(argv: list[str] | None = None) -> None:
     report["seconds"] = round(time.time() - start)
     name = args.name or ("train_throughput_quick" if args.quick else "train_throughput")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / f"{name}.json", report)
-    (RESULTS / f"{name}.md").write_text(markdown(report), encoding="utf-8")
-    print(markdown(report))
+    write_report(RESULTS / name, report, markdown, echo=True)
 
 
 if __name__ == "__main__":
