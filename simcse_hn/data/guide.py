@@ -71,6 +71,7 @@ class Guide(nn.Module):
 def load_guide(name_or_path: str) -> Guide:
     """The guide model of `--guide_model` (a Hub id or a local folder that sentence-transformers loads, e.g. a
     simcse-hn output folder)."""
+    # a slow import: only where its models are used
     from sentence_transformers import SentenceTransformer
 
     try:

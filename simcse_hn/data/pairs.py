@@ -242,7 +242,7 @@ def load_pairs(
 
     Texts are stripped; an example with an empty text (a blank line, a null) is dropped and counted; repeated
     examples are counted and dropped on request (`drop_duplicates`)."""
-    import datasets
+    import datasets  # a slow import: only where a Hub dataset or Arrow is used
 
     if not is_table(path):
         raise DataError(f"{path}: one sentence per line; paired data needs columns (.jsonl, .csv, .tsv or a Hub "

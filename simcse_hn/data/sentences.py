@@ -135,7 +135,7 @@ def read_csv_table(path: str) -> tuple[list[str] | None, Iterator[tuple[int, lis
 
 def load_hub_dataset(name: str, data_files: str | None = None, split: str = "train", config_name: str | None = None):
     """A Hub dataset's `split` (with its `config_name` and `data_files`) through `datasets`; a failure is one line."""
-    import datasets
+    import datasets  # a slow import: only where a Hub dataset or Arrow is used
 
     try:
         config = {"name": config_name} if config_name else {}  # the dataset's configuration (subset)
@@ -211,7 +211,7 @@ def _open_stream(path: str, column: str, data_files: str | None, config_name: st
     """-> (the raw records of `path` as a datasets.IterableDataset, "text" | "json" | "csv" | "hub"). Local files go
     through datasets' own text/json/csv readers in streaming mode; a Hub id through load_dataset(streaming=True).
     What the reader rejects up front (a missing file, a JSON schema it cannot infer) is a DataError."""
-    import datasets
+    import datasets  # a slow import: only where a Hub dataset or Arrow is used
 
     suffix = os.path.splitext(path)[1].lower()
     if os.path.exists(path) or suffix:
@@ -304,6 +304,7 @@ def load_sentence_stream(
       The order is a function of the seed alone, so a resumed run that skips the batches already trained on (the
       Trainer does) continues with the sentences an uninterrupted run would see next.
     """
+    # a slow import: only where a Hub dataset or Arrow is used
     from datasets.distributed import split_dataset_by_node
 
     raw, kind = _open_stream(path, text_column, data_files, config_name, split)

@@ -28,7 +28,7 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
     Local rows whose `split` differs from `split` are skipped; rows without a `split` field are kept.
     """
     if not os.path.exists(path) and not os.path.splitext(path)[1]:
-        import datasets
+        import datasets  # a slow import: only where a Hub dataset or Arrow is used
 
         try:
             dataset = datasets.load_dataset(path, split=split or "validation")
@@ -144,7 +144,7 @@ def read_sts_jsonl(path: str) -> list[dict]:
 
 
 def _read_sts_hub(name: str, split: str = "test") -> list[dict]:
-    import datasets
+    import datasets  # a slow import: only where a Hub dataset or Arrow is used
 
     try:
         dataset = datasets.load_dataset(name, split=split)

@@ -135,6 +135,7 @@ def tag_key(tag: str) -> str:
 
 
 def read_tensorboard(folder: str) -> dict[str, dict[int, float]]:
+    # tensorboard: the dev extra, only for event files
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(folder, size_guidance={"scalars": 0})  # 0: keep every event
@@ -200,7 +201,7 @@ def _draw(ax, runs: Sequence[Curves], key: str) -> list:
         (line,) = ax.plot(steps, values, color=f"C{k % 10}", marker=MARKERS[k % len(MARKERS)] if sparse else None,
                           ms=2.5, lw=1.0, label=run.name)  # fmt: skip
         handles.append(line)
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib: only where a chart is drawn
 
     ax.set_title(TITLES.get(key, key), loc="left")
     ax.set_xlabel("training step")

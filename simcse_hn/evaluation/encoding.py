@@ -186,6 +186,7 @@ def sentence_transformers_encode_fn(
     if not _plain_sentence_transformer(model):
         return token_length_batches(encode_batch, tokenizer, batch_size, model.max_seq_length, show_progress_bar)
 
+    # a slow import: only where its models are used
     from sentence_transformers.util import batch_to_device
 
     prepare = getattr(model, "preprocess", None) or model.tokenize  # sentence-transformers < 6: `tokenize`
@@ -227,6 +228,7 @@ def load_encoder(
     a model trained from it are scored alike."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if encoder_backend(name_or_path, pooler) == "sentence-transformers":
+        # a slow import: only where its models are used
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(name_or_path, device=device)

@@ -101,7 +101,7 @@ def similarity_function(model: str, backend: str) -> str:
     path = os.path.join(model, "config_sentence_transformers.json")
     if not os.path.isdir(model):
         try:
-            from huggingface_hub import hf_hub_download
+            from huggingface_hub import hf_hub_download  # looked up when called (tests stand in for it)
 
             path = hf_hub_download(model, "config_sentence_transformers.json")
         except Exception:  # no such file or no network: sentence-transformers' default
@@ -143,7 +143,7 @@ def model_meta(fields: dict, use_mteb: bool | None = None) -> dict:
     if unknown:
         raise ValueError(f"not ModelMeta fields: {sorted(unknown)}")
     if use_mteb if use_mteb is not None else mteb_installed():
-        from mteb.models import ModelMeta
+        from mteb.models import ModelMeta  # mteb: the optional extra
 
         meta = ModelMeta.model_validate(ModelMeta.create_empty().model_dump() | fields)  # validated, enums parsed
         return json.loads(json.dumps(meta.to_dict(), default=str))
@@ -156,7 +156,7 @@ def task_result(task: str, scores: dict, evaluation_time: float, date: datetime,
     meta = MTEB_TASKS[task]
     entry = {**scores, "main_score": scores[MAIN_SCORE]}
     if use_mteb if use_mteb is not None else mteb_installed():
-        import mteb
+        import mteb  # mteb: the optional extra
         from mteb.results import TaskResult
 
         result = TaskResult.from_task_results(mteb.get_task(meta.name), {SPLIT: {HF_SUBSET: entry}}, evaluation_time,
@@ -280,7 +280,7 @@ def read_task_file(path: str) -> dict:
     """{"task_name", "dataset_revision", "mteb_version", "scores": {key: value}} of the test split's default subset.
     Read by mteb's TaskResult.from_disk when mteb is installed (it also reads older mteb formats), else as 2.x."""
     if mteb_installed():
-        from mteb.results import TaskResult
+        from mteb.results import TaskResult  # mteb: the optional extra
 
         try:
             record = json.loads(TaskResult.from_disk(Path(path)).model_dump_json())

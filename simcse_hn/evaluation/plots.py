@@ -37,14 +37,14 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 
 
 def paper_style():
-    import matplotlib
+    import matplotlib  # matplotlib: only where a chart is drawn
 
     return matplotlib.rc_context(PAPER_RC)
 
 
 def new_figure(width: float = COLUMN_WIDTH, height: float = 2.4, nrows: int = 1, ncols: int = 1):
     """-> (figure, axes): one Axes, or an (nrows, ncols) array of them; constrained layout."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib: only where a chart is drawn
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height), layout="constrained")
@@ -62,7 +62,7 @@ def legend_below(figure_or_ax, entries: int, handles=None, labels=None) -> None:
     """A legend under the axes (it never covers data); nothing for a single entry (the title names it)."""
     if entries < 2:
         return
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib: only where a chart is drawn
 
     kwargs = {"ncol": min(entries, 3), "frameon": False}
     if handles is not None:
@@ -172,7 +172,7 @@ def _yerr(values, bounds) -> np.ndarray:
 
 
 def _locator():
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib: only where a chart is drawn
 
     return MaxNLocator(nbins=4, min_n_ticks=3)
 

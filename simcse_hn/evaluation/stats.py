@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy import stats
+from scipy.stats import rankdata
 
 from simcse_hn.data.sts import SENTEVAL_MULTI_FILE
 from simcse_hn.errors import DataError
@@ -28,8 +30,6 @@ Predictions = dict[str, dict[str, np.ndarray]]  # {task: {"cosine", "gold", "sub
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> dict:
     """-> {"mean", "std", "n", "low", "high"}; std and the interval are NaN for fewer than two values."""
-    from scipy import stats
-
     x = np.asarray(values, dtype=np.float64)
     n = len(x)
     mean = float(x.mean()) if n else float("nan")
@@ -42,8 +42,6 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> dict:
 
 def paired_t_test(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> dict:
     """a[i] and b[i] from the same seed. -> {"n", "difference" (mean of a - b), "low", "high", "t", "p"}"""
-    from scipy import stats
-
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     interval = t_interval(a - b, confidence)
     out = {"n": len(a), "difference": interval["mean"], "low": interval["low"], "high": interval["high"]}
@@ -88,8 +86,6 @@ def bootstrap_draws(predictions: Predictions, resamples: int = 1000, seed: int =
 
 def _rows_spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Spearman x 100 of each row pair: Pearson of average ranks (SciPy's definition, ties included). (B, n) -> (B,)"""
-    from scipy.stats import rankdata
-
     rx, ry = rankdata(x, axis=1), rankdata(y, axis=1)
     rx -= rx.mean(axis=1, keepdims=True)
     ry -= ry.mean(axis=1, keepdims=True)

@@ -68,7 +68,7 @@ class STSMetric(evaluate.Metric):
         )
 
     def _compute(self, predictions, references) -> dict[str, float]:
-        import numpy as np
+        import numpy as np  # imported when evaluate runs this script's metric
         from scipy.stats import spearmanr
 
         if len(predictions) and isinstance(predictions[0], (list, np.ndarray)):  # rows of pairs: pooled

@@ -7,6 +7,7 @@ import logging
 import os
 
 from huggingface_hub import EvalResult
+from safetensors import safe_open
 
 from simcse_hn.data.sts import STS_TASKS
 from simcse_hn.evaluation.mteb_results import HF_SUBSET, MTEB_TASKS, SPLIT
@@ -179,7 +180,6 @@ def _head_in_encoder_pooler(output_dir: str | None) -> bool:
     """True when the saved encoder's pooler holds the MLP head (see st_format.head_as_encoder_pooler)."""
     if output_dir is None:
         return False
-    from safetensors import safe_open
 
     head, weights = os.path.join(output_dir, HEAD_WEIGHTS), os.path.join(output_dir, "model.safetensors")
     if not (os.path.isfile(head) and os.path.isfile(weights)):
@@ -226,6 +226,7 @@ def usage_section(config: dict, model_id: str | None, model_name: str, output_di
     forward_kwargs, pooling = _transformers_pooling(config, output_dir, local=model_id is None)
     model_id = model_id or f"path/to/{model_name}"
     try:
+        # a slow import: only where its models are used
         from sentence_transformers import __version__
 
         saved_with = f"\n\nSaved with sentence-transformers {__version__}."

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence, Sized
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +38,9 @@ def map_batches(
     total = len(batches) if isinstance(batches, Sized) else total
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         threads = 1  # a sharded module's forward runs collectives, which must come in the same order on every rank
-    if show_progress_bar:
-        from tqdm.auto import tqdm
     if device is None or torch.device(device).type != "cpu" or threads < 2 or (total is not None and total < 2):
         iterator = tqdm(batches, desc=desc, unit="batch", total=total) if show_progress_bar else batches
         return [fn(batch) for batch in iterator]
-    from concurrent.futures import ThreadPoolExecutor
-
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="simcse-hn-encode") as pool:

@@ -11,6 +11,8 @@ from transformers import (
     AutoConfig,
     AutoTokenizer,
 )
+from transformers.models.auto import modeling_auto
+from transformers.utils import cached_file
 
 from simcse_hn.errors import ConfigError
 from simcse_hn.files import (
@@ -33,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 def is_decoder_only(config) -> bool:
     """A causal language model's encoder (Llama, Qwen2, Mistral, GPT-2, ...): its first token sees only itself."""
-    from transformers.models.auto import modeling_auto
-
     model_type = getattr(config, "model_type", None)
     causal, masked = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     return model_type in causal and model_type not in masked
@@ -187,8 +187,6 @@ def inference_max_length(name_or_path: str, config, tokenizer=None) -> int | Non
     """The input length a model built from `name_or_path` should keep at inference: a sentence-transformers base
     model's own `max_seq_length` (all-MiniLM-L6-v2: 256), else the encoder's limit (`model_max_length`). Training
     at 32 tokens, as SimCSE does, says nothing about the length users encode at."""
-    from transformers.utils import cached_file
-
     if name_or_path not in BUILTIN_MODELS:
         try:
             path = cached_file(name_or_path, "sentence_bert_config.json", _raise_exceptions_for_missing_entries=False)

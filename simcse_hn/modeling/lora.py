@@ -44,7 +44,7 @@ def add_lora(
     """`encoder` with LoRA adapters of rank r on `target_modules` (None: peft's default for the architecture, e.g.
     BERT's query/value, Llama's q_proj/v_proj); every other encoder weight frozen. -> the peft model"""
     require_peft()
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # peft: the optional lora extra
     from peft.tuners.lora import Linear
 
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, bias="none")
@@ -91,7 +91,7 @@ def split_lora(encoder: nn.Module, state: dict[str, Tensor]) -> tuple[dict[str, 
 def save_adapter(encoder: nn.Module, adapter_state: dict[str, Tensor], folder: str, base_name: str | None) -> list:
     """Write the adapter in peft's format into `folder`; `base_name`: the base model recorded in its config (a Hub id,
     or a local model's folder name: no path of this machine). -> the files written, relative to folder"""
-    from peft import get_peft_model_state_dict
+    from peft import get_peft_model_state_dict  # peft: the optional lora extra
 
     os.makedirs(folder, exist_ok=True)
     weights = get_peft_model_state_dict(encoder, state_dict=adapter_state, adapter_name=_ADAPTER)
@@ -108,7 +108,7 @@ def save_adapter(encoder: nn.Module, adapter_state: dict[str, Tensor], folder: s
 
 def load_adapter(encoder: nn.Module, folder: str) -> None:
     """Load the adapter weights `save_adapter` wrote into the peft model `encoder` (checkpoint resume)."""
-    from peft import set_peft_model_state_dict
+    from peft import set_peft_model_state_dict  # peft: the optional lora extra
 
     weights = load_file(os.path.join(folder, ADAPTER_WEIGHTS))
     result = set_peft_model_state_dict(encoder, weights, adapter_name=_ADAPTER)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import torch
+import transformers
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
@@ -64,9 +65,8 @@ def head_as_encoder_pooler(
 
 
 def _st_version() -> dict[str, str]:
-    import transformers
-
     try:
+        # a slow import: only where its models are used
         from sentence_transformers import __version__ as st_version
     except ImportError:
         st_version = "not installed"

@@ -7,6 +7,7 @@ import logging
 import string
 
 import torch
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
     BertConfig,
     BertModel,
@@ -76,8 +77,6 @@ def tiny_llama_config(dropout: float = 0.1) -> LlamaConfig:
 def build_tiny_llama(seed: int = 0, dropout: float = 0.1) -> tuple[LlamaModel, PreTrainedTokenizerFast]:
     """A 2-layer, 32-wide Llama with a character-level tokenizer that wraps each sentence in <s> ... </s> (so that
     last-token pooling reads the end-of-sequence token, as LLM embedders do) and pads on the right; built in code."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
-
     vocab = {token: i for i, token in enumerate(_LLAMA_VOCAB)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.normalizer = normalizers.Lowercase()
