@@ -30,8 +30,9 @@ import time
 from simcse_hn.data.sts import load_sts_task
 from simcse_hn.errors import DataError, UserError
 from simcse_hn.evaluation import mteb_results
-from simcse_hn.evaluation.analysis import load_stsb_dev
+from simcse_hn.evaluation.analysis import alignment_uniformity_encoded, load_stsb_dev
 from simcse_hn.evaluation.comparability import data_fingerprint
+from simcse_hn.evaluation.curves import load_curves, write_curves
 from simcse_hn.evaluation.encoding import load_encoder
 from simcse_hn.evaluation.plots import plot_results
 from simcse_hn.evaluation.reports import model_label, results_markdown, results_table
@@ -44,7 +45,11 @@ from simcse_hn.evaluation.scoring import (
     parse_tasks,
     score_encoded_tasks,
 )
+from simcse_hn.export import hub
 from simcse_hn.export.model_card import save_sts_results
+from simcse_hn.files import SIMCSE_CONFIG
+from simcse_hn.modeling.loading import resolve_packaged
+from simcse_hn.modeling.model import POOLERS
 from simcse_hn.provenance import check_own_checkout, code_identity
 
 logger = logging.getLogger("eval.sts")
@@ -170,8 +175,6 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     args.output = args.output or default_output(args.model)
     requested_model = args.model  # a builtin's Hub id names its MTEB files
     if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
-        from simcse_hn.modeling.loading import resolve_packaged
-
         args.model = resolve_packaged(args.model, field="--model")
     local_model = os.path.isdir(args.model)
     provenance = code_settings(args.model, other_code, args.require_same_code)  # refuses before any encoding
@@ -181,9 +184,6 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     if args.push_to_hub and not hub_repo:
         raise DataError("--push_to_hub needs --hub_model_id when --model is a local folder")
     if args.pooler is not None:
-        # imports transformers: only when needed, so that data errors come fast
-        from simcse_hn.modeling.model import POOLERS
-
         if args.pooler not in POOLERS:
             raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
     if args.device is not None and args.device.startswith("cuda"):
@@ -212,8 +212,6 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     dev, dev_source = (None, None) if args.no_alignment_uniformity else load_stsb_dev(args.data_dir)
     curves = None
     if args.curves:
-        from simcse_hn.evaluation.curves import load_curves
-
         if not local_model:
             raise DataError(f"--curves needs a local training output folder; {args.model!r} is not one")
         curves = load_curves(args.model)
@@ -238,8 +236,6 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     scores, predictions = score_encoded_tasks(embeddings, index, tasks, args.aggregation)
     geometry = None
     if dev is not None:
-        from simcse_hn.evaluation.analysis import alignment_uniformity_encoded
-
         geometry = alignment_uniformity_encoded(embeddings, index, dev, device=info["device"])
         geometry["source"] = dev_source
     settings = {
@@ -299,8 +295,6 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     if mteb_record is not None:
         written.append(f"MTEB result files ({os.path.join(args.output, mteb_record['folder'])})")
     if curves is not None:
-        from simcse_hn.evaluation.curves import write_curves
-
         written += [f"curves/{name}" for name in write_curves([curves], os.path.join(args.output, "curves"))]
     if args.save_to_model:
         save_sts_results(args.model, results)
@@ -310,11 +304,9 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     logger.info("wrote %s to %s", ", ".join(written), args.output)
 
     if args.push_to_hub:
-        from simcse_hn.export.hub import HubError, push_sts_results
-
         try:  # the token comes from HF_TOKEN or `hf auth login`
-            push_sts_results(hub_repo, results, token=None)
-        except HubError as e:  # one line already; the local results are written
+            hub.push_sts_results(hub_repo, results, token=None)  # looked up here: tests stand in for the push
+        except hub.HubError as e:  # one line already; the local results are written
             print(f"error: {e}", file=sys.stderr)
             return 2
         logger.info("pushed STS results to %s", hub_repo)
@@ -338,8 +330,6 @@ def code_settings(model: str, other_code: str | None, require_same: bool = False
 def training_config(model: str) -> dict | None:
     """The model's simcse_config.json (what it was trained with), from its folder or the Hub cache; None when it
     has none (a model this project did not train) or it cannot be read."""
-    from simcse_hn.files import SIMCSE_CONFIG
-
     path = os.path.join(model, SIMCSE_CONFIG)
     if not os.path.isdir(model):
         try:
