@@ -140,7 +140,8 @@ def verdicts(runs: list[dict], batch_size: int) -> dict[str, dict]:
 def markdown(report: dict) -> str:
     b = report["batch_size"]
     lines = ["# Pilot: a regime in which the objectives act", "", environment_line(report["environment"]), "",
-             f"Plan: bench/results/pilot/plan.md (committed before the first run). {report['steps']} steps at "
+             f"Plan: bench/results/pilot/{report.get('plan', 'plan.md')} (committed before the first run). "
+             f"{report['steps']} steps at "
              f"batch {b}, the first {report['corpus_lines']} sentences of the shuffled wiki slice, seed "
              f"{report['seed']}, model {report['model']}, logging every {report['logging_steps']} steps.",
              "", "## Against the go criterion (last logging window)", "",
@@ -186,6 +187,7 @@ def main() -> None:
     parser.add_argument("--work_dir", default=None, help="run folders; default outputs/pilot in the checkout")
     parser.add_argument("--name", default="pilot", help="results file stem under bench/results/pilot/")
     parser.add_argument("--resume", action="store_true", help="read runs that already finished instead of rerunning")
+    parser.add_argument("--plan", default="plan.md", help="the plan this pilot follows, in bench/results/pilot/")
     args = parser.parse_args()
     regimes = [r for r in args.regimes.split(",") if r]
     arms = [a for a in args.arms.split(",") if a]
@@ -210,7 +212,8 @@ def main() -> None:
             print(f"{folder.name}: " + ", ".join(f"{k} {last[k]:.4g}" for k in KEYS if k in last), flush=True)
     report = {"environment": env, "model": args.model, "batch_size": args.batch_size, "steps": args.steps,
               "logging_steps": args.logging_steps, "corpus_lines": len(lines), "seed": args.seed,
-              "saturated_loss": SATURATED_LOSS, "runs": runs, "verdicts": verdicts(runs, args.batch_size),
+              "plan": args.plan, "saturated_loss": SATURATED_LOSS, "runs": runs,
+              "verdicts": verdicts(runs, args.batch_size),
               "load_average_end": load_average()}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     write_json(OUT / f"{args.name}.json", report)
