@@ -22,80 +22,17 @@ from simcse_hn import distributed, grad_cache
 from simcse_hn.callbacks import ClampWarningCallback
 from simcse_hn.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
 from simcse_hn.data import GUIDE_PREFIX, STSPairs
-from simcse_hn.evaluation import load_encoder, simcse_encode_fn, sts_dev_metrics
-from simcse_hn.guide import SELF, Guide, guide_targets, load_guide
+from simcse_hn.dev_sentences import DevSentences
+from simcse_hn.evaluation import load_encoder, simcse_encode_fn
+from simcse_hn.guide import SELF, Guide, load_guide
 from simcse_hn.losses import ContrastiveLoss, LossOutput
 from simcse_hn.sampling import NoDuplicatesSampler
-from simcse_hn.targets import LossContext, build_paired_targets, build_targets
+from simcse_hn.step import contrastive_loss
 from simcse_hn.topic_batches import InForce, TopicBatchSampler, cluster_corpus
 
 logger = logging.getLogger(__name__)
 
 TOPIC_CLUSTERS_FILE = "topic_clusters.pt"  # a checkpoint's assignments in force: a resume draws the same batches
-
-
-def contrastive_loss(
-    loss_fn: ContrastiveLoss,
-    embeddings: Tensor,
-    *,
-    form: str = "symmetric",
-    group_size: int | None = None,
-    hard_negative_weight: float = 0.0,
-    guide_embeddings: Tensor | None = None,
-    guide_margin: float = 0.0,
-    head_inputs: Tensor | None = None,
-    gather: bool = True,
-    step: int | None = None,
-    max_steps: int | None = None,
-    text_ids: Tensor | None = None,
-) -> LossOutput:
-    """One step's loss: local rows (R, D) -> candidates gathered from every process with gradient (when `gather` and
-    there is more than one process), targets offset by rank, the loss context.
-
-    Layouts: `group_size` None, rows [a, a', b, b', ...] of single sentences (`form` says which rows are anchors); an
-    int g, rows [a, p, n_1..n_{g-2}] per example of paired data (SimCSE's supervised targets, `build_paired_targets`,
-    with `hard_negative_weight` on each anchor's own explicit negatives). guide_embeddings (R, E): a guide model's
-    embeddings of the same rows (detached; gathered like the rows): negatives the guide scores above the anchor's
-    positive minus `guide_margin` leave N(i) for the step (simcse_hn.guide; metrics `guide_removed*`).
-
-    Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
-    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (for an objective
-    that `needs_head_inputs`); text_ids (R,): each row's text id (the duplicate diagnostics).
-    """
-    candidates, candidate_features, guide_candidates, offset = embeddings, head_inputs, guide_embeddings, 0
-    candidate_ids = text_ids
-    several = distributed.world_size() > 1
-    if gather and several:
-        candidates = distributed.all_gather_with_grad(embeddings)  # (RW, D)
-        if head_inputs is not None:
-            candidate_features = distributed.all_gather_with_grad(head_inputs)  # (RW, H)
-        if guide_embeddings is not None:
-            guide_candidates = distributed.all_gather_with_grad(guide_embeddings.detach())  # (RW, E), no graph
-        if text_ids is not None:
-            candidate_ids = distributed.all_gather_no_grad(text_ids)  # (RW,)
-        offset = distributed.rank() * embeddings.shape[0]
-    rows, device = embeddings.shape[0], embeddings.device
-    if group_size is None:
-        if hard_negative_weight != 0:
-            raise ValueError("hard_negative_weight needs paired data with explicit negatives (group_size > 2)")
-        targets = build_targets(rows, form, offset, candidates.shape[0], device)
-    else:
-        targets = build_paired_targets(rows, group_size, offset, candidates.shape[0], device, hard_negative_weight)
-    guide_metrics = {}
-    if guide_candidates is not None:
-        targets, guide_metrics = guide_targets(guide_candidates, targets, guide_margin)
-    context = LossContext(
-        step=step,
-        max_steps=max_steps,
-        # for statistics every process must share (an objective fitted on all processes' pairs)
-        all_reduce=distributed.all_reduce_sum if several else None,
-        candidate_features=candidate_features,
-        candidate_text_ids=None if candidate_ids is None else candidate_ids.to(embeddings.device),
-    )
-    output = loss_fn.compute(candidates, targets, context)
-    if guide_metrics:
-        output.metrics.update(guide_metrics)
-    return output
 
 
 class _NonFiniteGradientGuard(TrainerCallback):
@@ -261,7 +198,7 @@ class SimCSETrainer(Trainer):
     def contrastive_loss(
         self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None
     ) -> LossOutput:
-        """Loss of local embeddings (R, D) against the (gathered) candidates (`contrastive_loss` above). With
+        """Loss of local embeddings (R, D) against the (gathered) candidates (simcse_hn.step.contrastive_loss). With
         `guide_model: self` the guide's embeddings are these, detached; an external guide's (R, E) are passed in."""
         if self.args.guide_model == SELF:
             guide_embeddings = embeddings.detach()
@@ -604,34 +541,3 @@ class SimCSETrainer(Trainer):
         self._keep_only_the_best(None, self.args.save_total_limit)
         losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
         return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
-
-
-class DevSentences:
-    """The STS-B dev pairs as an evaluation set: each distinct sentence once (a `datasets.Dataset` of token ids,
-    longest first, so that batches need little padding), and the metric over the embeddings the evaluation loop
-    gathers.
-
-    `max_length` None: no truncation below the model's own limit (SimCSE evaluates without a length limit)."""
-
-    def __init__(self, pairs: STSPairs, tokenizer, max_length: int | None):
-        self.pairs, self.tokenizer = pairs, tokenizer
-        self.sentences = list(dict.fromkeys(pairs.sentence1 + pairs.sentence2))
-        encoded = tokenizer(self.sentences, truncation=True, max_length=max_length)
-        order = sorted(range(len(self.sentences)), key=lambda i: -len(encoded["input_ids"][i]))
-        columns = {key: [values[i] for i in order] for key, values in encoded.items()}
-        self.dataset = datasets.Dataset.from_dict({**columns, "sentence_index": order})
-        self.index = {sentence: i for i, sentence in enumerate(self.sentences)}
-
-    def collate(self, features: list[dict]) -> dict[str, Tensor]:
-        index = torch.tensor([f["sentence_index"] for f in features])
-        batch = self.tokenizer.pad([{k: v for k, v in f.items() if k != "sentence_index"} for f in features],
-                                   return_tensors="pt")  # fmt: skip
-        return {**batch, "sentence_index": index}
-
-    def metrics(self, prediction) -> dict[str, float]:
-        """EvalPrediction(predictions (U, D) embeddings, label_ids (U,) sentence indices)
-        -> {"stsb_spearman", "alignment", "uniformity"} (evaluation.sts_dev_metrics: cosines in float64, as the
-        STS suite; alignment and uniformity under SimCSE's STS-B dev protocol)"""
-        embeddings = torch.empty(prediction.predictions.shape)
-        embeddings[torch.from_numpy(prediction.label_ids)] = torch.from_numpy(prediction.predictions)  # (U, D)
-        return sts_dev_metrics(embeddings, self.index, self.pairs)
