@@ -26,6 +26,12 @@ class DevSentences:
         self.dataset = datasets.Dataset.from_dict({**columns, "sentence_index": order})
         self.index = {sentence: i for i, sentence in enumerate(self.sentences)}
 
+    def loader(self, batch_size: int, num_workers: int = 0, pin_memory: bool = False) -> torch.utils.data.DataLoader:
+        """Every sentence in order (already sorted by token length): the training arguments' `dataloader_drop_last`,
+        which the Trainer would apply to its evaluation loader too, is for training batches only."""
+        return torch.utils.data.DataLoader(self.dataset, batch_size=batch_size, collate_fn=self.collate,
+                                           num_workers=num_workers, pin_memory=pin_memory)  # fmt: skip
+
     def collate(self, features: list[dict]) -> dict[str, Tensor]:
         index = torch.tensor([f["sentence_index"] for f in features])
         batch = self.tokenizer.pad([{k: v for k, v in f.items() if k != "sentence_index"} for f in features],

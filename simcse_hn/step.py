@@ -1,9 +1,11 @@
 """The training step's loss, apart from the Trainer: local rows -> candidates gathered from every process, the
-targets, the loss context, the objective's `LossOutput`. SimCSETrainer, the sentence-transformers losses
-(st_losses.py), eval/negatives.py and the benches call this one function."""
+targets, the loss context, the objective's `LossOutput` (`contrastive_loss`: SimCSETrainer, the sentence-transformers
+losses of st_losses.py, eval/negatives.py and the benches call this one function); and its diagnostics over a logging
+window (`add_to_window`, `window_means`)."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from simcse_hn import distributed
@@ -74,3 +76,25 @@ def contrastive_loss(
     if guide_metrics:
         output.metrics.update(guide_metrics)
     return output
+
+
+def add_to_window(sums: dict[str, Tensor], metrics: dict[str, Tensor]) -> None:
+    """Add one step's diagnostics (LossOutput.metrics) to a logging window's `sums`: tensors until the window is
+    logged, so no host synchronisation in the step."""
+    for key, value in metrics.items():
+        value = value.detach().float()
+        sums[key] = sums[key] + value if key in sums else value
+
+
+def window_means(sums: dict[str, Tensor], count: int) -> dict[str, float]:
+    """A logging window's diagnostics averaged over its `count` steps and over every process (one all-reduce: every
+    process logs at the same steps), rounded for the logs; `duplicate_weight` is the mean weight of an anchor's exact
+    duplicates in the steps that had any."""
+    keys = sorted(sums)
+    totals = distributed.all_reduce_sum(torch.stack([sums[key] for key in keys]))
+    counts = distributed.all_reduce_sum(torch.tensor(float(count), device=totals.device))
+    means = dict(zip(keys, (totals / counts).tolist()))
+    pairs, total = means.pop("duplicate_pairs", 0.0), means.pop("duplicate_weight_total", 0.0)
+    if pairs > 0:
+        means["duplicate_weight"] = total / pairs
+    return {key: round(value, 6) for key, value in means.items()}
