@@ -14,25 +14,29 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import math
 
 from transformers import Trainer
 
+logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class TrainerInternal:
     """A part of `transformers.Trainer` outside its public hooks that SimCSETrainer relies on: its `name`, the
-    parameters after `self` it is overridden or called with (None: an attribute), and `why` no public hook serves."""
+    parameters after `self` it is overridden or called with (None: an attribute), `why` no public hook serves, and
+    whether a Trainer without it would train or load wrongly (`essential`) or only more slowly."""
 
     name: str
     parameters: tuple[str, ...] | None
     why: str
+    essential: bool = True
 
 
 PRIVATE_TRAINER_OVERRIDES = (
     TrainerInternal("_get_grad_norm", ("model", "grad_norm"), "the step's total gradient norm, which the Trainer "
                     "computes anyway for clipping and logging, goes to the non-finite guard: a finite norm spares it "
-                    "a pass over every gradient. No callback receives the norm."),
+                    "a pass over every gradient. No callback receives the norm.", essential=False),
     TrainerInternal("_load_from_checkpoint", ("resume_from_checkpoint", "model"), "a resume loads the saved folder's "
                     "own files (encoder in transformers format, head, loss state: SimCSEModel.load_weights). "
                     "SimCSEModel is no PreTrainedModel: the Trainer's loader, non-strict, would match none of its "
@@ -49,26 +53,35 @@ TRAINER_INTERNALS_READ = (
 def trainer_internals_problems(trainer_class: type = Trainer) -> list[str]:
     """What `trainer_class` lacks of PRIVATE_TRAINER_OVERRIDES and TRAINER_INTERNALS_READ (a name gone, a method's
     parameters renamed or reordered), one line each; [] when it has them all."""
+    return [problem for _, problem in _problems(trainer_class)]
+
+
+def check_trainer_internals(trainer_class: type = Trainer) -> None:
+    """Refuse (RuntimeError) an installed transformers whose Trainer lacks an essential one: an override that no
+    longer overrides anything would leave the Trainer's own method running, silently (a resume loading no weights).
+    Without one that is not essential, a warning: the run is slower, not wrong."""
+    problems = _problems(trainer_class)
+    fatal = [problem for internal, problem in problems if internal.essential]
+    if fatal:
+        raise RuntimeError("this transformers release lacks what SimCSETrainer relies on: " + "; ".join(fatal))
+    for _, problem in problems:
+        logger.warning("this transformers release lacks what SimCSETrainer uses: %s", problem)
+
+
+def _problems(trainer_class: type) -> list[tuple[TrainerInternal, str]]:
     problems = []
     for internal in PRIVATE_TRAINER_OVERRIDES + TRAINER_INTERNALS_READ:
         where = f"{trainer_class.__name__}.{internal.name}"
         if not hasattr(trainer_class, internal.name):
-            problems.append(f"{where} is gone ({internal.why})")
+            problems.append((internal, f"{where} is gone ({internal.why})"))
         elif internal.parameters is not None:
             member = getattr(trainer_class, internal.name)
             found = tuple(inspect.signature(member).parameters)[1:] if callable(member) else None
             if found != internal.parameters:
                 shown = "not a method" if found is None else f"({', '.join(found)})"
-                problems.append(f"{where} is {shown}, simcse-hn overrides ({', '.join(internal.parameters)})")
+                wanted = ", ".join(internal.parameters)
+                problems.append((internal, f"{where} is {shown}, simcse-hn overrides ({wanted})"))
     return problems
-
-
-def check_trainer_internals(trainer_class: type = Trainer) -> None:
-    """Refuse (RuntimeError) an installed transformers whose Trainer lacks one of them: an override that no longer
-    overrides anything would leave the Trainer's own method running, silently (a resume loading no weights)."""
-    problems = trainer_internals_problems(trainer_class)
-    if problems:
-        raise RuntimeError("this transformers release lacks what SimCSETrainer relies on: " + "; ".join(problems))
 
 
 def planned_steps(args, batches: int | None) -> int:

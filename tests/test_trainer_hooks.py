@@ -68,6 +68,13 @@ def test_the_check_fails_on_a_trainer_that_lacks_or_renamed_one():
         check_trainer_internals(without("_load_from_checkpoint"))
 
 
+def test_without_the_norm_hook_a_run_starts_with_a_warning(caplog):
+    """_get_grad_norm only spares the gradient guard a pass: a Trainer without it is slower, not wrong."""
+    with caplog.at_level("WARNING"):
+        check_trainer_internals(without("_get_grad_norm"))
+    assert "SimCSETrainer uses: Trainer._get_grad_norm is gone (the step's total gradient norm" in caplog.text
+
+
 def make_trainer(tmp_path, **overrides) -> tuple[SimCSETrainer, SimCSETrainingArguments]:
     settings = dict(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=4, eval_strategy="no",
                     load_best_model_at_end=False, metric_for_best_model=None, report_to=[], disable_tqdm=True,
