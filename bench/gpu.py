@@ -1,6 +1,6 @@
 """The speed checks of issue 15 on a GPU machine, in one run of a few minutes (bench/gpu.sh installs and starts it):
 
-1. *sync*: every objective's loss path (simcse_hn.trainer.contrastive_loss, forward and backward; rows of single
+1. *sync*: every objective's loss path (simcse_hn.step.contrastive_loss, forward and backward; rows of single
    sentences and paired rows with a hard negative weight) under torch.cuda.set_sync_debug_mode("error"), after one
    warm-up call (the targets are built and checked once, with one synchronisation, then cached). On a CPU
    (--cpu_check) the stand-in is tests/test_loss_device.py's recorder of host-made tensors and host syncs.
@@ -47,7 +47,7 @@ from common import (  # noqa: E402
 )
 
 from simcse_hn.losses import BASELINE, benchmark_settings, build_loss  # noqa: E402
-from simcse_hn.trainer import contrastive_loss  # noqa: E402
+from simcse_hn.step import contrastive_loss  # noqa: E402
 
 BUDGET_S = 420  # gpu.sh kills the run at 470 s; the optional compile section needs what is left
 # objective -> build_loss arguments, from the registry (without warm-ups: every timed call is the objective's own)

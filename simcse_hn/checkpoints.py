@@ -14,6 +14,8 @@ run resumes from, and which checkpoints rotation may delete.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import os
@@ -111,6 +113,22 @@ def checkpoint_problem(checkpoint: str, run_id: str | None = None) -> str | None
         elif name.endswith(_TORCH_FILES) and not zipfile.is_zipfile(path):
             return f"{name} is truncated (not a whole torch archive)"
     return None
+
+
+def checkpoint_path(output_dir: str, step: int) -> str:
+    """The folder the Trainer writes the checkpoint of optimizer step `step` into."""
+    return os.path.join(output_dir, f"checkpoint-{step}")
+
+
+def args_for_disk(args, save_total_limit: int | None):
+    """The training arguments as a saved folder's training_args.bin holds them: never a token (train.py keeps the Hub
+    token from the Trainer; this covers a Trainer built elsewhere), and the configured `save_total_limit`, which the
+    Trainer's own copy does not hold (SimCSETrainer rotates this run's checkpoints itself)."""
+    args = copy.copy(args)
+    args.save_total_limit = save_total_limit
+    for name in [f.name for f in dataclasses.fields(args) if f.name.endswith("_token")]:
+        setattr(args, name, None)
+    return args
 
 
 def checkpoints_by_step(output_dir: str) -> list[tuple[int, str]]:

@@ -13,7 +13,7 @@ one named class per built-in objective, made from the registry: `SimCSEInfoNCELo
 The dataset has two columns, (anchor, positive): the same sentence twice is SimCSE's unsupervised recipe (the model
 is in train mode, so the two forward passes draw different dropout masks), a paraphrase is a supervised pair. Each
 batch of B pairs becomes the rows [a_0, p_0, a_1, p_1, ...] of simcse-hn's training step, and the loss is exactly
-what `SimCSETrainer` computes on those rows (`simcse_hn.trainer.contrastive_loss`): symmetric form by default, every
+what `SimCSETrainer` computes on those rows (`simcse_hn.step.contrastive_loss`): symmetric form by default, every
 row an anchor against the 2B - 2 others; across processes the rows are gathered with an exact gradient.
 
 The keyword arguments are the objective's own options (its `Options` dataclass; docs/losses.md), on top of its
@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from simcse_hn.losses import BASELINE, BUILTIN, ContrastiveLoss, build_loss, objective_class_path, resolve_objective
+from simcse_hn.step import contrastive_loss
 from simcse_hn.targets import FORMS
 
 
@@ -91,8 +92,6 @@ class SimCSELoss(nn.Module):
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
         """embeddings: [anchors (B, D), positives (B, D)] -> the objective on rows [a_0, p_0, a_1, p_1, ...]."""
-        from simcse_hn.trainer import contrastive_loss  # the trainer module imports transformers' Trainer
-
         if len(embeddings) != 2:
             raise ValueError(
                 f"{type(self).__name__} takes (anchor, positive) columns, got {len(embeddings)} columns; "

@@ -14,8 +14,8 @@ from scipy import stats
 from test_loss_progcl import scipy_em
 
 from simcse_hn.losses import LossContext, build_loss
+from simcse_hn.step import contrastive_loss
 from simcse_hn.targets import ContrastiveTargets, build_paired_targets, build_targets
-from simcse_hn.trainer import contrastive_loss
 
 TAU = 0.1
 

@@ -12,7 +12,7 @@ from sentence_transformers import SentenceTransformer, SentenceTransformerTraine
 
 from simcse_hn import st_losses
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.trainer import contrastive_loss
+from simcse_hn.step import contrastive_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -23,8 +23,8 @@ import train
 from simcse_hn.config import SimCSETrainingArguments
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling import SimCSEModel, build_tiny_bert
-from simcse_hn.topic_batches import InForce, TopicBatchSampler, kmeans
-from simcse_hn.trainer import TOPIC_CLUSTERS_FILE, SimCSETrainer
+from simcse_hn.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler, kmeans
+from simcse_hn.trainer import SimCSETrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
