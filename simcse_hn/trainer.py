@@ -60,8 +60,6 @@ class SimCSETrainer(Trainer):
       itself is given the arguments without it, since its rotation would delete any `checkpoint-*` folder.
     """
 
-    loss_is_scaled_for_ga = False  # the loss is a per-batch mean: the Trainer divides it by the accumulation steps
-
     def __init__(
         self,
         model,
@@ -75,6 +73,9 @@ class SimCSETrainer(Trainer):
         **kwargs,
     ):
         model.loss_fn = loss_fn  # a submodule: learned loss parameters train, loss state is checkpointed
+        # the loss is a per-batch mean, so the Trainer must divide it by the accumulation steps: the model attribute
+        # every 5.x Trainer reads for that (its class attribute `loss_is_scaled_for_ga` is newer than 5.17)
+        model.accepts_loss_kwargs = False
         collated = getattr(kwargs.get("data_collator"), "group_size", None)
         if group_size is not None and collated is not None and group_size != collated:
             raise ValueError(f"group_size {group_size} differs from the collator's {collated}")

@@ -1,6 +1,6 @@
 """What SimCSETrainer relies on of `transformers.Trainer` beyond its public hooks, in one place: the private methods
-it overrides (at most three) and the internals it reads, each with the reason no public hook serves, and the check
-that an installed transformers still has them (SimCSETrainer refuses to start without; tests/test_trainer_hooks.py
+it overrides (at most three), each with the reason no public hook serves, and the check that an installed
+transformers still has them (SimCSETrainer refuses to start without; tests/test_trainer_hooks.py
 runs it on every CI run).
 
 Everything else stands on public hooks: compute_loss, get_train_dataloader, get_eval_dataloader, prediction_step,
@@ -8,7 +8,9 @@ save_model, log, train, and callbacks (simcse_hn.callbacks: the non-finite gradi
 saved schedule, topic re-clustering, checkpoint rotation and keep-the-best at the end). Not relied on: the Trainer's
 batch size of the moment (`_train_batch_size`: `args.train_batch_size`; auto_find_batch_size is not followed), its
 input preparation (`_prepare_inputs`), the tuple of `set_initial_training_values` (`planned_steps` below) and a
-hyperparameter-search trial's folder (`_get_output_dir`: checkpoints are output_dir's)."""
+hyperparameter-search trial's folder (`_get_output_dir`: checkpoints are output_dir's). The loss's scaling under
+gradient accumulation is set through the model's public `accepts_loss_kwargs` (SimCSETrainer.__init__), which every
+5.x Trainer reads; the Trainer's class attribute `loss_is_scaled_for_ga` is newer than 5.17."""
 
 from __future__ import annotations
 
@@ -24,11 +26,11 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class TrainerInternal:
     """A part of `transformers.Trainer` outside its public hooks that SimCSETrainer relies on: its `name`, the
-    parameters after `self` it is overridden or called with (None: an attribute), `why` no public hook serves, and
+    parameters after `self` it is overridden with, `why` no public hook serves, and
     whether a Trainer without it would train or load wrongly (`essential`) or only more slowly."""
 
     name: str
-    parameters: tuple[str, ...] | None
+    parameters: tuple[str, ...]
     why: str
     essential: bool = True
 
@@ -43,15 +45,10 @@ PRIVATE_TRAINER_OVERRIDES = (
                     "keys and load nothing. A sharded model goes to the Trainer's loader."),
     TrainerInternal("_load_best_model", (), "load_best_model_at_end, for the same reason as _load_from_checkpoint."),
 )  # fmt: skip
-TRAINER_INTERNALS_READ = (
-    TrainerInternal("loss_is_scaled_for_ga", None, "set, not read: the loss is a per-batch mean, the Trainer divides "
-                    "it by the accumulation steps. Documented in the Trainer's docstring, but a renamed attribute "
-                    "would be set in vain, silently."),
-)  # fmt: skip
 
 
 def trainer_internals_problems(trainer_class: type = Trainer) -> list[str]:
-    """What `trainer_class` lacks of PRIVATE_TRAINER_OVERRIDES and TRAINER_INTERNALS_READ (a name gone, a method's
+    """What `trainer_class` lacks of PRIVATE_TRAINER_OVERRIDES (a name gone, a method's
     parameters renamed or reordered), one line each; [] when it has them all."""
     return [problem for _, problem in _problems(trainer_class)]
 
@@ -70,11 +67,11 @@ def check_trainer_internals(trainer_class: type = Trainer) -> None:
 
 def _problems(trainer_class: type) -> list[tuple[TrainerInternal, str]]:
     problems = []
-    for internal in PRIVATE_TRAINER_OVERRIDES + TRAINER_INTERNALS_READ:
+    for internal in PRIVATE_TRAINER_OVERRIDES:
         where = f"{trainer_class.__name__}.{internal.name}"
         if not hasattr(trainer_class, internal.name):
             problems.append((internal, f"{where} is gone ({internal.why})"))
-        elif internal.parameters is not None:
+        else:
             member = getattr(trainer_class, internal.name)
             found = tuple(inspect.signature(member).parameters)[1:] if callable(member) else None
             if found != internal.parameters:

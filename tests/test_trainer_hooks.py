@@ -9,6 +9,7 @@ import inspect
 
 import datasets
 import pytest
+import torch
 from transformers import Trainer
 
 from simcse_hn.callbacks import NonFiniteGradientGuard, RotateCheckpoints
@@ -20,7 +21,6 @@ from simcse_hn.modeling import SimCSEModel, build_tiny_bert
 from simcse_hn.trainer import SimCSETrainer
 from simcse_hn.trainer_internals import (
     PRIVATE_TRAINER_OVERRIDES,
-    TRAINER_INTERNALS_READ,
     check_trainer_internals,
     planned_steps,
     trainer_internals_problems,
@@ -40,7 +40,7 @@ def test_at_most_three_private_methods_are_overridden_and_all_are_listed():
     assert overridden == set(listed) and len(listed) <= 3
     for name, parameters in listed.items():
         assert tuple(inspect.signature(vars(SimCSETrainer)[name]).parameters)[1:] == parameters, name
-    for internal in PRIVATE_TRAINER_OVERRIDES + TRAINER_INTERNALS_READ:
+    for internal in PRIVATE_TRAINER_OVERRIDES:
         assert internal.why, internal.name
 
 
@@ -53,9 +53,6 @@ def test_the_check_fails_on_a_trainer_that_lacks_or_renamed_one():
     assert trainer_internals_problems(without("__doc__")) == []  # the stand-in itself passes
     gone = trainer_internals_problems(without("_load_best_model"))
     assert len(gone) == 1 and gone[0].startswith("Trainer._load_best_model is gone (load_best_model_at_end")
-    assert [p.split(" is ")[0] for p in trainer_internals_problems(without("loss_is_scaled_for_ga"))] == [
-        "Trainer.loss_is_scaled_for_ga"
-    ]
 
     class Renamed(Trainer):
         def _get_grad_norm(self, model, norm=None):  # a release renaming the parameter
@@ -108,3 +105,21 @@ def test_planned_steps_are_the_trainers_own_count(tmp_path, epochs, accumulation
     loader = trainer.get_train_dataloader()
     args = copy.copy(trainer.args)
     assert planned_steps(args, len(loader)) == trainer.set_initial_training_values(args, loader)[-1]
+
+
+def test_the_loss_is_divided_by_the_accumulation_steps(tmp_path):
+    """The loss is a per-batch mean, so with 2 accumulation steps each batch's gradient is half the plain one: the
+    model's `accepts_loss_kwargs` False says so to every 5.x Trainer (the class attribute loss_is_scaled_for_ga only
+    to newer ones)."""
+    grads = []
+    for accumulation in (1, 2):
+        torch.manual_seed(0)  # the same head
+        trainer, _ = make_trainer(tmp_path / str(accumulation), gradient_accumulation_steps=accumulation)
+        assert trainer.model.accepts_loss_kwargs is False
+        batch = next(iter(trainer.get_train_dataloader()))
+        trainer.current_gradient_accumulation_steps = accumulation
+        torch.manual_seed(0)
+        trainer.training_step(trainer.model, batch)
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0] / 2, rtol=1e-5, atol=1e-8)
+
