@@ -151,7 +151,8 @@ def environment() -> dict:
             ).stdout.strip()
         )
     except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", False
+        # a copy without .git (a device machine gets the working tree only): the sender names the commit it sent
+        commit, dirty = os.environ.get("SIMCSE_HN_COMMIT", "unknown"), False
     versions = {}
     for name in ("torch", "transformers", "sentence-transformers", "accelerate", "datasets", "numpy"):
         try:

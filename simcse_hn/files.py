@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import struct
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -121,3 +123,34 @@ def recorded_files(output_dir: str) -> list[str] | None:
     if manifest is None:
         return None
     return [name for name in manifest.get("files", []) if os.path.isfile(os.path.join(output_dir, name))]
+
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoints_by_step(output_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of every checkpoint-N folder, oldest first, whoever wrote it."""
+    if not os.path.isdir(output_dir):
+        return []
+    return sorted(
+        (int(m.group(1)), os.path.join(output_dir, name))
+        for name in os.listdir(output_dir)
+        if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(output_dir, name))
+    )
+
+
+def safetensors_problem(path: str) -> str | None:
+    """Why a safetensors file cannot be read (one phrase: no header, truncated), or None."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            (header_size,) = struct.unpack("<Q", f.read(8))
+            if header_size > size - 8:
+                raise ValueError
+            header = json.loads(f.read(header_size))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError):
+        return f"{os.path.basename(path)} has no readable safetensors header"
+    if size != 8 + header_size + end:
+        return f"{os.path.basename(path)} is truncated ({size} of {8 + header_size + end} bytes)"
+    return None

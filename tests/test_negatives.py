@@ -9,7 +9,7 @@ import torch
 from conftest import FIXTURES
 
 from simcse_hn.losses import build_loss
-from simcse_hn.training.trainer import contrastive_loss
+from simcse_hn.training.step import contrastive_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

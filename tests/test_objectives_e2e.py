@@ -184,13 +184,13 @@ def test_supervised_configs_differ_from_their_baseline_only_in_their_objective_a
 
 @pytest.mark.parametrize("form", ["symmetric", "simcse"])
 def test_trainer_tells_the_loss_what_its_targets_are(form):
-    """simcse_hn.training.trainer.contrastive_loss on one process: in the symmetric form the targets' checked facts
+    """simcse_hn.training.step.contrastive_loss on one process: in the symmetric form the targets' checked facts
     say that the anchors are the candidates (ProGCL's triangle fit, UnReMix's shared products) and that the negatives
     are the standard ones (UnReMix's R without a product); they must then be exactly every row but the anchor and its
     positive. In the simcse form neither holds."""
     from types import SimpleNamespace
 
-    from simcse_hn.training.trainer import contrastive_loss
+    from simcse_hn.training.step import contrastive_loss
 
     seen = {}
 

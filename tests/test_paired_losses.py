@@ -15,7 +15,7 @@ from test_loss_progcl import scipy_em
 
 from simcse_hn.losses import LossContext, build_loss
 from simcse_hn.losses.targets import ContrastiveTargets, build_paired_targets, build_targets
-from simcse_hn.training.trainer import contrastive_loss
+from simcse_hn.training.step import contrastive_loss
 
 TAU = 0.1
 

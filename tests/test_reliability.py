@@ -67,21 +67,20 @@ def test_the_gradient_guard_skips_exactly_the_steps_with_a_nonfinite_gradient(po
     large, pass untouched."""
     from types import SimpleNamespace
 
-    from simcse_hn.training.trainer import _NonFiniteGradientGuard
+    from simcse_hn.training.callbacks import NonFiniteGradientGuard
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     for p in model.parameters():
         p.grad = torch.full_like(p, 3e38)  # finite, and its square overflows float32
     if poison is not None:
         model[1].bias.grad[1] = poison
-    trainer = SimpleNamespace(accelerator=SimpleNamespace(), is_fsdp_enabled=False, model=model, skipped_steps=0)
-    guard = _NonFiniteGradientGuard(trainer)
-    guard.on_pre_optimizer_step(SimpleNamespace(device="cpu"), SimpleNamespace(global_step=0), None)
+    guard = NonFiniteGradientGuard()  # on its own: no trainer, the model as the Trainer's callbacks receive it
+    guard.on_pre_optimizer_step(SimpleNamespace(device="cpu"), SimpleNamespace(global_step=0), None, model=model)
     grads = [p.grad for p in model.parameters()]
     if poison is None:
-        assert trainer.skipped_steps == 0 and all(g is not None and (g == 3e38).all() for g in grads)
+        assert guard.skipped_steps == 0 and all(g is not None and (g == 3e38).all() for g in grads)
     else:
-        assert trainer.skipped_steps == 1 and all(g is None for g in grads)
+        assert guard.skipped_steps == 1 and all(g is None for g in grads)
 
 
 def test_a_finite_total_grad_norm_spares_the_guard_its_pass_and_a_nonfinite_one_still_skips(tiny_args, monkeypatch):

@@ -34,14 +34,15 @@ def patched(self, *a, **k):
     self.add_callback(Crash())
 SimCSETrainer.__init__ = patched
 
-save = SimCSETrainer._save
-def crashing_save(self, output_dir=None, state_dict=None):
-    final = os.path.abspath(output_dir) == os.path.abspath(self.args.output_dir)
-    if where == "save " + ("final" if final else os.path.basename(output_dir)):
-        self.accelerator.unwrap_model(self.model).encoder.save_pretrained(output_dir)
+save = SimCSETrainer.save_model  # every save goes through it: the Trainer's checkpoints and the final folder
+def crashing_save(self, output_dir=None, _internal_call=False):
+    folder = output_dir if output_dir is not None else self.args.output_dir
+    final = os.path.abspath(folder) == os.path.abspath(self.args.output_dir)
+    if where == "save " + ("final" if final else os.path.basename(folder)):
+        self.accelerator.unwrap_model(self.model).encoder.save_pretrained(folder)
         os._exit(137)
-    save(self, output_dir, state_dict)
-SimCSETrainer._save = crashing_save
+    save(self, output_dir, _internal_call)
+SimCSETrainer.save_model = crashing_save
 sys.exit(train.main(sys.argv[1:]))
 """
 

@@ -137,7 +137,7 @@ def test_the_trainer_samples_without_duplicates_for_pairs_by_default(tmp_path):
     assert forced._no_duplicates_sampler is not None
     windows = [[rows[i][0] for i in list(forced._no_duplicates_sampler)[s : s + 8]] for s in range(0, 8, 8)]
     assert all(len(w) == len(set(w)) for w in windows)
-    assert not isinstance(forced._get_train_sampler(), RandomSampler)
+    assert not isinstance(forced.train_sampler(), RandomSampler)
 
 
 def test_a_run_resumed_in_its_second_epoch_draws_the_same_batches(tmp_path):

@@ -13,7 +13,7 @@ from sentence_transformers import SentenceTransformer, SentenceTransformerTraine
 from simcse_hn.export import st_losses
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import build_tiny_bert
-from simcse_hn.training.trainer import contrastive_loss
+from simcse_hn.training.step import contrastive_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,7 +10,7 @@ from conftest import symmetric_targets
 
 from simcse_hn.losses import ContrastiveTargets, LossContext, build_loss
 from simcse_hn.losses.targets import build_targets
-from simcse_hn.training.trainer import contrastive_loss
+from simcse_hn.training.step import contrastive_loss
 
 
 def test_facts_are_derived_from_the_tensors_not_promised():
@@ -71,7 +71,7 @@ STEP_CASES = [("infonce", "simcse"), ("infonce", "symmetric"), ("hcl", "symmetri
 
 @pytest.mark.parametrize(("name", "form"), STEP_CASES)
 def test_the_step_function_equals_the_plain_call_on_the_same_rows(name, form):
-    """simcse_hn.training.trainer.contrastive_loss (what the trainer, tests and benches call) against the loss called
+    """simcse_hn.training.step.contrastive_loss (what the trainer, tests and benches call) against the loss called
     plainly with anchors = a copy of the anchor rows: same loss and same gradient on the embeddings."""
     z = torch.randn(12, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     h = torch.randn(12, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)

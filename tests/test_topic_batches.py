@@ -21,11 +21,11 @@ from transformers import TrainerCallback
 
 from simcse_hn.cli import train
 from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
-from simcse_hn.data.topic_batches import InForce, TopicBatchSampler, kmeans
+from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler, kmeans
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import build_tiny_bert
-from simcse_hn.training.trainer import TOPIC_CLUSTERS_FILE, SimCSETrainer
+from simcse_hn.training.trainer import SimCSETrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]

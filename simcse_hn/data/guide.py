@@ -13,6 +13,7 @@ import logging
 import torch
 from torch import Tensor, nn
 
+from simcse_hn.data.collator import GUIDE_PREFIX
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.base import cosine_similarities, positive_logits
 from simcse_hn.losses.targets import ContrastiveTargets
@@ -66,6 +67,16 @@ class Guide(nn.Module):
     @torch.no_grad()
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         return self.model(dict(features))["sentence_embedding"]
+
+
+def guide_row_embeddings(guide: nn.Module, batch: dict[str, Tensor], rows: int) -> Tensor:
+    """The guide's embeddings (R, E) of a batch's `rows`, without gradient: the collator tokenised each text once for
+    the guide (the batch's `guide_*` keys), and single-sentence rows [a, a', ...] repeat each text twice."""
+    features = {key[len(GUIDE_PREFIX) :]: value for key, value in batch.items() if key.startswith(GUIDE_PREFIX)}
+    if not features:
+        raise ValueError("guide_model: the batch has no guide_* features; give the collator guide_tokenize")
+    embeddings = guide(features)  # (texts, E)
+    return embeddings if embeddings.shape[0] == rows else embeddings.repeat_interleave(2, dim=0)
 
 
 def load_guide(name_or_path: str) -> Guide:

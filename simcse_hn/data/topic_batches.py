@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 logger = logging.getLogger(__name__)
 
+TOPIC_CLUSTERS_FILE = "topic_clusters.pt"  # a checkpoint's assignments in force: a resume draws the same batches
 LLOYD_ITERATIONS = 20  # TAS-B's clustering is coarse: a few iterations move few points after the first ten
 
 
@@ -174,6 +175,19 @@ class TopicBatchSampler(Sampler[int]):
                                f"has already read {self.read[1]} windows of it")  # fmt: skip
         self.schedule = self._from_epoch_start(epoch, [e for e in self.schedule if e.start < (epoch, window)])
         self.schedule.append(InForce(epoch, window, step, assignment))
+
+    def recluster_after(self, step: int, accumulation: int, assignment: Tensor) -> None:
+        """Put `assignment`, made after `step` optimizer steps of `accumulation` windows each, in force. The loader has
+        already drawn the next step's windows (and one more), so it takes effect from the step after it: window
+        (s + 1) x accumulation of the epoch, s the steps done in it, or the next epoch's start. A function of the step
+        only, so an uninterrupted and a resumed run re-cluster at the same windows."""
+        full = self.size // self.window
+        per_epoch = max(full // accumulation + int(full % accumulation > 0), 1)
+        epoch, done = divmod(step, per_epoch)
+        window = (done + 1) * accumulation if done else 0
+        if window >= full:
+            epoch, window = epoch + 1, 0
+        self.recluster(assignment, epoch, window, step)
 
     @staticmethod
     def _from_epoch_start(epoch: int, schedule: list[InForce]) -> list[InForce]:

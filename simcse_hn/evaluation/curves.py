@@ -28,8 +28,7 @@ from simcse_hn.evaluation.plots import (
     wrap,
 )
 from simcse_hn.evaluation.reports import model_label
-from simcse_hn.files import portable_name
-from simcse_hn.training.checkpoints import checkpoints_by_step
+from simcse_hn.files import checkpoints_by_step, portable_name
 
 logger = logging.getLogger(__name__)
 

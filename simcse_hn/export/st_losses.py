@@ -13,7 +13,7 @@ one named class per built-in objective, made from the registry: `SimCSEInfoNCELo
 The dataset has two columns, (anchor, positive): the same sentence twice is SimCSE's unsupervised recipe (the model
 is in train mode, so the two forward passes draw different dropout masks), a paraphrase is a supervised pair. Each
 batch of B pairs becomes the rows [a_0, p_0, a_1, p_1, ...] of simcse-hn's training step, and the loss is exactly
-what `SimCSETrainer` computes on those rows (`simcse_hn.training.trainer.contrastive_loss`): symmetric form by
+what `SimCSETrainer` computes on those rows (`simcse_hn.training.step.contrastive_loss`): symmetric form by
 default, every row an anchor against the 2B - 2 others; across processes the rows are gathered with an exact gradient.
 
 The keyword arguments are the objective's own options (its `Options` dataclass; docs/losses.md), on top of its
@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from simcse_hn.losses import BASELINE, BUILTIN, ContrastiveLoss, build_loss, objective_class_path, resolve_objective
 from simcse_hn.losses.targets import FORMS
-from simcse_hn.training.trainer import contrastive_loss
+from simcse_hn.training.step import contrastive_loss
 
 
 def _embed_columns(model: nn.Module, features: list[dict[str, Tensor]]) -> list[Tensor]:

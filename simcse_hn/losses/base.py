@@ -365,7 +365,7 @@ class ContrastiveLoss(nn.Module):
     * `loss_fn(anchors, candidates, positive_index, negative_mask=None, context=None)`: the plain call. A mask is
       read as given (no structure assumed); without one the negatives are the standard ones (`forward`), a stated
       structure that takes the shortcuts below.
-    * `loss_fn.compute(candidates, targets, context=None)`: the training loop's call (`simcse_hn.training.trainer
+    * `loss_fn.compute(candidates, targets, context=None)`: the training loop's call (`simcse_hn.training.step
       .contrastive_loss`). The anchors are the candidates' rows `targets.anchor_index`, so the targets' checked facts
       (`anchors_are_candidates`, `standard_negatives`) hold for the tensors the loss sees and a loss may use them.
 

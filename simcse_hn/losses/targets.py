@@ -3,7 +3,7 @@
 step (`LossContext`, a closed set of typed fields).
 
 `build_targets` makes the targets of a SimCSE step over rows [a, a', b, b', ...], `build_paired_targets` those of a
-step over paired data, rows [a, p, n_1..n_k] per example (SimCSE's supervised layout); `simcse_hn.training.trainer
+step over paired data, rows [a, p, n_1..n_k] per example (SimCSE's supervised layout); `simcse_hn.training.step
 .contrastive_loss` gathers the candidates, builds the targets and the context and calls the loss: the trainer, the
 tests and the benches all go through it.
 """

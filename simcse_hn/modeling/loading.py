@@ -18,6 +18,7 @@ from simcse_hn.errors import ConfigError
 from simcse_hn.files import (
     PACKAGED_MODELS,
     read_json,
+    safetensors_problem,
     write_json,
 )
 from simcse_hn.testing.models import (
@@ -28,7 +29,6 @@ from simcse_hn.testing.models import (
     tiny_bert_config,
     tiny_llama_config,
 )
-from simcse_hn.training.checkpoints import safetensors_problem
 
 logger = logging.getLogger(__name__)
 

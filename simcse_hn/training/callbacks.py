@@ -1,14 +1,26 @@
-"""Trainer callbacks that watch the loss diagnostics (docs/losses.md section 2)."""
+"""SimCSETrainer's callbacks, each standing on its own (what it needs is given to it, not read from the trainer):
+the loss diagnostics' clamp warning (docs/losses.md section 2), the non-finite gradient guard, the training sampler's
+epoch and saved schedule, topic re-clustering, and checkpoint rotation over this run's checkpoints only."""
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+from collections.abc import Callable
 
+import torch
+from torch import Tensor
 from transformers import TrainerCallback
 
+from simcse_hn.data.sampling import NoDuplicatesSampler
+from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, TopicBatchSampler
 from simcse_hn.losses.registry import flag_prefix
+from simcse_hn.training import distributed
+from simcse_hn.training.checkpoints import checkpoint_path, rotate_checkpoints
 
 logger = logging.getLogger(__name__)
+
 
 def debiasing_setting(args) -> str | None:
     """'loss NAME, NAME_tau_plus 0.001, temperature 0.05' (the prior named by its flag) for a debiased objective
@@ -53,3 +65,103 @@ class ClampWarningCallback(TrainerCallback):
                 100 * logs["clamp_frac"],
                 setting,
             )
+
+
+class NonFiniteGradientGuard(TrainerCallback):
+    """Skips the optimizer step when any gradient is NaN/inf (e.g. an fp16 overflow in the encoder): gradients are
+    dropped (`grad = None`, so the optimizer leaves those weights and their moments alone) and the skip is counted
+    (`skipped_steps`). Under DDP gradients are already all-reduced, so every process takes the same decision; under
+    FSDP (`sharded`) the processes agree through one all-reduce of the verdict. With fp16's GradScaler
+    (`scaler_skips`) the scaler already skips non-finite steps, and needs the gradients: the guard stands aside.
+
+    `total_norm`: the step's total gradient norm when whoever runs the step has it (SimCSETrainer hands over the
+    Trainer's, computed anyway for clipping and logging); each step consumes it. A finite one spares the guard its
+    pass over every gradient (1 % of a MiniLM step on a CPU, bench/results/step_profile.md)."""
+
+    def __init__(self, sharded: bool = False, scaler_skips: bool = False):
+        self.sharded, self.scaler_skips = sharded, scaler_skips
+        self.skipped_steps = 0
+        self.total_norm: Tensor | float | None = None
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        norm, self.total_norm = self.total_norm, None
+        if self.scaler_skips:
+            return
+        # under FSDP each process holds a shard of every gradient (a DTensor's local part, or a flat shard): the
+        # processes decide together. Under DeepSpeed the gradients live in its optimizer (p.grad is None): its own.
+        if norm is not None and not self.sharded and math.isfinite(float(norm)):
+            return  # the step's total 2-norm is finite, so is every gradient: a NaN/inf anywhere makes it NaN/inf
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        if not grads and not self.sharded:
+            return
+        # no total norm, a sharded one, or a non-finite one (NaN/inf, or a finite gradient whose square overflows):
+        # each gradient decides. It holds a NaN/inf iff its largest magnitude is NaN/inf: one reduction per gradient
+        # (isfinite + any per gradient took 3-4 % of a MiniLM step on a CPU, bench/results/step_profile.md)
+        largest = torch.stack(torch._foreach_norm(grads, math.inf)) if grads else torch.zeros(0)
+        bad = ~torch.isfinite(largest).all()
+        if self.sharded:
+            bad = distributed.all_reduce_sum(bad.float().to(args.device)) > 0
+        if bool(bad):  # one host synchronisation per optimizer step, outside the loss
+            for p in model.parameters():
+                p.grad = None
+            self.skipped_steps += 1
+            logger.warning("step %d: non-finite gradients, optimizer step skipped (%d so far)",
+                           state.global_step + 1, self.skipped_steps)  # fmt: skip
+
+
+class SamplerState(TrainerCallback):
+    """Keeps the training sampler (`sampler`, set by whoever builds it) in step with the run. At each epoch's start it
+    sets the sampler's epoch: accelerate's `set_epoch` does not reach a sampler under the batch-skipping wrapper of a
+    resumed multi-process run, and the Trainer's state says the epoch in every case (a resumed run's state.epoch is
+    the checkpoint's, e.g. 1.5 -> epoch 1). At each save a topic sampler's assignments in force go into the checkpoint
+    (TOPIC_CLUSTERS_FILE), so a resumed run draws the batches of the uninterrupted one."""
+
+    def __init__(self):
+        self.sampler: NoDuplicatesSampler | TopicBatchSampler | None = None
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.sampler is not None:
+            self.sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
+
+    def on_save(self, args, state, control, **kwargs):
+        if isinstance(self.sampler, TopicBatchSampler) and args.should_save:
+            folder = checkpoint_path(args.output_dir, state.global_step)
+            torch.save([entry.as_dict() for entry in self.sampler.schedule], os.path.join(folder, TOPIC_CLUSTERS_FILE))
+
+
+class Recluster(TrainerCallback):
+    """Topic batches with `topic_recluster_steps` K (`every`): after every K-th optimizer step (but the last),
+    `recluster(step)` (SimCSETrainer.recluster_topics: the corpus re-encoded by the model as it is and re-clustered,
+    on every process together)."""
+
+    def __init__(self, every: int, recluster: Callable[[int], None]):
+        self.every, self.recluster = every, recluster
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0 and state.global_step < state.max_steps:
+            self.recluster(state.global_step)
+
+
+class RotateCheckpoints(TrainerCallback):
+    """`save_total_limit` (`limit`) over the checkpoints of run family `run_id` only (simcse_hn.training.checkpoints).
+    transformers' own rotation deletes any `checkpoint-*` folder of output_dir, whoever wrote it: SimCSETrainer keeps
+    the limit from the Trainer and gives it to this callback. After each save, the oldest checkpoints of the family
+    beyond the limit go, never the one just written nor the best (deleted only once the new one is complete: the
+    Trainer writes trainer_state.json before on_save). At the end of training, as transformers does, a limit of 1
+    keeps the best checkpoint only."""
+
+    def __init__(self, limit: int | None, run_id: str):
+        self.limit, self.run_id = limit, run_id
+
+    def on_save(self, args, state, control, **kwargs):
+        if args.should_save:
+            written = checkpoint_path(args.output_dir, state.global_step)
+            rotate_checkpoints(args.output_dir, self.run_id, self.limit, {written, state.best_model_checkpoint})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.keep_only_the_best(args, state)
+
+    def keep_only_the_best(self, args, state) -> None:
+        if args.should_save and self.limit == 1 and state.best_model_checkpoint is not None:
+            rotate_checkpoints(args.output_dir, self.run_id, 1, {state.best_model_checkpoint})

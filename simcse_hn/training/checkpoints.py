@@ -14,23 +14,22 @@ run resumes from, and which checkpoints rotation may delete.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import os
-import re
 import shutil
-import struct
 import uuid
 import zipfile
 
 from simcse_hn.errors import ConfigError
-from simcse_hn.files import RUN_MARKER, SIMCSE_CONFIG, read_json
+from simcse_hn.files import RUN_MARKER, SIMCSE_CONFIG, checkpoints_by_step, read_json, safetensors_problem
 from simcse_hn.losses.registry import portable_loss_name
 
 logger = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.json"
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _TORCH_FILES = (".pt", ".pth", ".bin")  # torch.save's zip archives: optimizer, scheduler, RNG, training arguments
 
 
@@ -68,23 +67,6 @@ def check_resumed_objective(checkpoint: str, loss: str) -> None:
                           f"to resume (this run names --loss {loss})")  # fmt: skip
 
 
-def safetensors_problem(path: str) -> str | None:
-    """Why a safetensors file cannot be read (one phrase: no header, truncated), or None."""
-    size = os.path.getsize(path)
-    try:
-        with open(path, "rb") as f:
-            (header_size,) = struct.unpack("<Q", f.read(8))
-            if header_size > size - 8:
-                raise ValueError
-            header = json.loads(f.read(header_size))
-        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    except (struct.error, ValueError, KeyError, TypeError, IndexError):
-        return f"{os.path.basename(path)} has no readable safetensors header"
-    if size != 8 + header_size + end:
-        return f"{os.path.basename(path)} is truncated ({size} of {8 + header_size + end} bytes)"
-    return None
-
-
 def checkpoint_problem(checkpoint: str, run_id: str | None = None) -> str | None:
     """Why `checkpoint` cannot be resumed from (one phrase), or None when it is complete and of family `run_id`
     (any simcse-hn family when `run_id` is None)."""
@@ -112,15 +94,20 @@ def checkpoint_problem(checkpoint: str, run_id: str | None = None) -> str | None
     return None
 
 
-def checkpoints_by_step(output_dir: str) -> list[tuple[int, str]]:
-    """(step, path) of every checkpoint-N folder, oldest first, whoever wrote it."""
-    if not os.path.isdir(output_dir):
-        return []
-    return sorted(
-        (int(m.group(1)), os.path.join(output_dir, name))
-        for name in os.listdir(output_dir)
-        if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(output_dir, name))
-    )
+def checkpoint_path(output_dir: str, step: int) -> str:
+    """The folder the Trainer writes the checkpoint of optimizer step `step` into."""
+    return os.path.join(output_dir, f"checkpoint-{step}")
+
+
+def args_for_disk(args, save_total_limit: int | None):
+    """The training arguments as a saved folder's training_args.bin holds them: never a token (train.py keeps the Hub
+    token from the Trainer; this covers a Trainer built elsewhere), and the configured `save_total_limit`, which the
+    Trainer's own copy does not hold (SimCSETrainer rotates this run's checkpoints itself)."""
+    args = copy.copy(args)
+    args.save_total_limit = save_total_limit
+    for name in [f.name for f in dataclasses.fields(args) if f.name.endswith("_token")]:
+        setattr(args, name, None)
+    return args
 
 
 def family_checkpoints(output_dir: str, run_id: str | None) -> list[str]:

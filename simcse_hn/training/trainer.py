@@ -1,170 +1,44 @@
-"""SimCSETrainer: a `transformers.Trainer` whose step is one SimCSE forward over [a, a', b, b', ...] and a
-contrastive loss. The only place besides distributed.py that knows about ranks."""
+"""SimCSETrainer: a `transformers.Trainer` whose step is one SimCSE forward over [a, a', b, b', ...] and a contrastive
+loss (training.step), on the Trainer's public hooks and callbacks; the private methods it still overrides are listed,
+each with its reason, in training.trainer_internals. It, step.py, the guard and distributed.py know about ranks."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
 import functools
 import logging
-import math
 import os
 
 import datasets
 import torch
+from accelerate.data_loader import prepare_data_loader
 from torch import Tensor
-from transformers import Trainer, TrainerCallback, TrainerState
+from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+from transformers import Trainer, TrainerState
 from transformers.trainer import TRAINING_ARGS_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
+from transformers.trainer_utils import TrainOutput, seed_worker
 
 from simcse_hn.data.collator import GUIDE_PREFIX
-from simcse_hn.data.guide import SELF, Guide, guide_targets, load_guide
+from simcse_hn.data.guide import SELF, Guide, guide_row_embeddings, load_guide
 from simcse_hn.data.sampling import NoDuplicatesSampler
 from simcse_hn.data.sts import STSPairs
-from simcse_hn.data.topic_batches import InForce, TopicBatchSampler, cluster_corpus
+from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler, cluster_corpus
+from simcse_hn.evaluation.dev_sentences import DevSentences
 from simcse_hn.evaluation.encoding import load_encoder, simcse_encode_fn
-from simcse_hn.evaluation.scoring import sts_dev_metrics
 from simcse_hn.losses import ContrastiveLoss, LossOutput
-from simcse_hn.losses.targets import LossContext, build_paired_targets, build_targets
 from simcse_hn.training import distributed, grad_cache
-from simcse_hn.training.callbacks import ClampWarningCallback
-from simcse_hn.training.checkpoints import TRAINER_STATE, new_run_id, rotate_checkpoints
+from simcse_hn.training.callbacks import (
+    ClampWarningCallback,
+    NonFiniteGradientGuard,
+    Recluster,
+    RotateCheckpoints,
+    SamplerState,
+)
+from simcse_hn.training.checkpoints import TRAINER_STATE, args_for_disk, new_run_id
+from simcse_hn.training.step import add_to_window, contrastive_loss, window_means
+from simcse_hn.training.trainer_internals import check_trainer_internals, planned_steps
 
 logger = logging.getLogger(__name__)
-
-TOPIC_CLUSTERS_FILE = "topic_clusters.pt"  # a checkpoint's assignments in force: a resume draws the same batches
-
-
-def contrastive_loss(
-    loss_fn: ContrastiveLoss,
-    embeddings: Tensor,
-    *,
-    form: str = "symmetric",
-    group_size: int | None = None,
-    hard_negative_weight: float = 0.0,
-    guide_embeddings: Tensor | None = None,
-    guide_margin: float = 0.0,
-    head_inputs: Tensor | None = None,
-    gather: bool = True,
-    step: int | None = None,
-    max_steps: int | None = None,
-    text_ids: Tensor | None = None,
-) -> LossOutput:
-    """One step's loss: local rows (R, D) -> candidates gathered from every process with gradient (when `gather` and
-    there is more than one process), targets offset by rank, the loss context.
-
-    Layouts: `group_size` None, rows [a, a', b, b', ...] of single sentences (`form` says which rows are anchors); an
-    int g, rows [a, p, n_1..n_{g-2}] per example of paired data (SimCSE's supervised targets, `build_paired_targets`,
-    with `hard_negative_weight` on each anchor's own explicit negatives). guide_embeddings (R, E): a guide model's
-    embeddings of the same rows (detached; gathered like the rows): negatives the guide scores above the anchor's
-    positive minus `guide_margin` leave N(i) for the step (simcse_hn.guide; metrics `guide_removed*`).
-
-    Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
-    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (for an objective
-    that `needs_head_inputs`); text_ids (R,): each row's text id (the duplicate diagnostics).
-    """
-    candidates, candidate_features, guide_candidates, offset = embeddings, head_inputs, guide_embeddings, 0
-    candidate_ids = text_ids
-    several = distributed.world_size() > 1
-    if gather and several:
-        candidates = distributed.all_gather_with_grad(embeddings)  # (RW, D)
-        if head_inputs is not None:
-            candidate_features = distributed.all_gather_with_grad(head_inputs)  # (RW, H)
-        if guide_embeddings is not None:
-            guide_candidates = distributed.all_gather_with_grad(guide_embeddings.detach())  # (RW, E), no graph
-        if text_ids is not None:
-            candidate_ids = distributed.all_gather_no_grad(text_ids)  # (RW,)
-        offset = distributed.rank() * embeddings.shape[0]
-    rows, device = embeddings.shape[0], embeddings.device
-    if group_size is None:
-        if hard_negative_weight != 0:
-            raise ValueError("hard_negative_weight needs paired data with explicit negatives (group_size > 2)")
-        targets = build_targets(rows, form, offset, candidates.shape[0], device)
-    else:
-        targets = build_paired_targets(rows, group_size, offset, candidates.shape[0], device, hard_negative_weight)
-    guide_metrics = {}
-    if guide_candidates is not None:
-        targets, guide_metrics = guide_targets(guide_candidates, targets, guide_margin)
-    context = LossContext(
-        step=step,
-        max_steps=max_steps,
-        # for statistics every process must share (an objective fitted on all processes' pairs)
-        all_reduce=distributed.all_reduce_sum if several else None,
-        candidate_features=candidate_features,
-        candidate_text_ids=None if candidate_ids is None else candidate_ids.to(embeddings.device),
-    )
-    output = loss_fn.compute(candidates, targets, context)
-    if guide_metrics:
-        output.metrics.update(guide_metrics)
-    return output
-
-
-class _NonFiniteGradientGuard(TrainerCallback):
-    """Skips the optimizer step when any gradient is NaN/inf (e.g. an fp16 overflow in the encoder): gradients are
-    dropped (`grad = None`, so the optimizer leaves those weights and their moments alone) and the skip is counted.
-    Under DDP gradients are already all-reduced, so every process takes the same decision; under FSDP the processes
-    agree through one all-reduce of the verdict."""
-
-    def __init__(self, trainer: SimCSETrainer):
-        self.trainer = trainer
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if getattr(self.trainer.accelerator, "scaler", None) is not None:
-            return  # fp16 with a GradScaler: the scaler already skips non-finite steps (and needs the gradients)
-        # under FSDP each process holds a shard of every gradient (a DTensor's local part, or a flat shard): the
-        # processes decide together. Under DeepSpeed the gradients live in its optimizer (p.grad is None): its own.
-        sharded = self.trainer.is_fsdp_enabled
-        norm, self.trainer.step_grad_norm = getattr(self.trainer, "step_grad_norm", None), None
-        if norm is not None and not sharded and math.isfinite(float(norm)):
-            return  # the step's total 2-norm is finite, so is every gradient: a NaN/inf anywhere makes it NaN/inf
-        grads = [p.grad for p in self.trainer.model.parameters() if p.grad is not None]
-        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-        if not grads and not sharded:
-            return
-        # no total norm, a sharded one, or a non-finite one (NaN/inf, or a finite gradient whose square overflows):
-        # each gradient decides. It holds a NaN/inf iff its largest magnitude is NaN/inf: one reduction per gradient
-        # (isfinite + any per gradient took 3-4 % of a MiniLM step on a CPU, bench/results/step_profile.md)
-        largest = torch.stack(torch._foreach_norm(grads, math.inf)) if grads else torch.zeros(0)
-        bad = ~torch.isfinite(largest).all()
-        if sharded:
-            bad = distributed.all_reduce_sum(bad.float().to(args.device)) > 0
-        if bool(bad):  # one host synchronisation per optimizer step, outside the loss
-            for p in self.trainer.model.parameters():
-                p.grad = None
-            self.trainer.skipped_steps += 1
-            logger.warning(
-                "step %d: non-finite gradients, optimizer step skipped (%d so far)",
-                state.global_step + 1,
-                self.trainer.skipped_steps,
-            )
-
-
-class _SamplerEpoch(TrainerCallback):
-    """Tells the no-duplicates sampler the epoch at its start. accelerate's `set_epoch` does not reach a sampler under
-    the batch-skipping wrapper of a resumed multi-process run; the Trainer's state says the epoch in every case
-    (a resumed run's state.epoch is the checkpoint's, e.g. 1.5 -> epoch 1)."""
-
-    def __init__(self, trainer: SimCSETrainer):
-        self.trainer = trainer
-
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        for sampler in (self.trainer._no_duplicates_sampler, self.trainer._topic_sampler):
-            if sampler is not None:
-                sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
-
-
-class _Recluster(TrainerCallback):
-    """Topic batches with `topic_recluster_steps` K: after every K-th optimizer step (but the last), the corpus is
-    re-encoded by the model as it is and re-clustered (SimCSETrainer.recluster_topics), on every process together."""
-
-    def __init__(self, trainer: SimCSETrainer):
-        self.trainer = trainer
-
-    def on_step_end(self, args, state, control, **kwargs):
-        every = args.topic_recluster_steps
-        if every and state.global_step % every == 0 and state.global_step < state.max_steps:
-            self.trainer.recluster_topics(state.global_step)
 
 
 class SimCSETrainer(Trainer):
@@ -174,20 +48,17 @@ class SimCSETrainer(Trainer):
       diagnostics are averaged over the logging window and over processes before `log()`. With
       `cache_minibatch_size`, compute_loss is a GradCache loss (grad_cache.py): the Trainer's own training_step runs
       unchanged, and its backward replays the mini-batches (same loss and gradient, one mini-batch's memory).
-    * STS-B dev through the Trainer's evaluation loop: `eval_pairs`' distinct sentences, sorted by token length, are
-      the eval dataset (split across processes, `per_device_eval_batch_size` per batch), `prediction_step` returns
-      their embeddings and `compute_metrics` the Spearman x 100 of the pairs' cosines (`eval_stsb_spearman`), so
-      logging, callbacks and best-model selection are the Trainer's.
-    * The Trainer never pushes: train.py gives it arguments without push_to_hub and without the token, and pushes the
-      finished folder itself (simcse_hn.hub).
+    * STS-B dev through the Trainer's evaluation loop (DevSentences: `prediction_step` returns embeddings,
+      `compute_metrics` the Spearman x 100 `eval_stsb_spearman`): logging and best-model selection are the Trainer's.
+    * The Trainer never pushes: train.py pushes the finished folder itself (simcse_hn.hub).
     * Paired data: `group_size` (default: the collator's, simcse_hn.pairs.PairCollator) says that rows come as
       [a, p, n_1..n_k] per example; `args.hard_negative_weight` applies. `args.guide_model` ("self", or a model that
       `guide` holds, loaded from the id when not given) removes the guide's false negatives each step.
-    * `args.no_duplicates` (default: on for paired data): batches drawn by simcse_hn.sampling.NoDuplicatesSampler, no
+    * `args.no_duplicates` (default: on for paired data): batches drawn by data.sampling.NoDuplicatesSampler, no
       text twice in one gathered batch.
+    * Checkpoints: `save_total_limit` rotates this run's checkpoints only (callbacks.RotateCheckpoints); the Trainer
+      itself is given the arguments without it, since its rotation would delete any `checkpoint-*` folder.
     """
-
-    loss_is_scaled_for_ga = False  # the loss is a per-batch mean: the Trainer divides it by the accumulation steps
 
     def __init__(
         self,
@@ -202,29 +73,36 @@ class SimCSETrainer(Trainer):
         **kwargs,
     ):
         model.loss_fn = loss_fn  # a submodule: learned loss parameters train, loss state is checkpointed
+        # the loss is a per-batch mean, so the Trainer must divide it by the accumulation steps: the model attribute
+        # every 5.x Trainer reads for that (its class attribute `loss_is_scaled_for_ga` is newer than 5.17)
+        model.accepts_loss_kwargs = False
         collated = getattr(kwargs.get("data_collator"), "group_size", None)
         if group_size is not None and collated is not None and group_size != collated:
             raise ValueError(f"group_size {group_size} differs from the collator's {collated}")
         self.group_size = group_size if group_size is not None else collated
-        self.eval_pairs = eval_pairs
-        self.eval_max_length = eval_max_length
+        self.eval_pairs, self.eval_max_length = eval_pairs, eval_max_length
         if eval_pairs is not None:
             self._dev = DevSentences(eval_pairs, kwargs["processing_class"], eval_max_length)
             kwargs.setdefault("eval_dataset", self._dev.dataset)
             kwargs.setdefault("compute_metrics", self._dev.metrics)
+        check_trainer_internals()
+        limit, args = args.save_total_limit, copy.copy(args)
+        args.save_total_limit = None  # the Trainer's rotation is off: RotateCheckpoints rotates this run's only
         super().__init__(model=model, args=args, **kwargs)
         self.simcse_config = simcse_config or {}
-        self.skipped_steps = 0
-        self.step_grad_norm = None  # the total gradient norm of the step about to be taken (`_get_grad_norm`)
         self.trained_sentences = 0  # sentences of the batches this process trained on (resumed runs: since resuming)
         self.truncated_sentences = 0  # of those, how many were longer than max_seq_length
         self._metric_sums: dict[str, torch.Tensor] = {}
         self._metric_count = 0
-        self.add_callback(_NonFiniteGradientGuard(self))
-        self.add_callback(ClampWarningCallback())
-        self.add_callback(_SamplerEpoch(self))
+        scaler = getattr(self.accelerator, "scaler", None)
+        self.gradient_guard = NonFiniteGradientGuard(sharded=self.is_fsdp_enabled, scaler_skips=scaler is not None)
+        self.sampler_state = SamplerState()
+        # the run family every checkpoint records (simcse_config.json); train.py passes the output folder's
+        self.rotation = RotateCheckpoints(limit, self.simcse_config.setdefault("run_id", new_run_id()))
+        for callback in (self.gradient_guard, ClampWarningCallback(), self.sampler_state, self.rotation):
+            self.add_callback(callback)
         if args.topic_batches and args.topic_recluster_steps:
-            self.add_callback(_Recluster(self))
+            self.add_callback(Recluster(args.topic_recluster_steps, self.recluster_topics))
         self._no_duplicates_sampler: NoDuplicatesSampler | None = None
         self._topic_sampler: TopicBatchSampler | None = None
         self._topic_assignment: Tensor | None = None  # (n,) int64: each example's cluster, first made
@@ -236,10 +114,9 @@ class SimCSETrainer(Trainer):
             self.model.length_groups = self.length_groups
         requested = args.sharding_engine()  # what the configuration asked for; accelerate decides what runs
         if requested and not (self.is_fsdp_enabled or self.is_deepspeed_enabled):
-            logger.warning(
-                "%s was requested, but accelerate runs it on GPUs (or other accelerators) only: this run on %s is "
-                "plain data parallel (same results, unsharded memory)", requested, args.device.type
-            )
+            logger.warning("%s was requested, but accelerate runs it on GPUs (or other accelerators) only: this "
+                           "run on %s is plain data parallel (same results, unsharded memory)", requested,
+                           args.device.type)  # fmt: skip
 
     @property
     def length_groups(self) -> int:
@@ -263,35 +140,22 @@ class SimCSETrainer(Trainer):
     def contrastive_loss(
         self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None
     ) -> LossOutput:
-        """Loss of local embeddings (R, D) against the (gathered) candidates (`contrastive_loss` above). With
+        """Loss of local embeddings (R, D) against the (gathered) candidates (step.contrastive_loss). With
         `guide_model: self` the guide's embeddings are these, detached; an external guide's (R, E) are passed in."""
-        if self.args.guide_model == SELF:
+        args = self.args
+        if args.guide_model == SELF:
             guide_embeddings = embeddings.detach()
         return contrastive_loss(
-            self.accelerator.unwrap_model(model).loss_fn,
-            embeddings,
-            form=self.args.contrast_form,
-            group_size=self.group_size,
-            hard_negative_weight=self.args.hard_negative_weight,
-            guide_embeddings=guide_embeddings,
-            guide_margin=self.args.guide_margin,
-            head_inputs=head_inputs,
-            gather=self.gather_across_devices,
-            step=self.state.global_step,
-            max_steps=self.state.max_steps,
+            self.accelerator.unwrap_model(model).loss_fn, embeddings, form=args.contrast_form,
+            group_size=self.group_size, hard_negative_weight=args.hard_negative_weight,
+            guide_embeddings=guide_embeddings, guide_margin=args.guide_margin, head_inputs=head_inputs,
+            gather=self.gather_across_devices, step=self.state.global_step, max_steps=self.state.max_steps,
             text_ids=text_ids,
-        )
+        )  # fmt: skip
 
     def _guide_embeddings(self, guide_inputs: dict[str, Tensor], rows: int) -> Tensor | None:
-        """The external guide's embeddings of the batch's rows (R, E), without gradient: the collator tokenised each
-        text once for the guide (`guide_*` keys), and single-sentence rows [a, a', ...] repeat each text twice."""
-        if self.guide is None:
-            return None
-        if not guide_inputs:
-            raise ValueError("guide_model: the batch has no guide_* features; give the collator guide_tokenize")
-        features = {key[len(GUIDE_PREFIX) :]: value for key, value in guide_inputs.items()}
-        embeddings = self.guide(features)  # (texts, E)
-        return embeddings if embeddings.shape[0] == rows else embeddings.repeat_interleave(2, dim=0)
+        """The external guide's embeddings (R, E) of the batch's rows (guide_row_embeddings); None without one."""
+        return None if self.guide is None else guide_row_embeddings(self.guide, guide_inputs, rows)
 
     def _embed(self, model, inputs):
         """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""
@@ -300,11 +164,20 @@ class SimCSETrainer(Trainer):
         return output.embeddings, output.head_inputs
 
     def _get_grad_norm(self, model, grad_norm=None):
-        """The Trainer's total gradient norm of each optimizer step (computed anyway, for clipping and logging), kept
-        for the non-finite guard: a finite norm spares it a pass over every gradient (1 % of a MiniLM step on a CPU,
-        bench/results/step_profile.md). A Trainer that stops calling this leaves the guard its own pass."""
-        self.step_grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        return self.step_grad_norm
+        """The Trainer's total gradient norm of each optimizer step, handed to the non-finite guard
+        (PRIVATE_TRAINER_OVERRIDES). A Trainer that stops calling this leaves the guard its own pass."""
+        self.gradient_guard.total_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        return self.gradient_guard.total_norm
+
+    @property
+    def step_grad_norm(self) -> Tensor | float | None:
+        """The total gradient norm of the step about to be taken, until the guard consumes it."""
+        return self.gradient_guard.total_norm
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for non-finite gradients (resumed runs: since resuming)."""
+        return self.gradient_guard.skipped_steps
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         truncated = inputs.pop("num_truncated", 0)  # the collator's count for this batch (an int: no host sync)
@@ -332,51 +205,44 @@ class SimCSETrainer(Trainer):
             result = self.contrastive_loss(model, *self._embed(model, inputs), text_ids=text_ids,
                                            guide_embeddings=guide_embeddings)  # fmt: skip
         if model.training:
-            self._record_metrics(result.metrics)
+            add_to_window(self._metric_sums, result.metrics)
+            self._metric_count += 1
         return (result.loss, result) if return_outputs else result.loss
 
-    def _record_metrics(self, metrics: dict[str, torch.Tensor]) -> None:
-        for key, value in metrics.items():  # tensors until log(): no host synchronisation in the step
-            value = value.detach().float()
-            self._metric_sums[key] = self._metric_sums[key] + value if key in self._metric_sums else value
-        self._metric_count += 1
-
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs and self._metric_count:
-            keys = sorted(self._metric_sums)
-            # every process logs at the same steps: one all-reduce averages the window over processes too
-            totals = distributed.all_reduce_sum(torch.stack([self._metric_sums[k] for k in keys]))
-            counts = distributed.all_reduce_sum(torch.tensor(float(self._metric_count), device=totals.device))
-            means = dict(zip(keys, (totals / counts).tolist()))
-            pairs, total = means.pop("duplicate_pairs", 0.0), means.pop("duplicate_weight_total", 0.0)
-            if pairs > 0:  # the mean weight of an anchor's exact duplicates, in the windows that had any
-                means["duplicate_weight"] = total / pairs
-            for key, value in means.items():
-                logs[key] = round(value, 6)
-            logs["skipped_steps"] = self.skipped_steps
+        if "loss" in logs and self._metric_count:  # a training log: the window's diagnostics join it
+            logs.update(window_means(self._metric_sums, self._metric_count), skipped_steps=self.skipped_steps)
             self._metric_sums.clear()
             self._metric_count = 0
         super().log(logs, start_time)
 
-    # --- batches without duplicates: the Trainer's sampler hook ---
+    # --- the training batches: batches without duplicates, topic batches, a stream ---
 
-    def _get_train_sampler(self, train_dataset=None):
+    def train_sampler(self, train_dataset=None) -> NoDuplicatesSampler | TopicBatchSampler | None:
         """With `no_duplicates`, a sampler whose every window of one gathered batch (per-device batch x processes, in
-        the order accelerate shards batches) holds no text twice; seeded by data_seed (or seed) and the epoch, so
-        every process draws the same order and a resumed run the same batches. Otherwise the Trainer's."""
+        the order accelerate shards batches) holds no text twice; with `topic_batches`, a TopicBatchSampler. Seeded
+        by data_seed (or seed) and the epoch, so every process draws the same order and a resumed run the same
+        batches. None: the Trainer's own sampler."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         in_memory = dataset is not None and isinstance(dataset, datasets.Dataset)
         if self.args.topic_batches and not in_memory:
             raise ValueError("topic_batches: needs a corpus in memory (a stream cannot be clustered up front)")
         if not (self.no_duplicates or self.args.topic_batches) or not in_memory:
-            return super()._get_train_sampler(train_dataset)
+            return None
         window = self.args.per_device_train_batch_size * (self.args.world_size if self.gather_across_devices else 1)
         columns = [c for c in dataset.column_names if c == "text" or c in ("anchor", "positive")
                    or c.startswith("negative_")]  # fmt: skip
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
         if self.args.topic_batches:
+            # each example's cluster: made once per run, by `topic_encoder` or the model before its first step, and
+            # the same on every process (_cluster); a resumed run reads its checkpoint's (TOPIC_CLUSTERS_FILE)
+            if self._topic_assignment is None:
+                self._topic_assignment = self._cluster(dataset, encoder=self.args.topic_encoder)
+            if len(self._topic_assignment) != len(dataset):
+                raise ValueError(f"topic_batches: {len(self._topic_assignment)} cluster assignments (from the "
+                                 f"checkpoint) for {len(dataset)} training examples")  # fmt: skip
             self._topic_sampler = TopicBatchSampler(
-                self.topic_assignment(dataset), window, self.args.topic_share, seed=seed,
+                self._topic_assignment, window, self.args.topic_share, seed=seed,
                 rows=list(zip(*(dataset[c] for c in columns))), no_duplicates=self.no_duplicates,
             )  # fmt: skip
             if self._topic_schedule is not None:
@@ -386,17 +252,6 @@ class SimCSETrainer(Trainer):
             list(zip(*(dataset[c] for c in columns))), window, seed=seed, drop_last=self.args.dataloader_drop_last
         )
         return self._no_duplicates_sampler
-
-    def topic_assignment(self, dataset: datasets.Dataset) -> Tensor:
-        """The cluster of each example (anchor column for pairs): made once per run, by `topic_encoder` or the model
-        before its first step, on process 0 and broadcast, so every process holds the same; a resumed run reads its
-        checkpoint's (TOPIC_CLUSTERS_FILE), so it draws the batches of the uninterrupted run."""
-        if self._topic_assignment is None:
-            self._topic_assignment = self._cluster(dataset, encoder=self.args.topic_encoder)
-        if len(self._topic_assignment) != len(dataset):
-            raise ValueError(f"topic_batches: {len(self._topic_assignment)} cluster assignments (from the "
-                             f"checkpoint) for {len(dataset)} training examples")  # fmt: skip
-        return self._topic_assignment
 
     def _cluster(self, dataset: datasets.Dataset, encoder: str | None) -> Tensor:
         """The corpus (anchors for pairs) embedded by `encoder` (None: the model as it is now) and clustered, on
@@ -415,61 +270,52 @@ class SimCSETrainer(Trainer):
         return distributed.broadcast_object(assignment)
 
     def recluster_topics(self, step: int) -> None:
-        """Re-cluster with the model after `step` optimizer steps. The loader has already drawn the next step's
-        batches (and one more mini-batch), so the new assignment draws from the step after it: window (s + 1) x GA of
-        the epoch, s the steps done in it, or the next epoch's start. A function of the step only, so an uninterrupted
-        and a resumed run re-cluster at the same windows."""
-        sampler = self._topic_sampler
-        accumulation, full = self.args.gradient_accumulation_steps, sampler.size // sampler.window
-        per_epoch = max(full // accumulation + int(full % accumulation > 0), 1)
-        epoch, done = divmod(step, per_epoch)
-        window = (done + 1) * accumulation if done else 0
-        if window >= full:
-            epoch, window = epoch + 1, 0
-        sampler.recluster(self._cluster(self.train_dataset, encoder=None), epoch, window, step)
+        """Re-cluster with the model after `step` optimizer steps (TopicBatchSampler.recluster_after says from which
+        window on)."""
+        assignment = self._cluster(self.train_dataset, encoder=None)
+        self._topic_sampler.recluster_after(step, self.args.gradient_accumulation_steps, assignment)
 
     def get_train_dataloader(self):
-        """A streamed corpus (a datasets.IterableDataset, data.load_sentence_stream) is already this process's share
-        (split_dataset_by_node): its batches on this process's device, without accelerate's re-sharding or its
-        dispatching from process 0. Resuming, the Trainer skips the batches already trained on (read again, not
-        trained on), so the run goes on with the sentences an uninterrupted run would see next."""
-        if not isinstance(self.train_dataset, datasets.IterableDataset):
+        """The batches of `train_sampler`, prepared by accelerate as the Trainer prepares its own; the Trainer's loader
+        when it has none. A streamed corpus (data.load_sentence_stream) is already this process's share: its batches
+        on this process's device, without accelerate's re-sharding or its dispatching from process 0. Resuming, the
+        Trainer skips the batches already trained on, so the run goes on with the sentences it would see next."""
+        args = self.args
+        workers = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
+        if isinstance(self.train_dataset, datasets.IterableDataset):
+            loader = torch.utils.data.DataLoader(self.train_dataset, batch_size=args.train_batch_size,
+                                                 collate_fn=self.data_collator, drop_last=args.dataloader_drop_last,
+                                                 **workers)  # fmt: skip
+            return prepare_data_loader(loader, args.device, num_processes=1, process_index=0, put_on_device=True,
+                                       dispatch_batches=False)  # fmt: skip
+        self.sampler_state.sampler = sampler = self.train_sampler()
+        if sampler is None:
             return super().get_train_dataloader()
-        from accelerate.data_loader import prepare_data_loader
-
         loader = torch.utils.data.DataLoader(
-            self.train_dataset,
-            batch_size=self._train_batch_size,
-            collate_fn=self.data_collator,
-            drop_last=self.args.dataloader_drop_last,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
-        )
-        return prepare_data_loader(loader, self.args.device, num_processes=1, process_index=0, put_on_device=True,
-                                   dispatch_batches=False)  # fmt: skip
+            self.train_dataset, batch_size=args.train_batch_size, sampler=sampler, collate_fn=self.data_collator,
+            drop_last=args.dataloader_drop_last, persistent_workers=args.dataloader_persistent_workers,
+            prefetch_factor=args.dataloader_prefetch_factor, **workers,
+            worker_init_fn=functools.partial(seed_worker, num_workers=args.dataloader_num_workers,
+                                             rank=args.process_index),
+        )  # fmt: skip
+        return self.accelerator.prepare(loader)
 
     # --- evaluation: STS-B dev Spearman x 100, through the Trainer's loop ---
 
     def get_eval_dataloader(self, eval_dataset=None):
-        """The dev sentences in order (already sorted by token length), every one of them: the training arguments'
-        `dataloader_drop_last`, which the Trainer would apply here too, is for training batches only."""
+        """The dev sentences (DevSentences.loader), unless another dataset is asked for."""
         if self.eval_pairs is None or (eval_dataset is not None and eval_dataset is not self._dev.dataset):
             return super().get_eval_dataloader(eval_dataset)
-        loader = torch.utils.data.DataLoader(
-            self._dev.dataset,
-            batch_size=self.args.eval_batch_size,
-            collate_fn=self._dev.collate,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
-        )
-        return self.accelerator.prepare(loader)
+        args = self.args
+        return self.accelerator.prepare(self._dev.loader(args.eval_batch_size, args.dataloader_num_workers,
+                                                         args.dataloader_pin_memory))  # fmt: skip
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """-> (no loss, embeddings (b, D) float32, the sentences' indices (b,))"""
         if self.eval_pairs is None:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
         index = inputs.pop("sentence_index")
-        inputs = self._prepare_inputs(inputs)
+        inputs = {key: value.to(self.args.device) for key, value in inputs.items()}  # token ids: no dtype to cast
         with torch.no_grad(), self.compute_loss_context_manager():
             embeddings = model(**inputs).embeddings.float()
         return None, embeddings, index.to(embeddings.device)
@@ -477,50 +323,34 @@ class SimCSETrainer(Trainer):
     # --- saving and loading: transformers + sentence-transformers folder, plus head and loss state ---
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """The Trainer's: under FSDP (FULL_STATE_DICT) and DeepSpeed it gathers the weights on the saving process and
-        hands them to `_save`. With FSDP's SHARDED_STATE_DICT the Trainer writes no model (its checkpoints resume
-        from pytorch_model_fsdp_0/): the weights are gathered here too, so every saved folder is a complete model.
-        A model never prepared (a run that only finishes its save) is saved from its own, whole, parameters."""
-        if not self._is_sharded():
-            self._save(output_dir)
-        elif self.is_fsdp_enabled and "FULL_STATE_DICT" not in str(self.accelerator.state.fsdp_plugin.state_dict_type):
-            self._save(output_dir, state_dict=self.accelerator.get_state_dict(self.model))  # every process joins
-        else:
-            super().save_model(output_dir, _internal_call)
+        """The folder of SimCSEModel.save_pretrained (transformers and sentence-transformers files, head, loss state)
+        and training_args.bin, written by the saving process; the Trainer's checkpoints come here too. A model that
+        FSDP or DeepSpeed holds is gathered first, every process joining, so every saved folder is a complete model
+        (with FSDP's SHARDED_STATE_DICT the Trainer itself would write none: its checkpoints resume from
+        pytorch_model_fsdp_0/). A model never prepared (a run that only finishes its save) is saved from its own,
+        whole, parameters."""
+        state_dict = None
+        if self._is_sharded():
+            try:
+                state_dict = self.accelerator.get_state_dict(self.model_wrapped)
+            except ValueError:  # ZeRO-3 without gathered weights
+                raise RuntimeError("no weights to save: DeepSpeed ZeRO-3 needs "
+                                   "stage3_gather_16bit_weights_on_model_save") from None  # fmt: skip
+        if not self.args.should_save:
+            return
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        self.accelerator.unwrap_model(self.model).save_pretrained(
+            output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config, state_dict=state_dict
+        )
+        torch.save(args_for_disk(self.args, self.rotation.limit), os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _is_sharded(self) -> bool:
         """Whether FSDP or DeepSpeed holds the model's parameters now (the training loop wrapped the model)."""
         if self.is_deepspeed_enabled:
-            return self.deepspeed is not None
+            return self.model_wrapped is not self.model  # the DeepSpeed engine, once prepared
         if self.is_fsdp_enabled:
-            from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
             return isinstance(self.model, (FSDPModule, FullyShardedDataParallel))
         return False
-
-    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        """`state_dict`: the whole model's weights as the Trainer gathered them (FSDP, DeepSpeed; on the saving
-        process), or None: the model's own parameters."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
-            return
-        if state_dict is not None and not state_dict:  # the Trainer's ZeRO-3 fallback without gathered weights
-            raise RuntimeError("no weights to save: DeepSpeed ZeRO-3 needs stage3_gather_16bit_weights_on_model_save")
-        model = self.accelerator.unwrap_model(self.model)
-        model.save_pretrained(
-            output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config, state_dict=state_dict
-        )
-        torch.save(self._args_for_disk(), os.path.join(output_dir, TRAINING_ARGS_NAME))
-
-    def _args_for_disk(self):
-        """The arguments pickled into a saved folder (training_args.bin): never a token (train.py keeps the Hub token
-        from the Trainer; this covers a Trainer built elsewhere), and the configured save_total_limit, which
-        `_rotation_of_this_run` hides from the Trainer while a checkpoint is written."""
-        args = copy.copy(self.args)
-        args.save_total_limit = getattr(self, "_configured_save_total_limit", args.save_total_limit)
-        for name in [f.name for f in dataclasses.fields(args) if f.name.endswith("_token")]:
-            setattr(args, name, None)
-        return args
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """Resume: the Trainer's FSDP loader for a sharded model (the checkpoint's pytorch_model_fsdp* files, which
@@ -538,46 +368,7 @@ class SimCSETrainer(Trainer):
         logger.info("loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
         self.accelerator.unwrap_model(self.model).load_weights(self.state.best_model_checkpoint)
 
-    # --- checkpoints of this run family only (simcse_hn.checkpoints); resuming a run that already ended ---
-
-    @property
-    def run_id(self) -> str:
-        """The run family recorded in every checkpoint (simcse_config.json); train.py passes the output folder's."""
-        return self.simcse_config.setdefault("run_id", new_run_id())
-
-    @contextlib.contextmanager
-    def _rotation_of_this_run(self):
-        """transformers deletes any `checkpoint-*` folder of output_dir beyond save_total_limit, whoever wrote it:
-        hide the limit from it, and rotate this run family's checkpoints only."""
-        limit = self._configured_save_total_limit = self.args.save_total_limit
-        self.args.save_total_limit = None
-        try:
-            yield limit
-        finally:
-            self.args.save_total_limit = limit
-
-    def _save_checkpoint(self, model, trial) -> None:
-        run_id = self.run_id  # before the first save writes simcse_config.json
-        with self._rotation_of_this_run() as limit:
-            super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            run_dir = self._get_output_dir(trial)
-            written = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            if self._topic_sampler is not None:
-                schedule = [entry.as_dict() for entry in self._topic_sampler.schedule]
-                torch.save(schedule, os.path.join(written, TOPIC_CLUSTERS_FILE))
-            rotate_checkpoints(run_dir, run_id, limit, {written, self.state.best_model_checkpoint})
-
-    def _finalize_training(self, trial, num_train_samples, start_time):
-        with self._rotation_of_this_run() as limit:
-            output = super()._finalize_training(trial, num_train_samples, start_time)
-        self._keep_only_the_best(trial, limit)
-        return output
-
-    def _keep_only_the_best(self, trial, limit: int | None) -> None:
-        """As transformers at the end of training: a save_total_limit of 1 keeps the best checkpoint only."""
-        if self.args.should_save and limit == 1 and self.state.best_model_checkpoint is not None:
-            rotate_checkpoints(self._get_output_dir(trial), self.run_id, 1, {self.state.best_model_checkpoint})
+    # --- resuming a run that already ended ---
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         clusters = os.path.join(resume_from_checkpoint, TOPIC_CLUSTERS_FILE) if isinstance(
@@ -591,7 +382,8 @@ class SimCSETrainer(Trainer):
 
     def _reached_max_steps(self, checkpoint: str) -> bool:
         state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
-        return state.global_step >= self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+        batches = None if self.args.max_steps > 0 else len(self.get_train_dataloader())
+        return state.global_step >= planned_steps(self.args, batches)
 
     def _finish_from_checkpoint(self, checkpoint: str) -> TrainOutput:
         """A run killed after its last checkpoint (e.g. during the final save): the Trainer, which checks for the end
@@ -603,37 +395,6 @@ class SimCSETrainer(Trainer):
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best is not None and os.path.isdir(best):
             self._load_best_model()
-        self._keep_only_the_best(None, self.args.save_total_limit)
+        self.rotation.keep_only_the_best(self.args, self.state)
         losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
         return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
-
-
-class DevSentences:
-    """The STS-B dev pairs as an evaluation set: each distinct sentence once (a `datasets.Dataset` of token ids,
-    longest first, so that batches need little padding), and the metric over the embeddings the evaluation loop
-    gathers.
-
-    `max_length` None: no truncation below the model's own limit (SimCSE evaluates without a length limit)."""
-
-    def __init__(self, pairs: STSPairs, tokenizer, max_length: int | None):
-        self.pairs, self.tokenizer = pairs, tokenizer
-        self.sentences = list(dict.fromkeys(pairs.sentence1 + pairs.sentence2))
-        encoded = tokenizer(self.sentences, truncation=True, max_length=max_length)
-        order = sorted(range(len(self.sentences)), key=lambda i: -len(encoded["input_ids"][i]))
-        columns = {key: [values[i] for i in order] for key, values in encoded.items()}
-        self.dataset = datasets.Dataset.from_dict({**columns, "sentence_index": order})
-        self.index = {sentence: i for i, sentence in enumerate(self.sentences)}
-
-    def collate(self, features: list[dict]) -> dict[str, Tensor]:
-        index = torch.tensor([f["sentence_index"] for f in features])
-        batch = self.tokenizer.pad([{k: v for k, v in f.items() if k != "sentence_index"} for f in features],
-                                   return_tensors="pt")  # fmt: skip
-        return {**batch, "sentence_index": index}
-
-    def metrics(self, prediction) -> dict[str, float]:
-        """EvalPrediction(predictions (U, D) embeddings, label_ids (U,) sentence indices)
-        -> {"stsb_spearman", "alignment", "uniformity"} (evaluation.sts_dev_metrics: cosines in float64, as the
-        STS suite; alignment and uniformity under SimCSE's STS-B dev protocol)"""
-        embeddings = torch.empty(prediction.predictions.shape)
-        embeddings[torch.from_numpy(prediction.label_ids)] = torch.from_numpy(prediction.predictions)  # (U, D)
-        return sts_dev_metrics(embeddings, self.index, self.pairs)

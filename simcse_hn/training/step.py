@@ -1,0 +1,100 @@
+"""The training step's loss, apart from the Trainer: local rows -> candidates gathered from every process, the
+targets, the loss context, the objective's `LossOutput` (`contrastive_loss`: SimCSETrainer, the sentence-transformers
+losses of st_losses.py, eval/negatives.py and the benches call this one function); and its diagnostics over a logging
+window (`add_to_window`, `window_means`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from simcse_hn.data.guide import guide_targets
+from simcse_hn.losses import ContrastiveLoss, LossOutput
+from simcse_hn.losses.targets import LossContext, build_paired_targets, build_targets
+from simcse_hn.training import distributed
+
+
+def contrastive_loss(
+    loss_fn: ContrastiveLoss,
+    embeddings: Tensor,
+    *,
+    form: str = "symmetric",
+    group_size: int | None = None,
+    hard_negative_weight: float = 0.0,
+    guide_embeddings: Tensor | None = None,
+    guide_margin: float = 0.0,
+    head_inputs: Tensor | None = None,
+    gather: bool = True,
+    step: int | None = None,
+    max_steps: int | None = None,
+    text_ids: Tensor | None = None,
+) -> LossOutput:
+    """One step's loss: local rows (R, D) -> candidates gathered from every process with gradient (when `gather` and
+    there is more than one process), targets offset by rank, the loss context.
+
+    Layouts: `group_size` None, rows [a, a', b, b', ...] of single sentences (`form` says which rows are anchors); an
+    int g, rows [a, p, n_1..n_{g-2}] per example of paired data (SimCSE's supervised targets, `build_paired_targets`,
+    with `hard_negative_weight` on each anchor's own explicit negatives). guide_embeddings (R, E): a guide model's
+    embeddings of the same rows (detached; gathered like the rows): negatives the guide scores above the anchor's
+    positive minus `guide_margin` leave N(i) for the step (simcse_hn.data.guide; metrics `guide_removed*`).
+
+    Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
+    the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (for an objective
+    that `needs_head_inputs`); text_ids (R,): each row's text id (the duplicate diagnostics).
+    """
+    candidates, candidate_features, guide_candidates, offset = embeddings, head_inputs, guide_embeddings, 0
+    candidate_ids = text_ids
+    several = distributed.world_size() > 1
+    if gather and several:
+        candidates = distributed.all_gather_with_grad(embeddings)  # (RW, D)
+        if head_inputs is not None:
+            candidate_features = distributed.all_gather_with_grad(head_inputs)  # (RW, H)
+        if guide_embeddings is not None:
+            guide_candidates = distributed.all_gather_with_grad(guide_embeddings.detach())  # (RW, E), no graph
+        if text_ids is not None:
+            candidate_ids = distributed.all_gather_no_grad(text_ids)  # (RW,)
+        offset = distributed.rank() * embeddings.shape[0]
+    rows, device = embeddings.shape[0], embeddings.device
+    if group_size is None:
+        if hard_negative_weight != 0:
+            raise ValueError("hard_negative_weight needs paired data with explicit negatives (group_size > 2)")
+        targets = build_targets(rows, form, offset, candidates.shape[0], device)
+    else:
+        targets = build_paired_targets(rows, group_size, offset, candidates.shape[0], device, hard_negative_weight)
+    guide_metrics = {}
+    if guide_candidates is not None:
+        targets, guide_metrics = guide_targets(guide_candidates, targets, guide_margin)
+    context = LossContext(
+        step=step,
+        max_steps=max_steps,
+        # for statistics every process must share (an objective fitted on all processes' pairs)
+        all_reduce=distributed.all_reduce_sum if several else None,
+        candidate_features=candidate_features,
+        candidate_text_ids=None if candidate_ids is None else candidate_ids.to(embeddings.device),
+    )
+    output = loss_fn.compute(candidates, targets, context)
+    if guide_metrics:
+        output.metrics.update(guide_metrics)
+    return output
+
+
+def add_to_window(sums: dict[str, Tensor], metrics: dict[str, Tensor]) -> None:
+    """Add one step's diagnostics (LossOutput.metrics) to a logging window's `sums`: tensors until the window is
+    logged, so no host synchronisation in the step."""
+    for key, value in metrics.items():
+        value = value.detach().float()
+        sums[key] = sums[key] + value if key in sums else value
+
+
+def window_means(sums: dict[str, Tensor], count: int) -> dict[str, float]:
+    """A logging window's diagnostics averaged over its `count` steps and over every process (one all-reduce: every
+    process logs at the same steps), rounded for the logs; `duplicate_weight` is the mean weight of an anchor's exact
+    duplicates in the steps that had any."""
+    keys = sorted(sums)
+    totals = distributed.all_reduce_sum(torch.stack([sums[key] for key in keys]))
+    counts = distributed.all_reduce_sum(torch.tensor(float(count), device=totals.device))
+    means = dict(zip(keys, (totals / counts).tolist()))
+    pairs, total = means.pop("duplicate_pairs", 0.0), means.pop("duplicate_weight_total", 0.0)
+    if pairs > 0:
+        means["duplicate_weight"] = total / pairs
+    return {key: round(value, 6) for key, value in means.items()}
