@@ -11,7 +11,6 @@ import torch
 from torch import Tensor
 
 from simcse_hn.losses.base import (
-    NEG_INF,
     ContrastiveLoss,
     NegativeWeights,
     ObjectiveInput,
@@ -21,7 +20,7 @@ from simcse_hn.losses.base import (
     mean_over_anchors_with_negatives,
 )
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
-from simcse_hn.losses.targets import ContrastiveTargets, LossContext
+from simcse_hn.losses.targets import NEG_INF, ContrastiveTargets, LossContext
 
 BMM_INIT = ((1.0, 2.0), (2.0, 1.0), (0.95, 0.05))  # alpha, beta, pi: component 0 = Beta(1, 2), 1 = Beta(2, 1)
 EPS = 1e-12

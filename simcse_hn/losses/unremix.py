@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from simcse_hn.losses.base import (
-    NEG_INF,
     ContrastiveLoss,
     NegativeWeights,
     ObjectiveInput,
@@ -21,7 +20,7 @@ from simcse_hn.losses.base import (
     mean_over_anchors_with_negatives,
 )
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
-from simcse_hn.losses.targets import ContrastiveTargets
+from simcse_hn.losses.targets import NEG_INF, ContrastiveTargets
 
 GRADIENTS = ("head", "embedding")
 STD_EPS = 1e-6
