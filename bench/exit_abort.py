@@ -2,9 +2,9 @@
 printed C++'s `terminate called without an active exception` (the abort at exit of issue 39).
 
 Each launch is train.py under `accelerate launch --config_file configs/accelerate/<engine>.yaml --num_processes 2`
-(through tests/sharded_cpu.py, run as a program, which lets accelerate take its FSDP / DeepSpeed paths on a machine
-without GPUs) on configs/debug_tiny.yaml: 4 steps, checkpoints and STS-B dev evaluation at 2 and 4, the best model
-loaded back and saved, the card written. The engines take turns (fsdp, zero2, zero3, fsdp, ...).
+(through scripts/sharded_cpu.py, run as a program, which lets accelerate take its FSDP / DeepSpeed paths
+on a machine without GPUs) on configs/debug_tiny.yaml: 4 steps, checkpoints and STS-B dev evaluation at 2 and 4, the
+best model loaded back and saved, the card written. The engines take turns (fsdp, zero2, zero3, fsdp, ...).
 
     python -m bench.exit_abort --launches 40
     python -m bench.exit_abort --launches 20 --keep_cores   # a core file of each abort, for gdb
@@ -43,7 +43,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 def launch_command(engine: str, output_dir: Path) -> list[str]:
     config = ROOT / "configs" / "accelerate" / CONFIGS[engine]
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
-            "--mixed_precision", "no", str(ROOT / "tests" / "sharded_cpu.py"),
+            "--mixed_precision", "no", str(ROOT / "scripts" / "sharded_cpu.py"),
             "--config", str(ROOT / "configs" / "debug_tiny.yaml"), "--train_file", str(FIXTURES / "tiny_corpus.txt"),
             "--eval_file", str(FIXTURES / "sts_tiny.jsonl"), "--output_dir", str(output_dir), "--max_steps", "4",
             "--eval_steps", "2", "--save_steps", "2", "--disable_tqdm", "true", "--pooler", "avg"]  # fmt: skip

@@ -38,7 +38,8 @@ BASE = ["--config", "configs/debug_tiny.yaml", "--max_steps", "6", "--save_steps
         "--disable_tqdm", "true"]  # fmt: skip
 
 
-SCRIPT = ["train.py"]  # --cpu_check: tests/sharded_cpu.py (train.py with accelerate's engines on CPU processes)
+# --cpu_check: scripts/sharded_cpu.py (train.py with accelerate's engines on CPU processes)
+SCRIPT = ["train.py"]
 
 
 def launch(engine: str, processes: int, args: list[str], log: Path) -> tuple[int, float, str]:
@@ -107,11 +108,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 GPU")
     parser.add_argument("--out", default=None, help="results folder (default bench/results)")
     parser.add_argument("--cpu_check", action="store_true",
-                        help="check this script without GPUs: 2 CPU processes, tiny model (tests/sharded_cpu.py)")
+                        help="check this script without GPUs: 2 CPU processes, a tiny model (scripts/sharded_cpu.py)")
     args = parser.parse_args()
     gpus = torch.cuda.device_count()
     if args.cpu_check:
-        SCRIPT[:] = ["--mixed_precision", "no", "tests/sharded_cpu.py"]
+        SCRIPT[:] = ["--mixed_precision", "no", "scripts/sharded_cpu.py"]
         args.quick = True
     elif gpus == 0:
         raise SystemExit("no GPU: accelerate runs FSDP and DeepSpeed on GPUs only (--cpu_check checks this script)")

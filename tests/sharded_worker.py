@@ -1,6 +1,6 @@
 """Two-process worker for tests/test_sharded.py, started by accelerate with a shipped config:
 `accelerate launch --config_file configs/accelerate/{fsdp,deepspeed_zero2,deepspeed_zero3}.yaml --num_processes 2
---mixed_precision no tests/sharded_worker.py OUT_DIR` (CPU, gloo: tests/sharded_cpu.py).
+--mixed_precision no tests/sharded_worker.py OUT_DIR` (CPU, gloo: simcse_hn/testing/sharded_cpu.py).
 
 Every run is `SimCSETrainer.train()` under that engine on the tiny BERT of dist_worker_common (float64 under FSDP;
 float32 under DeepSpeed, which trains nothing wider), dropout off, 4 sentences per process per step, then
@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from sharded_cpu import allow_sharding_on_cpu, requested, use_cpu  # noqa: E402
+from simcse_hn.testing.sharded_cpu import allow_sharding_on_cpu, requested, use_cpu  # noqa: E402
 
 allow_sharding_on_cpu()  # before the first Accelerator
 

@@ -165,3 +165,33 @@ def test_a_long_module_in_losses_and_a_lazy_import_in_cli_pass(tmp_path):
     package = write_package(tmp_path, {"losses/a.py": "x = 1\n" * 401,
                                        "cli/run.py": "def main():\n    from simcse_hn.losses.a import x\n"})
     assert problems(package, known_upward={}, known_long={}) == []
+
+
+def imported_roots(path: Path) -> set[str]:
+    """The top-level names a Python file imports (absolute imports only)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def cross_imports(root: Path) -> list[str]:
+    """Files of tests/ that import bench, and files of bench/ that import a module of tests/."""
+    test_modules = {"tests"} | {path.stem for path in (root / "tests").glob("*.py")}
+    found = [f"tests/{p.name} imports bench" for p in (root / "tests").glob("*.py") if "bench" in imported_roots(p)]
+    return found + [f"bench/{p.name} imports tests" for p in (root / "bench").glob("*.py")
+                    if imported_roots(p) & test_modules]  # fmt: skip
+
+
+def test_bench_and_tests_never_import_each_other(tmp_path):
+    """The benches' own checks live in bench/ (bench/test_*.py); what both need is in simcse_hn.testing."""
+    assert cross_imports(PACKAGE.parent) == []
+    for folder, text in (("tests", "from bench import common\n"), ("bench", "from conftest import ROOT\n")):
+        (tmp_path / "tests").mkdir(exist_ok=True)
+        (tmp_path / "bench").mkdir(exist_ok=True)
+        (tmp_path / "tests" / "conftest.py").write_text("ROOT = 1\n")
+        (tmp_path / folder / "faulty.py").write_text(text)
+    assert sorted(cross_imports(tmp_path)) == ["bench/faulty.py imports tests", "tests/faulty.py imports bench"]

@@ -46,13 +46,6 @@ def test_model_inputs_drop_the_collators_bookkeeping_so_the_encoder_takes_the_ba
     assert model(**inputs).embeddings.shape[0] == 4
 
 
-def test_the_benches_dropout_views_run_the_encoder_on_a_collated_batch(tokenizer, monkeypatch):
-    from bench import dcl_clamp
-    model = SimCSEModel(build_tiny_bert()[0], pooler="cls")
-    z = dcl_clamp.dropout_views(model, tokenizer, ["one sentence", "another one", "a third"])
-    assert z.shape[0] == 6 and not torch.allclose(z[0], z[1])  # two dropout views of each sentence
-
-
 def test_collator_rejects_a_batch_without_negatives(tokenizer):
     with pytest.raises(ValueError, match="at least 2 sentences"):
         SimCSECollator(tokenizer)(["only one"])

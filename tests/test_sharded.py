@@ -1,7 +1,7 @@
 """FSDP and DeepSpeed ZeRO-2 / ZeRO-3 through accelerate with the shipped configs (configs/accelerate/fsdp.yaml:
-FSDP2, a shard group per encoder layer; deepspeed_zero{2,3}.yaml), two CPU processes with gloo (tests/sharded_cpu.py
-says why accelerate needs a nudge for that on a machine without GPUs). DeepSpeed cases run where deepspeed is
-installed, and are skipped otherwise.
+FSDP2, a shard group per encoder layer; deepspeed_zero{2,3}.yaml), two CPU processes with gloo
+(simcse_hn/testing/sharded_cpu.py says why accelerate needs a nudge for that on a machine without GPUs).
+DeepSpeed cases run where deepspeed is installed, and are skipped otherwise.
 
 * tests/sharded_worker.py trains every objective (plain and, under FSDP, with GradCache; LoRA too) under the engine and
   saves; each saved folder must hold the weights of one process trained on the global batch: the cross-process
@@ -168,7 +168,7 @@ def test_train_py_under_the_shipped_config(engine, tmp_path):
     args = ["--config", "configs/debug_tiny.yaml", "--train_file", str(FIXTURES / "tiny_corpus.txt"),
             "--eval_file", str(FIXTURES / "sts_tiny.jsonl"), "--output_dir", str(out), "--max_steps", "4",
             "--eval_steps", "2", "--save_steps", "2", "--disable_tqdm", "true", "--pooler", "avg"]  # fmt: skip
-    result = launch(engine, str(ROOT / "tests" / "sharded_cpu.py"), *args, output=out)
+    result = launch(engine, str(ROOT / "scripts" / "sharded_cpu.py"), *args, output=out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "world size 2 (process 0)" in result.stdout
     state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())

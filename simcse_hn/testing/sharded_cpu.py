@@ -10,14 +10,13 @@ backend when DeepSpeed is: accelerate and the Trainer then take their real FSDP 
 every parameter partitioned under ZeRO-3 (`partition_every_parameter`). Tests only; DeepSpeed must be installed
 (`pip install deepspeed`; it builds without CUDA with DS_BUILD_OPS=0; CI installs it).
 
-`python tests/sharded_cpu.py TRAIN_ARGS...`, started by `accelerate launch --config_file configs/accelerate/...`:
-train.py under that engine.
+scripts/sharded_cpu.py is the program that applies this and runs train.py: `accelerate launch --config_file
+configs/accelerate/... scripts/sharded_cpu.py TRAIN_ARGS...`.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 
 def requested(name: str) -> bool:
@@ -68,13 +67,3 @@ def use_cpu() -> bool:
     """The training arguments' use_cpu: accelerate skips DeepSpeed under it."""
     return not requested("DEEPSPEED")
 
-
-if __name__ == "__main__":
-    allow_sharding_on_cpu()
-    from simcse_hn.cli import train
-
-    if not use_cpu():  # train.py adds --use_cpu true under a launcher without GPUs
-        train._cpu_fallback = lambda argv: list(argv)
-    from simcse_hn.training.process_exit import finish
-
-    finish(train.main(sys.argv[1:]))  # see simcse_hn/training/process_exit.py
