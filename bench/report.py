@@ -21,7 +21,8 @@ from pathlib import Path
 import bench
 
 # Stems no bench module's name begins: the bench that writes them.
-WRITERS = {r"train_compile_tiny": "train_throughput", r"quality_\d+steps_summary": "quality_summary", r"pilot\d+": "pilot"}
+WRITERS = {r"train_compile_tiny": "train_throughput", r"quality_\d+steps_summary": "quality_summary",
+           r"pilot\d+": "pilot"}
 
 
 def bench_names() -> list[str]:
