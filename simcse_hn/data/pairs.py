@@ -9,18 +9,22 @@ mistake is the same one-line DataError naming the file, the line and the column.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from simcse_hn.data.collator import SimCSECollator, text_id
-from simcse_hn.data.sentences import NAMED_PAIRS, handle_repeats, load_hub_dataset, read_csv_table, read_lines
+from simcse_hn.data.sentences import (
+    NAMED_PAIRS,
+    handle_repeats,
+    jsonl_records,
+    load_hub_dataset,
+    read_csv_table,
+)
 from simcse_hn.data.sts import short
 from simcse_hn.errors import DataError
 
@@ -55,21 +59,6 @@ def is_table(path: str) -> bool:
     return is_hub_source(path) or os.path.splitext(path)[1].lower() in TABLE_SUFFIXES
 
 
-def _jsonl_records(path: str) -> Iterator[tuple[int, dict | None]]:
-    """(line, record) of a JSON Lines file; None for a blank line. Malformed JSON or a non-object is a DataError."""
-    for number, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            yield number, None
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-        yield number, record
-
-
 def table_columns(
     path: str, data_files: str | None = None, config_name: str | None = None, split: str = "train", dataset=None
 ) -> list[str]:
@@ -80,7 +69,7 @@ def table_columns(
         return list(dataset.column_names)
     if path.lower().endswith((".csv", ".tsv")):
         return list(read_csv_table(path)[0] or [])
-    for _, record in _jsonl_records(path):
+    for _, record in jsonl_records(path):
         if record is not None:
             return list(record)
     return []
@@ -214,7 +203,7 @@ def _read_rows(path: str, columns: PairColumns, data_files: str | None, config_n
         index = [header.index(c) for c in columns.all]
         return [tuple(row[i] for i in index) if row else ("",) * len(index) for _, row in records]
     rows = []
-    for number, record in _jsonl_records(path):
+    for number, record in jsonl_records(path):
         if record is None:
             rows.append(("",) * len(flags))
             continue

@@ -67,11 +67,11 @@ def read_lines(path: str) -> list[str]:
     return lines
 
 
-def _read_jsonl_column(path: str, column: str) -> list[str]:
-    texts = []
+def jsonl_records(path: str) -> Iterator[tuple[int, dict | None]]:
+    """(line, record) of a JSON Lines file; None for a blank line. Malformed JSON or a non-object is a DataError."""
     for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
-            texts.append("")
+            yield number, None
             continue
         try:
             record = json.loads(line)
@@ -79,6 +79,15 @@ def _read_jsonl_column(path: str, column: str) -> list[str]:
             raise DataError(f"{path}:{number}: malformed JSON ({e.msg})") from None
         if not isinstance(record, dict):
             raise DataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        yield number, record
+
+
+def _read_jsonl_column(path: str, column: str) -> list[str]:
+    texts = []
+    for number, record in jsonl_records(path):
+        if record is None:
+            texts.append("")
+            continue
         if column not in record:
             raise no_text_field(f"{path}:{number}", column, record)
         value = record[column]

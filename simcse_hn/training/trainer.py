@@ -128,11 +128,6 @@ class SimCSETrainer(Trainer):
         return 8 if plain and self.args.device.type == "cpu" else 1
 
     @property
-    def gather_across_devices(self) -> bool:
-        flag = self.args.gather_across_devices
-        return distributed.world_size() > 1 if flag is None else flag
-
-    @property
     def no_duplicates(self) -> bool:
         flag = self.args.no_duplicates
         return self.group_size is not None if flag is None else flag
@@ -149,7 +144,7 @@ class SimCSETrainer(Trainer):
             self.accelerator.unwrap_model(model).loss_fn, embeddings, form=args.contrast_form,
             group_size=self.group_size, hard_negative_weight=args.hard_negative_weight,
             guide_embeddings=guide_embeddings, guide_margin=args.guide_margin, head_inputs=head_inputs,
-            gather=self.gather_across_devices, step=self.state.global_step, max_steps=self.state.max_steps,
+            gather=self.args.gathers, step=self.state.global_step, max_steps=self.state.max_steps,
             text_ids=text_ids,
         )  # fmt: skip
 
@@ -229,7 +224,7 @@ class SimCSETrainer(Trainer):
             raise ValueError("topic_batches: needs a corpus in memory (a stream cannot be clustered up front)")
         if not (self.no_duplicates or self.args.topic_batches) or not in_memory:
             return None
-        window = self.args.per_device_train_batch_size * (self.args.world_size if self.gather_across_devices else 1)
+        window = self.args.per_device_train_batch_size * (self.args.world_size if self.args.gathers else 1)
         columns = [c for c in dataset.column_names if c == "text" or c in ("anchor", "positive")
                    or c.startswith("negative_")]  # fmt: skip
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
