@@ -151,8 +151,11 @@ def environment() -> dict:
             ).stdout.strip()
         )
     except (OSError, subprocess.CalledProcessError):
-        # a copy without .git (a device machine gets the working tree only): the sender names the commit it sent
-        commit, dirty = os.environ.get("SIMCSE_HN_COMMIT", "unknown"), False
+        commit, dirty = "unknown", False
+    if os.environ.get("SIMCSE_HN_COMMIT"):
+        # a copy of the tree whose .git is not its own (the device machine's held the session's first commit, so git
+        # said "<that commit>+dirty"): the sender names the commit it sent
+        commit, dirty = os.environ["SIMCSE_HN_COMMIT"], False
     versions = {}
     for name in ("torch", "transformers", "sentence-transformers", "accelerate", "datasets", "numpy"):
         try:
