@@ -228,9 +228,6 @@ class SimCSEModel(nn.Module):
 
     # --- saving and loading ---
 
-    def simcse_config(self) -> dict:
-        return {"pooler": self.pooler, "mlp_only_train": self.mlp_only_train}
-
     def split_state_dict(self, state_dict: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
         """This model's state dict -> {"encoder", "mlp", "loss_fn"}: each part's own keys (prefix removed)."""
         parts: dict[str, dict[str, Tensor]] = {"encoder": {}, "mlp": {}, "loss_fn": {}}
@@ -261,7 +258,7 @@ class SimCSEModel(nn.Module):
         encoder's weights (a plain model) and the adapter is written beside them in `adapter/` (peft's format).
         -> those files, relative to output_dir."""
         os.makedirs(output_dir, exist_ok=True)
-        config = {**self.simcse_config(), **(extra_config or {})}
+        config = {"pooler": self.pooler, "mlp_only_train": self.mlp_only_train, **(extra_config or {})}
         parts = self.split_state_dict(self.state_dict() if state_dict is None else state_dict)
         encoder_state, head_state = parts["encoder"], parts["mlp"]
         base, adapter_state = self.encoder, None
