@@ -55,6 +55,8 @@ def cases(name: str) -> list[tuple[str, str, str, dict]]:
         ("lora", "hcl", "symmetric", {}),
         ("hcl_cached", "hcl", "symmetric", cached),
         ("unremix_learned_cached", "unremix", "symmetric", cached),
+        # a memory bank (the queue without a momentum encoder): step 2 contrasts with step 1's embeddings
+        ("hcl_queue", "hcl", "symmetric", {"queue_size": 16}),
     ]
     if name != "fsdp":
         out = [case for case in out if "cache_minibatch_size" not in case[3]]

@@ -99,4 +99,4 @@ def test_a_finite_total_grad_norm_spares_the_guard_its_pass_and_a_nonfinite_one_
     trainer = train.run(tiny_args + ["--max_steps", "3", "--eval_strategy", "no", "--load_best_model_at_end", "false"])
     assert trainer.state.global_step == 3 and trainer.skipped_steps == 1
     assert len(passes) == 1  # the NaN step only: the two finite steps took the Trainer's norm
-    assert trainer.step_grad_norm is None  # consumed by each step's guard
+    assert trainer.gradient_guard.total_norm is None  # consumed by each step's guard

@@ -199,6 +199,14 @@ def test_the_engines_are_refused_from_the_launch_and_the_settings(tmp_path, monk
         assert str(error.value).startswith("topic_batches: clustering with the model being trained runs on process 0 "
                                            "alone, which FSDP shards"), str(error.value)  # fmt: skip
     parse_args(["--topic_batches", "true", "--topic_encoder", "some/encoder", "--output_dir", str(tmp_path)])
+    # a momentum encoder (a whole copy of the model on every process) under a sharded model; a memory bank is fine
+    config.write_text("queue_size: 64\nmomentum: 0.99\n", encoding="utf-8")
+    for argv in (["--queue_size", "64", "--momentum", "0.99"], ["--config", str(config)]):
+        with pytest.raises(ConfigError) as error:
+            parse_args([*argv, "--output_dir", str(tmp_path)])
+        assert str(error.value).startswith("momentum: the momentum encoder is a whole copy of the model on every "
+                                           "process, which FSDP shards"), str(error.value)  # fmt: skip
+    parse_args(["--queue_size", "64", "--output_dir", str(tmp_path)])
 
 
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="needs deepspeed")
@@ -224,7 +232,7 @@ def test_every_check_refuses_something_here():
                "_topic_re_clustering", "_topic_clusters_with_a_sharded_model",
                "_hard_negatives_need_them",
                "_pairs_have_no_contrast_form", "_objective_form", "_guide_margin_needs_a_guide", "_length_groups",
-               "_objective_refusals"}  # fmt: skip
+               "_momentum_encoder_is_not_sharded", "_objective_refusals"}  # fmt: skip
     deepspeed = {"_grad_cache", "_zero3_saves_weights"}
     assert {check.__name__ for check in CHECKS} == covered | deepspeed
 

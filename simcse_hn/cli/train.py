@@ -243,6 +243,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
             "encoder": source_record(topic_encoder)["name"] if topic_encoder else "the model being trained",
             "recluster_steps": training_args.topic_recluster_steps,
         }  # fmt: skip
+    if training_args.queue_size:
+        simcse_config["queue"] = {"size": training_args.queue_size, "momentum": training_args.momentum}
     if training_args.no_duplicates is not None or data_format == "pairs":
         simcse_config["no_duplicates"] = training_args.no_duplicates is not False
     guide_tokenize = guide.tokenize if guide is not None else None

@@ -149,8 +149,8 @@ class ResolvedRun:
     contrast_form: str
     batch_size: int  # per device
     processes: int  # whose rows are every anchor's candidates (world size when gathering, else 1)
-    # Issue 37's queue (earlier batches' embeddings as extra negatives) is not built yet: its settings become fields
-    # here and its combinations (streaming, GradCache, the engines, paired data, the objectives) checks in CHECKS.
+    queue_size: int
+    momentum: float
 
     def shape(self) -> TrainingShape | None:
         """What the objective's own checks see; None while the data's format (or its negatives) is not known."""
@@ -209,6 +209,8 @@ def resolve_run(data_args, training_args, data: ResolvedData) -> ResolvedRun:
         contrast_form=training_args.contrast_form,
         batch_size=training_args.per_device_train_batch_size,
         processes=training_args.world_size if training_args.gathers else 1,
+        queue_size=training_args.queue_size,
+        momentum=training_args.momentum,
     )
 
 
@@ -354,6 +356,14 @@ def _zero3_saves_weights(run: ResolvedRun) -> str | None:
     return None
 
 
+def _momentum_encoder_is_not_sharded(run: ResolvedRun) -> str | None:
+    if run.momentum > 0 and run.engine:
+        return (f"momentum: the momentum encoder is a whole copy of the model on every process, which {run.engine} "
+                "shards (its parameters are not whole there to average); use --momentum 0 (a memory bank) or train "
+                "without sharding")  # fmt: skip
+    return None
+
+
 def _objective_refusals(run: ResolvedRun) -> str | None:
     """The objective's own refusals of this run (its `check_for_training`), named by the flag they came from."""
     shape = run.shape()
@@ -383,5 +393,6 @@ CHECKS: tuple[Callable[[ResolvedRun], str | None], ...] = (
     _grad_cache,
     _length_groups,
     _zero3_saves_weights,
+    _momentum_encoder_is_not_sharded,
     _objective_refusals,
 )

@@ -99,6 +99,21 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
             "sentence-transformers or simcse-hn). Default: the model being trained, before training, in eval mode."
         },
     )
+    # --- negatives beyond the batch ---
+    queue_size: int = field(
+        default=0,
+        metadata={
+            "help": "Keep the embeddings of the last K sentences of earlier optimizer steps and contrast every anchor "
+            "with them too, as detached negatives (MoCo, ESimCSE; docs/losses.md section 7). 0: off."
+        },
+    )
+    momentum: float = field(
+        default=0.0,
+        metadata={
+            "help": "With queue_size: the queue's embeddings come from a momentum encoder, an EMA copy of the model "
+            "with this rate (ESimCSE: 0.995), without dropout. 0: the training forward's own (a memory bank)."
+        },
+    )
     # --- scale ---
     gather_across_devices: bool | None = field(
         default=None,
@@ -189,6 +204,10 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
         recluster = self.topic_recluster_steps
         check_field(recluster >= 0, "topic_recluster_steps", f"must be >= 0, got {recluster}")
         check_field(0 < self.topic_share <= 1, "topic_share", f"must be in (0, 1], got {self.topic_share}")
+        check_field(self.queue_size >= 0, "queue_size", f"must be >= 0, got {self.queue_size}")
+        check_field(0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
+        check_field(self.momentum == 0 or self.queue_size > 0, "momentum", "needs queue_size > 0 (it makes the "
+                    "queue's embeddings)")  # fmt: skip
         if self.hub_model_id is not None:
             _check_repo_id(self.hub_model_id)
         check_field(

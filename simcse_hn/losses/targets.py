@@ -127,6 +127,22 @@ class ContrastiveTargets:
         object.__setattr__(restricted, "standard_negatives", False)
         return restricted
 
+    def with_extra_negatives(self, extra: Tensor) -> ContrastiveTargets:
+        """These targets over K more candidates appended after the N (a queue's entries): extra (M, K) bool says which
+        are negatives of each anchor; they are never positives, and carry no log weight. Made once per step without a
+        host synchronisation; the anchors stay candidates[anchor_index], so `anchors_are_candidates` and
+        `standard_negatives` no longer hold (M < N + K)."""
+        extended = object.__new__(ContrastiveTargets)
+        for name, value in vars(self).items():
+            object.__setattr__(extended, name, value)
+        if self.negative_log_weights is not None:
+            zeros = self.negative_log_weights.new_zeros(extra.shape)
+            object.__setattr__(extended, "negative_log_weights", torch.cat([self.negative_log_weights, zeros], 1))
+        extended._set_masks(torch.cat([self.negative_mask, extra], dim=1))  # (M, N + K)
+        object.__setattr__(extended, "anchors_are_candidates", False)
+        object.__setattr__(extended, "standard_negatives", False)
+        return extended
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LossContext:

@@ -10,8 +10,9 @@ from torch import Tensor
 
 from simcse_hn.data.guide import guide_targets
 from simcse_hn.losses import ContrastiveLoss, LossOutput
-from simcse_hn.losses.targets import LossContext, build_paired_targets, build_targets
+from simcse_hn.losses.targets import ContrastiveTargets, LossContext, build_paired_targets, build_targets
 from simcse_hn.training import distributed
+from simcse_hn.training.queue import QueueEntries
 
 
 def contrastive_loss(
@@ -28,6 +29,7 @@ def contrastive_loss(
     step: int | None = None,
     max_steps: int | None = None,
     text_ids: Tensor | None = None,
+    queue: QueueEntries | None = None,
 ) -> LossOutput:
     """One step's loss: local rows (R, D) -> candidates gathered from every process with gradient (when `gather` and
     there is more than one process), targets offset by rank, the loss context.
@@ -41,6 +43,10 @@ def contrastive_loss(
     Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
     the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (for an objective
     that `needs_head_inputs`); text_ids (R,): each row's text id (the duplicate diagnostics).
+
+    queue: K earlier entries (training.queue), appended after the gathered rows as detached candidates: negatives of
+    every anchor, never positives, except an entry whose text is the anchor's own or its positive's (text_ids), and
+    entries not yet written; the guide screens them as any candidate.
     """
     candidates, candidate_features, guide_candidates, offset = embeddings, head_inputs, guide_embeddings, 0
     candidate_ids = text_ids
@@ -61,6 +67,10 @@ def contrastive_loss(
         targets = build_targets(rows, form, offset, candidates.shape[0], device)
     else:
         targets = build_paired_targets(rows, group_size, offset, candidates.shape[0], device, hard_negative_weight)
+    if queue is not None:
+        candidates, targets, candidate_features, candidate_ids, guide_candidates = with_queue(
+            queue, candidates, targets, candidate_features, candidate_ids, guide_candidates
+        )
     guide_metrics = {}
     if guide_candidates is not None:
         targets, guide_metrics = guide_targets(guide_candidates, targets, guide_margin)
@@ -76,6 +86,36 @@ def contrastive_loss(
     if guide_metrics:
         output.metrics.update(guide_metrics)
     return output
+
+
+def with_queue(
+    queue: QueueEntries,
+    candidates: Tensor,
+    targets: ContrastiveTargets,
+    features: Tensor | None,
+    text_ids: Tensor | None,
+    guide: Tensor | None,
+) -> tuple[Tensor, ContrastiveTargets, Tensor | None, Tensor | None, Tensor | None]:
+    """The step's candidates (N, D), targets, head inputs (N, H), text ids (N,) and guide embeddings (N, E), each with
+    the queue's K entries appended (detached). An entry is a negative of anchor i unless it is unwritten or its text
+    is anchor i's own or its positive's."""
+    device = candidates.device
+    queue_ids = queue.text_ids.to(device)  # (K,)
+    extra = (queue_ids >= 0)[None].expand(targets.num_anchors, -1)  # (M, K)
+    if text_ids is not None:
+        ids = text_ids.to(device)
+        own, positive = ids[targets.anchor_index], ids[targets.positive_index]  # (M,)
+        extra = extra & (queue_ids[None] != own[:, None]) & (queue_ids[None] != positive[:, None])
+        text_ids = torch.cat([ids, queue_ids])
+    if features is not None:
+        if queue.features is None:
+            raise ValueError("the queue holds no head inputs for an objective that needs them")
+        features = torch.cat([features, queue.features.detach().to(features.dtype)])
+    if guide is not None:
+        queued_guide = queue.embeddings if queue.guide is None else queue.guide  # None: the guide is `self`
+        guide = torch.cat([guide, queued_guide.detach().to(guide.dtype)])
+    candidates = torch.cat([candidates, queue.embeddings.detach().to(candidates.dtype)])
+    return candidates, targets.with_extra_negatives(extra), features, text_ids, guide
 
 
 def add_to_window(sums: dict[str, Tensor], metrics: dict[str, Tensor]) -> None:

@@ -35,6 +35,7 @@ from simcse_hn.training.callbacks import (
     SamplerState,
 )
 from simcse_hn.training.checkpoints import TRAINER_STATE, args_for_disk, new_run_id
+from simcse_hn.training.queue import QueueCallback, QueueRun, resume_queue
 from simcse_hn.training.step import add_to_window, contrastive_loss, window_means
 from simcse_hn.training.trainer_internals import check_trainer_internals, planned_steps
 
@@ -103,6 +104,9 @@ class SimCSETrainer(Trainer):
             self.add_callback(callback)
         if args.topic_batches and args.topic_recluster_steps:
             self.add_callback(Recluster(args.topic_recluster_steps, self.recluster_topics))
+        self.queue = QueueRun.for_run(args, self.group_size)  # earlier steps' embeddings as negatives, or None
+        if self.queue is not None:
+            self.add_callback(QueueCallback(self.queue))
         self._no_duplicates_sampler: NoDuplicatesSampler | None = None
         self._topic_sampler: TopicBatchSampler | None = None
         self._topic_assignment: Tensor | None = None  # (n,) int64: each example's cluster, first made
@@ -133,11 +137,16 @@ class SimCSETrainer(Trainer):
         return self.group_size is not None if flag is None else flag
 
     def contrastive_loss(
-        self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None
+        self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None, inputs=None
     ) -> LossOutput:
-        """Loss of local embeddings (R, D) against the (gathered) candidates (step.contrastive_loss). With
-        `guide_model: self` the guide's embeddings are these, detached; an external guide's (R, E) are passed in."""
-        args = self.args
+        """Loss of local embeddings (R, D) against the (gathered) candidates and the queue (step.contrastive_loss).
+        With `guide_model: self` the guide's embeddings are these, detached; an external guide's (R, E) are passed in.
+        In training with a queue, the batch's entries (from `inputs`, the model inputs) wait for the step's end."""
+        args, queue = self.args, None
+        if self.queue is not None and model.training:
+            bare = self.accelerator.unwrap_model(model)  # the momentum encoder copies the model, not its wrapper
+            self.queue.remember(bare, inputs, embeddings, head_inputs, text_ids, guide_embeddings)
+            queue = self.queue.entries()
         if args.guide_model == SELF:
             guide_embeddings = embeddings.detach()
         return contrastive_loss(
@@ -145,7 +154,7 @@ class SimCSETrainer(Trainer):
             group_size=self.group_size, hard_negative_weight=args.hard_negative_weight,
             guide_embeddings=guide_embeddings, guide_margin=args.guide_margin, head_inputs=head_inputs,
             gather=self.args.gathers, step=self.state.global_step, max_steps=self.state.max_steps,
-            text_ids=text_ids,
+            text_ids=text_ids, queue=queue,
         )  # fmt: skip
 
     def _guide_embeddings(self, guide_inputs: dict[str, Tensor], rows: int) -> Tensor | None:
@@ -162,11 +171,6 @@ class SimCSETrainer(Trainer):
         """The Trainer's total gradient norm of each optimizer step, handed to the non-finite guard
         (PRIVATE_TRAINER_OVERRIDES). A Trainer that stops calling this leaves the guard its own pass."""
         self.gradient_guard.total_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        return self.gradient_guard.total_norm
-
-    @property
-    def step_grad_norm(self) -> Tensor | float | None:
-        """The total gradient norm of the step about to be taken, until the guard consumes it."""
         return self.gradient_guard.total_norm
 
     @property
@@ -191,14 +195,14 @@ class SimCSETrainer(Trainer):
                 grad_cache.split_groups(inputs, sentences, group),
                 embed=self._embed,
                 loss_fn=functools.partial(self.contrastive_loss, model, text_ids=text_ids,
-                                          guide_embeddings=guide_embeddings),  # fmt: skip
+                                          guide_embeddings=guide_embeddings, inputs=inputs),  # fmt: skip
                 no_sync=functools.partial(self.accelerator.no_sync, model),
                 autocast=self.compute_loss_context_manager,
                 loss_parameters=list(self.accelerator.unwrap_model(model).loss_fn.parameters()),
             )
         else:
             result = self.contrastive_loss(model, *self._embed(model, inputs), text_ids=text_ids,
-                                           guide_embeddings=guide_embeddings)  # fmt: skip
+                                           guide_embeddings=guide_embeddings, inputs=inputs)  # fmt: skip
         if model.training:
             add_to_window(self._metric_sums, result.metrics)
             self._metric_count += 1
@@ -371,6 +375,7 @@ class SimCSETrainer(Trainer):
         if self.args.topic_batches and clusters is not None and os.path.isfile(clusters):
             self._topic_schedule = [InForce(**entry) for entry in torch.load(clusters)]
             self._topic_assignment = self._topic_schedule[0].assignment
+        resume_queue(self.queue, resume_from_checkpoint, self.args.device)
         if isinstance(resume_from_checkpoint, str) and self._reached_max_steps(resume_from_checkpoint):
             return self._finish_from_checkpoint(resume_from_checkpoint)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
