@@ -1,5 +1,5 @@
-"""ESimCSE's word repetition in SimCSECollator: the second view of each sentence repeats some of its tokens in place,
-seeded by (seed, sentence) alone."""
+"""ESimCSE's word repetition (`--word_repetition RATE`): the second view of each sentence repeats some of its tokens
+in place, seeded by (seed, sentence) alone; refused on paired data; recorded with the run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import pytest
 import torch
 from conftest import FIXTURES, ROOT
 
+from simcse_hn.cli import train
+from simcse_hn.configuration.parser import parse_args
 from simcse_hn.data.collator import SimCSECollator
+from simcse_hn.errors import ConfigError
 from simcse_hn.testing.models import build_tiny_bert, build_tiny_llama
 
 CORPUS = (FIXTURES / "tiny_corpus.txt").read_text(encoding="utf-8").splitlines()
@@ -132,3 +135,42 @@ def test_a_long_sentence_stays_within_max_length_and_keeps_its_closing_token(bui
         assert any(added_repeats(anchor[:end], positive[:-1]) is not None for end in range(1, 16)), k
         changed += positive != anchor
     assert changed > len(LONG) // 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--word_repetition", "1.5"], "word_repetition: must be in [0, 1], got 1.5"),
+        (["--word_repetition", "-0.1"], "word_repetition: must be in [0, 1], got -0.1"),
+        (["--word_repetition", "nan"], "word_repetition: must be a finite number, got nan"),
+        (["--word_repetition", "0.3", "--data_format", "pairs"],
+         "word_repetition: augments the second dropout view of single sentences; paired data (data_format pairs) "
+         "has its own positives: leave word_repetition out"),
+        (["--word_repetition", "0.3", "--anchor_column", "sent0"],
+         "word_repetition: augments the second dropout view of single sentences; paired data (anchor_column set)"),
+    ],
+)  # fmt: skip
+def test_a_rate_that_cannot_work_is_one_line_naming_the_field(tmp_path, argv, message):
+    with pytest.raises(ConfigError) as error:
+        parse_args([*argv, "--output_dir", str(tmp_path)])
+    assert str(error.value).startswith(message) and "\n" not in str(error.value), str(error.value)
+
+
+def test_a_bad_rate_in_yaml_names_the_file(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("word_repetition: 2\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^word_repetition: must be in \[0, 1\], got 2.0 \(in .*c.yaml\)$"):
+        parse_args(["--config", str(config), "--output_dir", str(tmp_path)])
+
+
+def test_a_tiny_run_trains_on_repeated_positives_and_records_the_rate(tiny_args, tmp_path):
+    extra = ["--word_repetition", "0.3", "--max_steps", "3", "--eval_strategy", "no", "--save_strategy", "no",
+             "--load_best_model_at_end", "false"]  # fmt: skip
+    trainer = train.run(tiny_args + extra)
+    assert (trainer.data_collator.word_repetition, trainer.data_collator.seed) == (0.3, 42)  # debug_tiny's seed
+    batch = next(iter(trainer.get_train_dataloader()))
+    lengths = batch["attention_mask"].sum(1)  # (2B,)
+    assert (lengths[1::2] >= lengths[0::2]).all() and (lengths[1::2] > lengths[0::2]).any()
+    out = tmp_path / "out"
+    assert json.loads((out / "simcse_config.json").read_text())["word_repetition"] == 0.3
+    assert "| word_repetition | `0.3` |" in (out / "README.md").read_text(encoding="utf-8")

@@ -132,6 +132,7 @@ class ResolvedRun:
     streaming: bool
     max_steps: int
     drop_duplicates: bool
+    word_repetition: float
     no_duplicates: bool | None
     topic_batches: bool
     topic_recluster_steps: int
@@ -192,6 +193,7 @@ def resolve_run(data_args, training_args, data: ResolvedData) -> ResolvedRun:
         streaming=data_args.streaming,
         max_steps=training_args.max_steps,
         drop_duplicates=data_args.drop_duplicates,
+        word_repetition=data_args.word_repetition,
         no_duplicates=training_args.no_duplicates,
         topic_batches=training_args.topic_batches,
         topic_recluster_steps=training_args.topic_recluster_steps,
@@ -307,6 +309,13 @@ def _pairs_have_no_contrast_form(run: ResolvedRun) -> str | None:
     return None
 
 
+def _pairs_have_no_word_repetition(run: ResolvedRun) -> str | None:
+    if run.data.format == "pairs" and run.word_repetition:
+        return ("word_repetition: augments the second dropout view of single sentences; paired data "
+                f"({run.data.evidence}) has its own positives: leave word_repetition out")  # fmt: skip
+    return None
+
+
 def _objective_form(run: ResolvedRun) -> str | None:
     cls = run.objective.cls
     if run.data.format != "pairs" and run.contrast_form not in cls.forms:
@@ -378,6 +387,7 @@ CHECKS: tuple[Callable[[ResolvedRun], str | None], ...] = (
     _topic_clusters_with_a_sharded_model,
     _hard_negatives_need_them,
     _pairs_have_no_contrast_form,
+    _pairs_have_no_word_repetition,
     _objective_form,
     _guide_margin_needs_a_guide,
     _grad_cache,
