@@ -13,8 +13,9 @@ from conftest import FIXTURES, ROOT
 from test_scale_config import HAS_DEEPSPEED, deepspeed_errors, zero
 
 from simcse_hn.cli import train
+from simcse_hn.configuration.data_format import ResolvedData, resolve_data
 from simcse_hn.configuration.parser import parse_args
-from simcse_hn.configuration.resolved import CHECKS, ResolvedData, resolve_data, resolve_run
+from simcse_hn.configuration.resolved import CHECKS, resolve_run
 from simcse_hn.data.sentences import load_sentences
 from simcse_hn.errors import ConfigError, DataError
 
@@ -150,6 +151,11 @@ CASES = [
     ("contrast_form simcse with data_format pairs (YAML)", ["--train_file", "{nli}"],
      {"data_format": "pairs", "contrast_form": "simcse"},
      "contrast_form: 'simcse' pairs a sentence's two dropout views; paired data (data_format pairs)"),
+    ("word_repetition on auto-detected pairs", ["--train_file", "{tri}", "--word_repetition", "0.3"], {},
+     "word_repetition: augments the second dropout view of single sentences; paired data ({tri}: columns"),
+    ("word_repetition with data_format pairs (YAML)", ["--train_file", "{nli}"],
+     {"data_format": "pairs", "word_repetition": 0.3},
+     "word_repetition: augments the second dropout view of single sentences; paired data (data_format pairs)"),
     ("an objective off its contrast form", ["--loss", "hcl", "--contrast_form", "simcse"], {},
      "contrast_form: loss 'hcl' is defined on the 'symmetric' form only"),
     ("an objective off its contrast form (YAML)", [], {"loss": "unremix", "contrast_form": "simcse"},
@@ -231,8 +237,9 @@ def test_every_check_refuses_something_here():
                "_streaming_takes_no_pairs", "_streaming_has_no_sampler", "_streaming_has_no_topic_batches",
                "_topic_re_clustering", "_topic_clusters_with_a_sharded_model",
                "_hard_negatives_need_them",
-               "_pairs_have_no_contrast_form", "_objective_form", "_guide_margin_needs_a_guide", "_length_groups",
-               "_momentum_encoder_is_not_sharded", "_objective_refusals"}  # fmt: skip
+               "_pairs_have_no_contrast_form", "_pairs_have_no_word_repetition", "_objective_form",
+               "_guide_margin_needs_a_guide", "_length_groups", "_momentum_encoder_is_not_sharded",
+               "_objective_refusals"}  # fmt: skip
     deepspeed = {"_grad_cache", "_zero3_saves_weights"}
     assert {check.__name__ for check in CHECKS} == covered | deepspeed
 

@@ -15,8 +15,9 @@ import datasets
 import torch
 import transformers
 
+from simcse_hn.configuration.data_format import ResolvedData, resolve_data
 from simcse_hn.configuration.parser import parse_args
-from simcse_hn.configuration.resolved import ResolvedData, resolve_data, resolve_run
+from simcse_hn.configuration.resolved import resolve_run
 from simcse_hn.data.collator import SimCSECollator
 from simcse_hn.data.guide import SELF, load_guide
 from simcse_hn.data.pairs import PairCollator, is_hub_source, load_pairs, num_negatives
@@ -157,6 +158,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     run_id = _prepare_output_dir(training_args, checkpoint)
 
     global_batch = training_args.per_device_train_batch_size * training_args.world_size
+    data_seed = training_args.data_seed if training_args.data_seed is not None else training_args.seed
     if data_args.streaming:  # single sentences (resolve_run refuses a streamed paired corpus)
         train_dataset = load_sentence_stream(
             data_args.train_source,
@@ -166,7 +168,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
             config_name=data_args.dataset_config_name,
             split=data_args.dataset_split,
             shuffle_buffer=data_args.streaming_shuffle_buffer,
-            seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
+            seed=data_seed,
             rank=training_args.process_index,
             world_size=training_args.world_size,
             min_sentences=global_batch,
@@ -225,6 +227,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     }
     if data_args.streaming:
         simcse_config["streaming"] = {"shuffle_buffer": data_args.streaming_shuffle_buffer}
+    if data_args.word_repetition:
+        simcse_config["word_repetition"] = data_args.word_repetition
     if model_args.lora_r is not None:  # the folder's weights are merged; the adapter is in adapter/
         target = model_args.lora_target_modules
         simcse_config["lora"] = {"r": model_args.lora_r, "alpha": model_args.lora_alpha,
@@ -251,7 +255,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if data_format == "pairs":
         collator = PairCollator(tokenizer, data_args.max_seq_length, num_negatives(train_dataset), guide_tokenize)
     else:
-        collator = SimCSECollator(tokenizer, data_args.max_seq_length, guide_tokenize=guide_tokenize)
+        collator = SimCSECollator(tokenizer, data_args.max_seq_length, guide_tokenize=guide_tokenize,
+                                  word_repetition=data_args.word_repetition, seed=data_seed)  # fmt: skip
     trainer = SimCSETrainer(
         model=model,
         args=training_args,
@@ -302,7 +307,7 @@ def training_data_sha256(data_args, train_dataset) -> str | None:
 
 
 def load_training_data(data_args, data: ResolvedData, dataset=None) -> tuple[datasets.Dataset, str]:
-    """The training set in the format resolved (`data`, simcse_hn.configuration.resolved.resolve_data): single
+    """The training set in the format resolved (`data`, simcse_hn.configuration.data_format.resolve_data): single
     sentences (a `text` column, load_sentences as SimCSE reads them) or paired examples (`anchor`, `positive`,
     `negative_1..k`: simcse_hn.data.pairs, in the columns resolved). `dataset`: a Hub dataset's split, already
     loaded."""

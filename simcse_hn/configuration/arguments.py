@@ -155,6 +155,14 @@ class DataArguments:
     max_seq_length: int = field(default=32, metadata={"help": "Token limit per sentence (SimCSE: 32)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N sentences."})
     drop_duplicates: bool = field(default=False, metadata={"help": "Remove repeated sentences (always counted)."})
+    word_repetition: float = field(
+        default=0.0,
+        metadata={
+            "help": "ESimCSE's word repetition at this rate (e.g. 0.3; 0: off): each sentence's second view repeats "
+            "k of its subword tokens in place, k uniform below min(10, rate x its token count), drawn from the seed "
+            "and the sentence. Single sentences only (paired data has its own positives)."
+        },
+    )
     streaming: bool = field(
         default=False,
         metadata={
@@ -193,6 +201,9 @@ class DataArguments:
             f"must be >= 2, got {self.eval_max_seq_length}",
         )
         check_field(self.max_train_samples is None or self.max_train_samples > 0, "max_train_samples", "must be > 0")
+        check_field(
+            0 <= self.word_repetition <= 1, "word_repetition", f"must be in [0, 1], got {self.word_repetition}"
+        )
         check_field(
             self.data_format in DATA_FORMATS,
             "data_format",

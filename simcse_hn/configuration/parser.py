@@ -19,8 +19,9 @@ import yaml
 from transformers import HfArgumentParser
 
 from simcse_hn.configuration.arguments import DataArguments, ModelArguments, check_field
+from simcse_hn.configuration.data_format import declared_data
 from simcse_hn.configuration.objective import HELP_GROUPS as OBJECTIVE_HELP_GROUPS
-from simcse_hn.configuration.resolved import declared_data, resolve_run
+from simcse_hn.configuration.resolved import resolve_run
 from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
 from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
 

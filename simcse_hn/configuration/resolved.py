@@ -1,116 +1,27 @@
 """The run as it will train, and the one place that refuses the combinations of settings that cannot work.
 
-train.py resolves the data first (`resolve_data`: the format and columns of a table, or of a stream's first record;
-nothing more is read), then `resolve_run` puts it together with the engine the launch asks for (FSDP, DeepSpeed),
-streaming, GradCache, the guide and the objective, and `ResolvedRun.check()` raises the first of `problems()`: one
-line naming the settings, before any model weights or data rows load. `parse_args` runs the same checks on what the
-configuration alone tells (`declared_data`: the format when a flag, a YAML key or a .txt file fixes it; a check that
-needs the data's format waits for train.py). So a combination is refused with the same line whichever way it was
-reached: a flag, a YAML key or the data's own columns. Each check reads the resolved run, never a flag's spelling.
+train.py resolves the data first (configuration.data_format.resolve_data: the format and columns of a table, or of a
+stream's first record; nothing more is read), then `resolve_run` puts it together with the engine the launch asks for
+(FSDP, DeepSpeed), streaming, GradCache, the guide and the objective, and `ResolvedRun.check()` raises the first of
+`problems()`: one line naming the settings, before any model weights or data rows load. `parse_args` runs the same
+checks on what the configuration alone tells (`declared_data`: the format when a flag, a YAML key or a .txt file fixes
+it; a check that needs the data's format waits for train.py). So a combination is refused with the same line whichever
+way it was reached: a flag, a YAML key or the data's own columns. Each check reads the resolved run, never a flag's
+spelling.
 
-Objectives keep their own refusals (`ObjectiveOptions.check_for_training`), called here with the run's
-`TrainingShape`. The table of what is refused is in docs/reliability.md ("Combinations refused").
+Objectives keep their own refusals (`ObjectiveOptions.check_for_training`), called here with the run's `TrainingShape`.
+The table of what is refused is in docs/reliability.md ("Combinations refused").
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from simcse_hn.configuration.data_format import TEXT_COLUMN, ResolvedData, column_flags
 from simcse_hn.configuration.objective import ResolvedObjective, option_error
-from simcse_hn.data.pairs import (
-    LABEL_COLUMNS,
-    NO_NEGATIVES,
-    PairColumns,
-    format_from_columns,
-    is_hub_source,
-    is_table,
-    pair_columns,
-    table_columns,
-)
-from simcse_hn.data.sentences import NAMED_PAIRS, no_text_field, stream_columns
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.options import TrainingShape
-
-logger = logging.getLogger(__name__)
-
-COLUMN_FLAGS = ("anchor_column", "positive_column", "negative_columns")
-TEXT_COLUMN = "text"  # --text_column's default: another value was given
-
-
-@dataclass(frozen=True)
-class ResolvedData:
-    """What the training data is: `format` "sentences" or "pairs" (None: not known from the configuration alone),
-    `evidence` what decided it (for messages), and for pairs the columns (`columns`, when found) or the explicit
-    negatives per example (`negatives`, None when not known yet)."""
-
-    format: str | None
-    source: str | None
-    evidence: str = ""
-    columns: PairColumns | None = None
-    negatives: int | None = None
-
-
-def _column_flags(data_args) -> list[str]:
-    return [name for name in COLUMN_FLAGS if getattr(data_args, name, None) is not None]
-
-
-def declared_data(data_args) -> ResolvedData:
-    """The data as the configuration alone tells it: `data_format` given, a column flag (pairs), a .txt file
-    (sentences), no training data (sentences, the default); a table or Hub dataset under `auto` is not known yet."""
-    source, flags = data_args.train_source, _column_flags(data_args)
-    if data_args.data_format != "auto":
-        format, evidence = data_args.data_format, f"data_format {data_args.data_format}"
-    elif flags:
-        format, evidence = "pairs", f"{', '.join(flags)} set"
-    elif source is None:
-        format, evidence = "sentences", "the default without training data"
-    elif not is_table(source):
-        format, evidence = "sentences", f"{source} holds one sentence per line"
-    else:
-        return ResolvedData(None, source)
-    negatives = None
-    if format == "pairs" and data_args.negative_columns is not None:
-        negatives = 0 if data_args.negative_columns == [NO_NEGATIVES] else len(data_args.negative_columns)
-    return ResolvedData(format, source, evidence, negatives=negatives)
-
-
-def resolve_data(data_args, dataset=None) -> ResolvedData:
-    """The data's format, decided by the same rule in memory and streamed (simcse_hn.data.pairs.format_from_columns):
-    from a table's columns (a Hub dataset's: `dataset`, its split, already loaded), or from a stream's first record.
-    Paired data also gets its columns. A DataError (one line) when the columns do not tell."""
-    source = data_args.train_source
-    hub = {"config_name": data_args.dataset_config_name, "split": data_args.dataset_split}
-    if data_args.streaming:
-        columns = stream_columns(source, data_args.text_column, data_args.train_data_files, **hub)
-        where = f"{source}: record 1 has the columns {columns}"
-    elif is_table(source):
-        columns = table_columns(source, data_args.train_data_files, dataset=dataset, **hub)
-        where = f"{source}: columns {columns}"
-    else:
-        columns, where = None, f"{source} holds one sentence per line"
-    flags = _column_flags(data_args)
-    format = format_from_columns(columns, source, data_args.data_format, data_args.text_column, bool(flags))
-    if data_args.data_format != "auto":
-        evidence = f"data_format {data_args.data_format}"
-    else:
-        evidence = f"{', '.join(flags)} set" if flags else where
-    if format == "sentences":
-        if columns is not None and data_args.text_column not in columns:  # as the reader would, before it reads
-            first = f"{source}: record 1" if data_args.streaming or not is_hub_source(source) else source
-            raise no_text_field(first, data_args.text_column, columns)
-        pair = next((pair for pair in NAMED_PAIRS if set(pair) <= set(columns or ())), None)
-        if pair is not None and data_args.text_column in columns:  # sentences of a paired table, as asked: said
-            others = [c for c in columns if c != data_args.text_column and c.lower() not in LABEL_COLUMNS]
-            logger.warning("%s: data_format sentences trains on the %r column only; the columns %s are not used",
-                           source, data_args.text_column, others)  # fmt: skip
-        return ResolvedData(format, source, evidence)
-    if data_args.streaming:  # refused (ResolvedRun.check): a stream's columns are not read as pairs
-        return ResolvedData(format, source, evidence)
-    chosen = pair_columns(columns or [], source, data_args.anchor_column, data_args.positive_column,
-                          data_args.negative_columns)  # fmt: skip
-    return ResolvedData(format, source, evidence, chosen, len(chosen.negatives))
 
 
 def sentence_negatives(batch_size: int, processes: int, form: str) -> int:
@@ -132,6 +43,7 @@ class ResolvedRun:
     streaming: bool
     max_steps: int
     drop_duplicates: bool
+    word_repetition: float
     no_duplicates: bool | None
     topic_batches: bool
     topic_recluster_steps: int
@@ -187,11 +99,12 @@ def resolve_run(data_args, training_args, data: ResolvedData) -> ResolvedRun:
     return ResolvedRun(
         data=data,
         declared_format=data_args.data_format,
-        column_flags=tuple(_column_flags(data_args)),
+        column_flags=tuple(column_flags(data_args)),
         text_column=data_args.text_column,
         streaming=data_args.streaming,
         max_steps=training_args.max_steps,
         drop_duplicates=data_args.drop_duplicates,
+        word_repetition=data_args.word_repetition,
         no_duplicates=training_args.no_duplicates,
         topic_batches=training_args.topic_batches,
         topic_recluster_steps=training_args.topic_recluster_steps,
@@ -309,6 +222,13 @@ def _pairs_have_no_contrast_form(run: ResolvedRun) -> str | None:
     return None
 
 
+def _pairs_have_no_word_repetition(run: ResolvedRun) -> str | None:
+    if run.data.format == "pairs" and run.word_repetition:
+        return ("word_repetition: augments the second dropout view of single sentences; paired data "
+                f"({run.data.evidence}) has its own positives: leave word_repetition out")  # fmt: skip
+    return None
+
+
 def _objective_form(run: ResolvedRun) -> str | None:
     cls = run.objective.cls
     if run.data.format != "pairs" and run.contrast_form not in cls.forms:
@@ -388,6 +308,7 @@ CHECKS: tuple[Callable[[ResolvedRun], str | None], ...] = (
     _topic_clusters_with_a_sharded_model,
     _hard_negatives_need_them,
     _pairs_have_no_contrast_form,
+    _pairs_have_no_word_repetition,
     _objective_form,
     _guide_margin_needs_a_guide,
     _grad_cache,
