@@ -68,11 +68,27 @@ def is_mined(regime: str) -> bool:
     return regime == "mined" or regime.startswith("mined-")
 
 
+def queue_of(regime: str) -> tuple[int, float] | None:
+    """`queue-k<K>-m<momentum>` (random batches and a queue of K entries, plan4.md) -> (K, momentum); else None."""
+    parts = regime.split("-")
+    if parts[0] != "queue":
+        return None
+    try:
+        if len(parts) != 3 or parts[1][:1] != "k" or parts[2][:1] != "m":
+            raise ValueError(regime)
+        return int(parts[1][1:]), float(parts[2][1:])
+    except ValueError:
+        raise SystemExit(f"error: --regimes: {regime!r} is not 'queue-k<size>-m<momentum>'") from None
+
+
 def regime_flags(regime: str) -> list[str]:
-    """`random`, `topic-k<K>-s<share>`, `mined` or `mined-topic-k<K>-s<share>` as train.py flags (a mined regime's
-    training file is chosen apart, `run_one`)."""
+    """`random`, `topic-k<K>-s<share>`, `mined`, `mined-topic-k<K>-s<share>` or `queue-k<K>-m<momentum>` as train.py
+    flags (a mined regime's training file is chosen apart, `run_one`)."""
     if regime in ("random", "mined"):
         return []
+    queue = queue_of(regime)
+    if queue is not None:
+        return ["--queue_size", str(queue[0]), "--momentum", str(queue[1])]
     parts = regime.removeprefix("mined-").split("-")
     try:
         if len(parts) != 3 or parts[0] != "topic" or parts[1][:1] != "k" or parts[2][:1] != "s":
@@ -85,9 +101,12 @@ def regime_flags(regime: str) -> list[str]:
 
 
 def negatives_per_anchor(batch_size: int, regime: str) -> int:
-    """A symmetric batch of B sentences: 2B - 2 negatives per row; B mined examples (anchor, positive, negative):
-    the other B - 1 positives and all B negatives."""
-    return 2 * batch_size - 1 if is_mined(regime) else 2 * batch_size - 2
+    """A symmetric batch of B sentences: 2B - 2 negatives per row, and the K entries of a full queue; B mined examples
+    (anchor, positive, negative): the other B - 1 positives and all B negatives."""
+    if is_mined(regime):
+        return 2 * batch_size - 1
+    queue = queue_of(regime)
+    return 2 * batch_size - 2 + (queue[0] if queue else 0)
 
 
 def uniform_top_share(batch_size: int, regime: str = "random") -> float:
@@ -173,6 +192,19 @@ def mined_lines(report: dict) -> list[str]:
             f"{2 * uniform_top_share(b, 'mined'):.4f} (2 x uniform {uniform_top_share(b, 'mined'):.4f}).", ""]
 
 
+def queue_lines(report: dict) -> list[str]:
+    """What the queue regimes' threshold is (nothing for pilots without them)."""
+    b, out = report["batch_size"], []
+    for regime in report["verdicts"]:
+        queue = queue_of(regime)
+        if queue is not None:
+            n, share = negatives_per_anchor(b, regime), uniform_top_share(b, regime)
+            out.append(f"{regime}: random batches and a queue of {queue[0]} entries (momentum {queue[1]:g}; full from "
+                       f"step {math.ceil(queue[0] / b) + 1} on), {n} negatives per anchor once full: HCL's share must "
+                       f"be >= {2 * share:.4f} (2 x uniform {share:.4f}).")  # fmt: skip
+    return out + [""] if out else []
+
+
 def mine(work: Path, lines: list[str], pool: Path, model: str, max_score: float) -> tuple[Path, dict]:
     """One mined hard negative per sentence of `lines` (scripts/mine_negatives.py, candidates the sentences of
     `pool`), written to work/mined.jsonl; -> (the file, what the report says of it)."""
@@ -216,7 +248,7 @@ def markdown(report: dict) -> str:
              f"Thresholds: InfoNCE loss >= {10 * SATURATED_LOSS:g} (10 x the saturated regime's {SATURATED_LOSS}) "
              f"and >= 10 x this pilot's random-batch run; HCL top-1 % weight share >= {2 * uniform_top_share(b):.4f} "
              f"(2 x uniform {uniform_top_share(b):.4f}); DCL clamp_frac < 0.5.", "",
-             *mined_lines(report),
+             *mined_lines(report), *queue_lines(report),
              "| regime | InfoNCE loss | vs saturated | vs random | HCL top-1 % share | ok | DCL clamp | ok | go |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
