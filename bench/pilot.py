@@ -53,7 +53,9 @@ KEYS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_weight_sh
 
 
 def objective_flags(arm: str) -> list[str]:
-    """The objective keys of configs/unsup_bert_base_<arm>.yaml as flags (the study's arms)."""
+    """The objective keys of configs/unsup_bert_base_<arm>.yaml as flags (the study's arms); `<arm>@key=value,...`
+    overrides keys of that config (plan.md's DCL follow-up: `dcl@dcl_tau_plus=1e-4`)."""
+    arm, _, overrides = arm.partition("@")
     config = yaml.safe_load((ROOT / "configs" / f"unsup_bert_base_{arm}.yaml").read_text(encoding="utf-8"))
     prefix = flag_prefix(resolve_objective(config["loss"]))
     keys = ["loss", "contrast_form", "temperature"] + [k for k in config if prefix and k.startswith(f"{prefix}_")]
@@ -61,6 +63,9 @@ def objective_flags(arm: str) -> list[str]:
     for key in keys:
         value = config[key]
         flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    for item in filter(None, overrides.split(",")):
+        key, _, value = item.partition("=")
+        flags += [f"--{key}", value]
     return flags
 
 
@@ -298,7 +303,7 @@ def main() -> None:
     for regime in regimes:
         regime_flags(regime)  # a bad name fails before anything runs
     for arm in arms:
-        if not (ROOT / "configs" / f"unsup_bert_base_{arm}.yaml").is_file():
+        if not (ROOT / "configs" / f"unsup_bert_base_{arm.partition('@')[0]}.yaml").is_file():
             raise SystemExit(f"error: --arms: no configs/unsup_bert_base_{arm}.yaml")
     work = Path(args.work_dir) if args.work_dir else ROOT / "outputs" / args.name
     work.mkdir(parents=True, exist_ok=True)

@@ -13,3 +13,10 @@ def test_a_queue_regime_is_a_queue_of_its_size_and_momentum():
     for bad in ("queue-4096-m0.9", "queue-k4096", "queue-kx-m0.9"):
         with pytest.raises(SystemExit, match="queue-k<size>-m<momentum>"):
             pilot.regime_flags(bad)
+
+
+def test_an_arm_may_override_its_configs_keys():
+    flags = pilot.objective_flags("dcl@dcl_tau_plus=1e-4")
+    assert flags[flags.index("--loss") + 1] == "dcl"
+    assert flags[-2:] == ["--dcl_tau_plus", "1e-4"]  # after the config's own value: the parser keeps the last
+    assert "--dcl_tau_plus" in flags[:-2]
