@@ -22,7 +22,7 @@ import bench
 
 # Stems no bench module's name begins: the bench that writes them.
 WRITERS = {r"train_compile_tiny": "train_throughput", r"quality_\d+steps_summary": "quality_summary",
-           r"pilot\d+": "pilot"}
+           r"pilot\d+(_\w+)?": "pilot"}
 
 
 def bench_names() -> list[str]:
