@@ -73,7 +73,8 @@ class NegativeQueue:
 
     def enqueue(self, rows: QueueEntries) -> None:
         """Write rows (B, ...) over the oldest entries (only the last `size` when B > size)."""
-        rows = QueueEntries(*(None if value is None else value.detach()[-self.size :] for value in rows))
+        device = rows.embeddings.device  # every part of an entry lives where its embedding does
+        rows = QueueEntries(*(None if value is None else value.detach()[-self.size :].to(device) for value in rows))
         if self.buffer is None:
             self.buffer = QueueEntries(*(None if value is None else value.new_zeros((self.size, *value.shape[1:]))
                                          for value in rows))  # fmt: skip
