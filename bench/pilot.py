@@ -158,16 +158,27 @@ def _history(state: Path) -> list[dict]:
     raise SystemExit(f"error: {state}: missing (the run did not finish)")
 
 
+def first_passing(by: dict, regime: str, base: str, passes) -> str | None:
+    """Of a regime's arms of objective `base` (`hcl`, `hcl@hcl_beta=0.2`, ...), in the order they ran, the first whose
+    last window `passes`; else the first of them (None without any)."""
+    arms = [arm for (r, arm) in by if r == regime and arm.partition("@")[0] == base]
+    passing = [arm for arm in arms if passes(by[(regime, arm)])]
+    return (passing or arms or [None])[0]
+
+
 def verdicts(runs: list[dict], batch_size: int) -> dict[str, dict]:
-    """Each regime against the plan's criteria."""
+    """Each regime against the plan's criteria. With several settings of HCL or DCL in a regime (plan5.md), the first
+    that meets its criterion (in the order they ran) stands for the objective."""
     by = {(r["regime"], r["arm"]): r["last"] for r in runs}
     random_loss = by.get(("random", "infonce"), {}).get("loss")
     out = {}
     for regime in dict.fromkeys(r["regime"] for r in runs):
         uniform = uniform_top_share(batch_size, regime)
         loss = by.get((regime, "infonce"), {}).get("loss")
-        share = by.get((regime, "hcl"), {}).get("top1pct_weight_share")
-        clamp = by.get((regime, "dcl"), {}).get("clamp_frac")
+        hcl = first_passing(by, regime, "hcl", lambda last, u=uniform: last.get("top1pct_weight_share", 0) >= 2 * u)
+        dcl = first_passing(by, regime, "dcl", lambda last: last.get("clamp_frac", 1) < 0.5)
+        share = by.get((regime, hcl), {}).get("top1pct_weight_share")
+        clamp = by.get((regime, dcl), {}).get("clamp_frac")
         checks = {
             "loss_vs_saturated": None if loss is None else loss >= 10 * SATURATED_LOSS,
             "loss_vs_random": None if loss is None or random_loss is None or regime == "random"
@@ -179,6 +190,8 @@ def verdicts(runs: list[dict], batch_size: int) -> dict[str, dict]:
         out[regime] = {"infonce_loss": loss, "hcl_top1pct_weight_share": share, "dcl_clamp_frac": clamp,
                        "hcl_share_needed": 2 * uniform,
                        "checks": checks, "go": bool(known) and all(known) and None not in checks.values()}
+        if (hcl or "hcl") != "hcl" or (dcl or "dcl") != "dcl":  # settings other than the configs': say which
+            out[regime].update(hcl_arm=hcl, dcl_arm=dcl)
     return out
 
 
@@ -268,6 +281,11 @@ def markdown(report: dict) -> str:
                      f"{show(c['loss_vs_random'])} | {show(v['hcl_top1pct_weight_share'])} | "
                      f"{show(c['hcl_top1pct_share'])} | {show(v['dcl_clamp_frac'])} | {show(c['dcl_clamp_off'])} | "
                      f"{'**go**' if v['go'] else 'no'} |")  # fmt: skip
+    chosen = [f"{regime}: HCL {v['hcl_arm']}, DCL {v['dcl_arm']}" for regime, v in report["verdicts"].items()
+              if "hcl_arm" in v]  # fmt: skip
+    if chosen:
+        lines += ["", "The settings that stand for HCL and DCL above (the first to meet its criterion, in the plan's "
+                  "order; else the first run): " + "; ".join(chosen) + "."]  # fmt: skip
     lines += ["", "## Every run's last window", "",
               "| regime | arm | " + " | ".join(KEYS) + " | train s | load before |",
               "|---|---|" + "---|" * (len(KEYS) + 2)]  # fmt: skip

@@ -20,3 +20,19 @@ def test_an_arm_may_override_its_configs_keys():
     assert flags[flags.index("--loss") + 1] == "dcl"
     assert flags[-2:] == ["--dcl_tau_plus", "1e-4"]  # after the config's own value: the parser keeps the last
     assert "--dcl_tau_plus" in flags[:-2]
+
+
+def test_the_first_setting_to_meet_its_criterion_stands_for_the_objective():
+    def run(arm, **last):
+        return {"regime": "queue-k4096-m0", "arm": arm, "last": {"loss": 0.2, **last}}
+
+    runs = [{"regime": "random", "arm": "infonce", "last": {"loss": 0.005}}, run("infonce"),
+            run("hcl@hcl_beta=0.2", top1pct_weight_share=0.019), run("hcl@hcl_beta=0.5", top1pct_weight_share=0.03),
+            run("dcl@dcl_tau_plus=1e-4", clamp_frac=0.9), run("dcl@dcl_tau_plus=1e-5", clamp_frac=0.2),
+            run("dcl@dcl_tau_plus=1e-6", clamp_frac=0.0)]  # fmt: skip
+    verdict = pilot.verdicts(runs, 64)["queue-k4096-m0"]
+    assert (verdict["hcl_arm"], verdict["dcl_arm"]) == ("hcl@hcl_beta=0.5", "dcl@dcl_tau_plus=1e-5")
+    assert verdict["go"] and verdict["hcl_top1pct_weight_share"] == 0.03
+    runs[3]["last"]["top1pct_weight_share"] = 0.01  # no HCL setting meets it: the first stands, and it is no-go
+    verdict = pilot.verdicts(runs, 64)["queue-k4096-m0"]
+    assert verdict["hcl_arm"] == "hcl@hcl_beta=0.2" and not verdict["go"]
