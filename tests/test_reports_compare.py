@@ -43,6 +43,23 @@ def test_paired_t_test_gives_students_sleep_numbers():
     assert (out["t"], out["p"]) == (pytest.approx(reference.statistic), pytest.approx(reference.pvalue))
 
 
+def test_sign_flip_test_is_exact_over_every_sign_pattern():
+    """Against a loop over all 2^n patterns written out here, and its known extremes: all differences of one sign give
+    the smallest p, 2 / 2^n; a difference of 0 gives 1."""
+    import itertools
+
+    d = [0.3, -0.1, 0.25, 0.05, 0.4, -0.2, 0.15]
+    observed = abs(sum(d) / len(d))
+    extreme = sum(abs(sum(s * x for s, x in zip(signs, d)) / len(d)) >= observed - 1e-12
+                  for signs in itertools.product((1, -1), repeat=len(d)))  # fmt: skip
+    result = stats.sign_flip_test([x + 1 for x in d], [1.0] * len(d))
+    assert result["p"] == pytest.approx(extreme / 2 ** len(d)) and result["difference"] == pytest.approx(observed)
+    assert stats.sign_flip_test([2.0] * 10, [1.0] * 10)["p"] == pytest.approx(2 / 1024)
+    assert stats.sign_flip_test([1.0, 2.0], [1.0, 2.0])["p"] == 1.0
+    with pytest.raises(ValueError, match="1 to 20 pairs"):
+        stats.sign_flip_test([], [])
+
+
 def test_holm_adjusts_step_down_keeps_order_and_leaves_out_untested_groups():
     adjusted = stats.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": float("nan"), "e": 0.5})
     # m = 4 finite: 0.01 x 4, 0.03 x 3, 0.04 x 2 -> 0.09 (monotone), 0.5 x 1 -> 0.5
