@@ -104,7 +104,7 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
         default=0,
         metadata={
             "help": "Keep the embeddings of the last K sentences of earlier optimizer steps and contrast every anchor "
-            "with them too, as detached negatives (MoCo, ESimCSE; docs/losses.md section 7). 0: off."
+            "with them too, as detached negatives (MoCo, ESimCSE; docs/queue.md). 0: off."
         },
     )
     momentum: float = field(
