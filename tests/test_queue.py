@@ -143,7 +143,7 @@ def test_queued_rows_are_first_views_or_paired_candidates():
 
 def test_momentum_encoder_is_an_ema_without_dropout_and_with_the_head():
     model = make_model(dropout=0.3)
-    model.loss_fn = build_loss("infonce")
+    model.loss_fn = build_loss("unremix", learn_mixture=True)  # a loss with parameters of its own
     momentum = MomentumEncoder(model, 0.9)
     assert getattr(momentum.model, "loss_fn", None) is None  # the loss and its state stay with the online model
     inputs = batch(sentences(4))

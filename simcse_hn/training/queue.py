@@ -120,7 +120,11 @@ class MomentumEncoder:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        mine, theirs = list(self.model.parameters()), list(model.parameters())
+        """One step towards `model`'s parameters, matched by name (the model's loss may have parameters of its own,
+        which the copy has not)."""
+        online = dict(model.named_parameters())
+        mine = [p for _, p in self.model.named_parameters()]
+        theirs = [online[name] for name, _ in self.model.named_parameters()]
         torch._foreach_lerp_(mine, theirs, 1.0 - self.momentum)  # m theta_k + (1 - m) theta_q
 
     @torch.no_grad()
