@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import os
 import time
 from pathlib import Path
@@ -57,17 +58,60 @@ def plan_runs(done: dict, seeds=SEEDS) -> list[tuple]:
             if quality.run_key(arm, seed, 64) not in done]  # fmt: skip
 
 
+def task_scores(entry: dict) -> dict[str, float]:
+    """A run's Spearman x 100 per STS task, from the results it kept."""
+    results = json.loads((ROOT / entry["results"] / "results.json").read_text())
+    return {task: v["spearman"] for task, v in results["tasks"].items()}
+
+
+def diagnostics(runs: dict) -> dict:
+    """Per arm, the mean over its seeds of each training diagnostic of the last logging window (secondary, no test):
+    whether the regime held, run by run, as in the pilot."""
+    out = {}
+    for arm in ARMS:
+        windows = [e["diagnostics"] for e in runs.values() if e["arm"] == arm and e.get("diagnostics")]
+        keys = sorted({k for w in windows for k, v in w.items() if isinstance(v, (int, float))})
+        out[arm] = {k: float(np.mean([w[k] for w in windows if k in w])) for k in keys}
+    return out
+
+
+def per_task(runs: dict) -> dict:
+    """Per arm against the baseline, the mean over the paired seeds of each task's difference (secondary, no test)."""
+    tasks = {(e["arm"], e["seed"]): task_scores(e) for e in runs.values() if e["arm"] in ARMS and e["seed"] in SEEDS}
+    out = {}
+    for arm in ARMS:
+        if arm == BASELINE:
+            continue
+        names = tasks[(BASELINE, SEEDS[0])]
+        out[arm] = {t: float(np.mean([tasks[(arm, s)][t] - tasks[(BASELINE, s)][t] for s in SEEDS])) for t in names}
+    return out
+
+
+def across_arms(runs: dict) -> list[str]:
+    """The arms are paired by seed, so every run of the study trains on the same data with the same code (the plan's
+    commit): one line per field that takes more than one value over the runs."""
+    problems = []
+    for field in ("train_data_sha256", "train_code_sha256"):
+        seen = {(e.get("provenance") or {}).get(field) for e in runs.values()} - {None}
+        if len(seen) > 1:
+            problems.append(f"the study's {len(runs)} runs record {len(seen)} different {field}")
+    return problems
+
+
 def analysis(runs: dict) -> dict:
-    """Per arm: its seeds' STS averages; once every arm has all seeds, each arm against the baseline (sign-flip and
-    paired t, Holm over the arms), the interval, the observed spread and the effect detectable at it."""
+    """Per arm: its seeds' STS averages and the last window's diagnostics; once every arm has all seeds, each arm
+    against the baseline (sign-flip and paired t, Holm over the arms), the interval, the observed spread and the effect
+    detectable at it, and the per-task differences."""
     scores = {arm: {e["seed"]: e["average"] for e in runs.values() if e["arm"] == arm} for arm in ARMS}
     out = {"arms": {arm: {"seeds": sorted(s), "mean": float(np.mean(list(s.values()))) if s else None,
                           "std": float(np.std(list(s.values()), ddof=1)) if len(s) > 1 else None}
                     for arm, s in scores.items()},
            "complete": all(set(scores[arm]) >= set(SEEDS) for arm in ARMS),
-           "provenance_problems": quality.mixed_provenance(runs)}  # fmt: skip
+           "provenance_problems": quality.mixed_provenance(runs) + across_arms(runs),
+           "diagnostics": diagnostics(runs)}  # fmt: skip
     if not out["complete"]:
         return out
+    out["per_task"] = per_task(runs)
     base = [scores[BASELINE][s] for s in SEEDS]
     tests = {}
     for arm in ARMS:
@@ -104,6 +148,7 @@ def markdown(record: dict) -> str:
     if a["provenance_problems"]:
         lines += ["", "Provenance problems (these runs are not one arm's repeats):", "",
                   *[f"* {p}" for p in a["provenance_problems"]]]  # fmt: skip
+    lines += diagnostics_table(a["diagnostics"])
     if not a["complete"]:
         lines += ["", "The tests are read once every arm has all 10 seeds (the plan); until then this page counts "
                   "the runs only."]  # fmt: skip
@@ -118,7 +163,29 @@ def markdown(record: dict) -> str:
         lines.append(f"| {arm} | {v['difference']:+.3f} | [{v['low']:+.3f}, {v['high']:+.3f}] | "
                      f"{v['p_sign_flip']:.4f} | {v['p_sign_flip_holm']:.4f} | {v['p_t']:.4f} | {v['p_t_holm']:.4f} "
                      f"| {v['sd_of_differences']:.3f} | {v['detectable']:.3f} | {reading} |")  # fmt: skip
+    tasks = list(next(iter(a["per_task"].values())))
+    lines += ["", f"## Per task (secondary, no test): mean difference against {BASELINE} over the 10 paired seeds", "",
+              "| arm | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]  # fmt: skip
+    for arm, v in a["per_task"].items():
+        lines.append(f"| {arm} | " + " | ".join(f"{v[t]:+.2f}" for t in tasks) + " |")
     return "\n".join(lines) + "\n"
+
+
+DIAGNOSTICS = {"loss": "loss", "neg_sim": "mean negative cosine", "top1pct_weight_share": "weight on the nearest 1 %",
+               "neg_weight_max": "largest weight", "clamp_frac": "anchors clamped"}  # fmt: skip
+
+
+def diagnostics_table(by_arm: dict) -> list[str]:
+    """The last logging window of training, averaged over each arm's seeds: whether the pilot's regime held."""
+    keys = [k for k in DIAGNOSTICS if any(k in v for v in by_arm.values())]
+    if not keys:
+        return []
+    lines = ["", "Training, last logging window, mean over the arm's seeds (secondary, no test; uniform weight on the "
+             "nearest 1 % is 0.01):", "", "| arm | " + " | ".join(DIAGNOSTICS[k] for k in keys) + " |",
+             "|---|" + "---|" * len(keys)]  # fmt: skip
+    for arm, v in by_arm.items():
+        lines.append(f"| {arm} | " + " | ".join("–" if k not in v else f"{v[k]:.4g}" for k in keys) + " |")
+    return lines
 
 
 def write_study_report() -> str:
