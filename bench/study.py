@@ -158,8 +158,8 @@ def markdown(record: dict) -> str:
               "detectable at that sd | reading |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, v in a["tests"].items():
         reading = (f"differs: {v['difference']:+.2f}" if v["differs"] else
-                   f"no difference shown; the interval excludes effects above {v['high']:+.2f} and below "
-                   f"{v['low']:+.2f}")  # fmt: skip
+                   f"no difference shown; the interval excludes effects above {v['high']:+.3f} and below "
+                   f"{v['low']:+.3f}")  # fmt: skip
         lines.append(f"| {arm} | {v['difference']:+.3f} | [{v['low']:+.3f}, {v['high']:+.3f}] | "
                      f"{v['p_sign_flip']:.4f} | {v['p_sign_flip_holm']:.4f} | {v['p_t']:.4f} | {v['p_t_holm']:.4f} "
                      f"| {v['sd_of_differences']:.3f} | {v['detectable']:.3f} | {reading} |")  # fmt: skip
