@@ -78,13 +78,9 @@ def diagnostics(runs: dict) -> dict:
 def per_task(runs: dict) -> dict:
     """Per arm against the baseline, the mean over the paired seeds of each task's difference (secondary, no test)."""
     tasks = {(e["arm"], e["seed"]): task_scores(e) for e in runs.values() if e["arm"] in ARMS and e["seed"] in SEEDS}
-    out = {}
-    for arm in ARMS:
-        if arm == BASELINE:
-            continue
-        names = tasks[(BASELINE, SEEDS[0])]
-        out[arm] = {t: float(np.mean([tasks[(arm, s)][t] - tasks[(BASELINE, s)][t] for s in SEEDS])) for t in names}
-    return out
+    names = tasks[(BASELINE, SEEDS[0])]
+    return {arm: {t: float(np.mean([tasks[(arm, s)][t] - tasks[(BASELINE, s)][t] for s in SEEDS])) for t in names}
+            for arm in ARMS if arm != BASELINE}  # fmt: skip
 
 
 def across_arms(runs: dict) -> list[str]:
