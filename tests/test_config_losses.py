@@ -45,7 +45,7 @@ def test_an_option_of_another_objective_is_refused_naming_both(argv, message, tm
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("loss", ["infonce", "dcl", "hcl", "progcl", "unremix"])
+@pytest.mark.parametrize("loss", ["infonce", "dcl", "hcl", "hardness", "progcl", "unremix"])
 def test_config_defaults_are_the_loss_classes_defaults(loss, tmp_path):
     """A run configured with defaults trains the loss the class documents (DCL's measured prior, ProGCL's sampled
     fit, UnReMix's entropy bonus): build_loss with loss_kwargs() equals build_loss with nothing but the name."""

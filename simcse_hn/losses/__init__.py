@@ -16,6 +16,7 @@ from simcse_hn.losses.base import (
     PlainReductions,
     ReweightingLoss,
 )
+from simcse_hn.losses.hardness import HardnessLoss
 from simcse_hn.losses.hcl import DCLLoss, HCLLoss
 from simcse_hn.losses.infonce import InfoNCELoss
 from simcse_hn.losses.options import ObjectiveOptions, option
@@ -42,6 +43,7 @@ __all__ = [
     "ContrastiveTargets",
     "DCLLoss",
     "HCLLoss",
+    "HardnessLoss",
     "InfoNCELoss",
     "LossContext",
     "LossOutput",

@@ -1,9 +1,9 @@
 """Which objectives exist and how a name becomes one.
 
-`--loss` takes a built-in name (`infonce`, `dcl`, `hcl`, `progcl`, `unremix`), the name of an objective an installed
-package declares in the `simcse_hn.objectives` entry-point group, or a user's own class as `package.module:Class`
-or `path/to/file.py:Class`. Naming a module runs it: only the command line and a local YAML the user passes go
-through `resolve_objective`; nothing that loads a saved folder does (an objective is training-only).
+`--loss` takes a built-in name (`infonce`, `dcl`, `hcl`, `hardness`, `progcl`, `unremix`), the name of an objective
+an installed package declares in the `simcse_hn.objectives` entry-point group, or a user's own class as
+`package.module:Class` or `path/to/file.py:Class`. Naming a module runs it: only the command line and a local YAML the
+user passes go through `resolve_objective`; nothing that loads a saved folder does (an objective is training-only).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from simcse_hn.losses.base import ContrastiveLoss, ReweightingLoss
+from simcse_hn.losses.hardness import HardnessLoss
 from simcse_hn.losses.hcl import DCLLoss, HCLLoss
 from simcse_hn.losses.infonce import InfoNCELoss
 from simcse_hn.losses.progcl import ProGCLLoss
@@ -24,7 +25,7 @@ from simcse_hn.losses.unremix import UnReMixLoss
 
 ENTRY_POINTS = "simcse_hn.objectives"
 BUILTIN: dict[str, type[ContrastiveLoss]] = {
-    cls.name: cls for cls in (InfoNCELoss, DCLLoss, HCLLoss, ProGCLLoss, UnReMixLoss)
+    cls.name: cls for cls in (InfoNCELoss, DCLLoss, HCLLoss, HardnessLoss, ProGCLLoss, UnReMixLoss)
 }
 # the default `--loss` and every comparison's baseline: plain InfoNCE, which every other objective reduces to in its
 # neutral setting
