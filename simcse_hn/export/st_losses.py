@@ -21,6 +21,9 @@ The keyword arguments are the objective's own options (its `Options` dataclass; 
 needs instead of the training defaults). An objective with a schedule (`uses_schedule`: a warm-up) needs the run's
 length: pass `max_steps` (optimizer steps) and, with gradient accumulation, `gradient_accumulation_steps`; each
 training-mode call counts 1 / gradient_accumulation_steps of a step. Without `max_steps` there is no schedule.
+
+`queue_size=K` (and `momentum=m` for a momentum encoder) adds simcse-hn's negative queue; it needs
+`simcse_hn.export.st_training.SimCSECallback(loss)` in the trainer's callbacks (docs/hub.md).
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from simcse_hn.export.st_training import SentenceQueue
 from simcse_hn.losses import BASELINE, BUILTIN, ContrastiveLoss, build_loss, objective_class_path, resolve_objective
 from simcse_hn.losses.targets import FORMS
-from simcse_hn.training.step import contrastive_loss
+from simcse_hn.training.step import add_to_window, contrastive_loss
 
 
 def _embed_columns(model: nn.Module, features: list[dict[str, Tensor]]) -> list[Tensor]:
@@ -60,6 +64,8 @@ class SimCSELoss(nn.Module):
         gather_across_devices: bool = True,
         max_steps: int | None = None,
         gradient_accumulation_steps: int = 1,
+        queue_size: int = 0,
+        momentum: float = 0.0,
         **loss_kwargs,
     ):
         super().__init__()
@@ -85,9 +91,18 @@ class SimCSELoss(nn.Module):
         self.loss_kwargs = loss_kwargs
         self.calls = 0  # training-mode calls: the step counter of a schedule
         self.last_metrics: dict[str, Tensor] = {}  # the objective's diagnostics of the last call (tensors)
+        self.metric_sums: dict[str, Tensor] = {}  # and their sums over the training calls since SimCSECallback logged
+        self.metric_count = 0
+        if momentum and not queue_size:
+            raise ValueError("momentum needs a queue: set queue_size > 0")
+        # earlier optimizer steps' anchors as negatives (st_training, docs/hub.md); never part of the saved model
+        self.queue = SentenceQueue(queue_size, momentum) if queue_size else None
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor | None = None) -> Tensor:
-        columns = _embed_columns(self.model, list(sentence_features))
+        features = list(sentence_features)
+        if self.queue is not None:
+            self.queue.see(features)  # before the forward, which adds its outputs to the features
+        columns = _embed_columns(self.model, features)
         return self.compute_loss_from_embeddings(columns, labels)
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor | None = None) -> Tensor:
@@ -106,9 +121,15 @@ class SimCSELoss(nn.Module):
             gather=self.gather_across_devices,
             step=step if self.max_steps is not None else None,
             max_steps=self.max_steps,
+            text_ids=None if self.queue is None else self.queue.text_ids,
+            queue=None if self.queue is None else self.queue.entries(),
         )
         if self.model.training:
+            if self.queue is not None:
+                self.queue.remember_anchors(self.model, rows.reshape(-1, rows.shape[-1]))
             self.calls += 1
+            add_to_window(self.metric_sums, output.metrics)
+            self.metric_count += 1
         self.last_metrics = output.metrics
         return output.loss
 
@@ -119,6 +140,7 @@ class SimCSELoss(nn.Module):
             "contrast_form": self.contrast_form,
             "gather_across_devices": self.gather_across_devices,
             "max_steps": self.max_steps,
+            **({"queue_size": self.queue.queue.size, "momentum": self.queue.momentum} if self.queue else {}),
             **self.loss_kwargs,
         }
 

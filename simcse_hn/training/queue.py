@@ -140,6 +140,8 @@ class QueueRun:
     """One run's queue (`size` entries) and, with `momentum` > 0, its momentum encoder, made from the model at the
     first step (or restored from a checkpoint). `group_size`: the batches' layout (None: sentences)."""
 
+    encoder_class: type[MomentumEncoder] = MomentumEncoder  # how the momentum copy embeds (st_training's for ST)
+
     def __init__(self, size: int, momentum: float, group_size: int | None, chunk_rows: int | None = None):
         self.queue = NegativeQueue(size)
         self.momentum = momentum
@@ -191,8 +193,12 @@ class QueueRun:
             queued = embeddings.detach()[rows]
             features = None if head_inputs is None or not needs_head_inputs else head_inputs.detach()[rows]
         guide = None if guide_embeddings is None else guide_embeddings.detach()[rows]
-        entries = QueueEntries(queued, text_ids.to(queued.device)[rows], features, guide)
-        if distributed.world_size() > 1:  # every rank enqueues the gathered batch, in rank order
+        self.add_pending(QueueEntries(queued, text_ids.to(queued.device)[rows], features, guide))
+
+    def add_pending(self, entries: QueueEntries) -> None:
+        """Hold one micro-batch's entries until the optimizer step, gathered from every process: every rank enqueues
+        the gathered batch, in rank order."""
+        if distributed.world_size() > 1:
             entries = QueueEntries(*(None if v is None else distributed.all_gather_no_grad(v.contiguous())
                                      for v in entries))  # fmt: skip
         self.pending.append(entries)
@@ -208,7 +214,7 @@ class QueueRun:
     def _ensure_encoder(self, model: nn.Module) -> None:
         if self.encoder is not None:
             return
-        self.encoder = MomentumEncoder(bare_model(model), self.momentum)
+        self.encoder = self.encoder_class(bare_model(model), self.momentum)
         if self._restored_encoder is not None:
             self.encoder.model.load_state_dict(self._restored_encoder)
             self._restored_encoder = None

@@ -1,0 +1,134 @@
+"""simcse-hn's negative queue inside SentenceTransformerTrainer (simcse_hn.export.st_training): the loss per step of
+simcse-hn's own trainer on the same data, batch order and settings (dropout off), a run stopped after its first
+checkpoint and resumed ends at the uninterrupted run's weights and queue, the queue never reaches the saved model,
+and what cannot work is refused in one line."""
+
+from __future__ import annotations
+
+import os
+
+import datasets
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+from test_st_losses import st_folder  # noqa: F401  (a fixture: a tiny BERT without dropout, mean pooling)
+from torch.utils.data import BatchSampler, SequentialSampler
+from transformers import TrainerCallback
+
+from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
+from simcse_hn.data.collator import SimCSECollator
+from simcse_hn.errors import ConfigError
+from simcse_hn.export.st_losses import SimCSELoss
+from simcse_hn.export.st_training import SimCSECallback
+from simcse_hn.losses import build_loss
+from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.training.queue import QUEUE_FILE
+from simcse_hn.training.trainer import SimCSETrainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "tiny_corpus.txt")
+BATCH, STEPS, QUEUE = 4, 5, 10
+SETTINGS = dict(per_device_train_batch_size=BATCH, max_steps=STEPS, learning_rate=0.5, optim="sgd",
+                lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1e9, report_to=[], use_cpu=True,
+                disable_tqdm=True, logging_steps=1, seed=0)  # fmt: skip
+
+
+def texts() -> list[str]:
+    """Eight sentences, then the same eight again: from step 3 on the queue holds texts of the batch (masked)."""
+    with open(FIXTURE, encoding="utf-8") as f:
+        first = f.read().splitlines()[:8]
+    return first + first + first[:4]
+
+
+class Sequential(SequentialSampler):
+    def set_epoch(self, epoch: int) -> None:  # simcse-hn's trainer sets its sampler's epoch
+        pass
+
+
+def in_order(dataset, batch_size, drop_last=False, **kwargs):
+    return BatchSampler(SequentialSampler(dataset), batch_size, drop_last)
+
+
+def st_run(folder, output_dir, momentum, callbacks=(), resume=False, **overrides):
+    model = SentenceTransformer(str(folder), device="cpu")
+    loss = SimCSELoss(model, "hcl", beta=0.5, temperature=0.05, queue_size=QUEUE, momentum=momentum)
+    args = SentenceTransformerTrainingArguments(output_dir=str(output_dir), batch_sampler=in_order,
+                                                **{**SETTINGS, "save_strategy": "no", **overrides})  # fmt: skip
+    train = datasets.Dataset.from_dict({"anchor": texts(), "positive": texts()})  # dropout pairs (dropout off here)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss,
+                                         callbacks=[SimCSECallback(loss), *callbacks])  # fmt: skip
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    return trainer, loss
+
+
+def losses(trainer) -> list[float]:
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9], ids=["memory-bank", "momentum"])
+def test_the_loss_per_step_is_simcse_hns_own_trainers(momentum, st_folder, tmp_path):  # noqa: F811
+    model = SimCSEModel.from_pretrained(str(st_folder), pooler="avg")
+    args = SimCSETrainingArguments(output_dir=str(tmp_path / "simcse"), loss="hcl", temperature=0.05,
+                                   queue_size=QUEUE, momentum=momentum, eval_strategy="no", save_strategy="no",
+                                   load_best_model_at_end=False, metric_for_best_model=None, **SETTINGS)  # fmt: skip
+    dataset = datasets.Dataset.from_dict({"text": texts()})
+    tokenizer = SentenceTransformer(str(st_folder), device="cpu").tokenizer
+    own = SimCSETrainer(model=model, args=args, loss_fn=build_loss("hcl", temperature=0.05, beta=0.5),
+                        train_dataset=dataset, data_collator=SimCSECollator(tokenizer, 128))  # fmt: skip
+    own.train_sampler = lambda *a, **k: Sequential(dataset)  # the same batch order as below
+    own.train()
+    theirs, loss = st_run(st_folder, tmp_path / "st", momentum)
+    want, got = losses(own), losses(theirs)
+    assert len(want) == len(got) == STEPS and want[0] < want[-1]  # the queue's negatives raise the loss
+    assert got == pytest.approx(want, rel=2e-4)
+    assert loss.queue.queue.position == own.queue.queue.position == STEPS * BATCH % QUEUE
+    torch.testing.assert_close(loss.queue.entries().embeddings, own.queue.entries().embeddings, rtol=1e-3, atol=1e-4)
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_a_run_stopped_after_its_first_checkpoint_and_resumed_ends_at_the_uninterrupted_runs_weights(
+    st_folder, tmp_path  # noqa: F811
+):
+    saving = {"save_strategy": "steps", "save_steps": 2}
+    straight, straight_loss = st_run(st_folder, tmp_path / "straight", 0.9, **saving)
+    stopped, _ = st_run(st_folder, tmp_path / "resumed", 0.9, callbacks=[StopAt(2)], **saving)
+    assert stopped.state.global_step == 2 and (tmp_path / "resumed" / "checkpoint-2" / QUEUE_FILE).is_file()
+    resumed, resumed_loss = st_run(st_folder, tmp_path / "resumed", 0.9, resume=True, **saving)
+    assert resumed.state.global_step == STEPS
+    for name, want in straight.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], want, rtol=0, atol=0, msg=name)
+    want, got = straight_loss.queue.state_dict(), resumed_loss.queue.state_dict()
+    for key, value in want["queue"]["buffer"].items():
+        if value is not None:
+            torch.testing.assert_close(got["queue"]["buffer"][key], value, rtol=0, atol=0, msg=key)
+    for name, value in want["momentum_encoder"].items():
+        torch.testing.assert_close(got["momentum_encoder"][name], value, rtol=0, atol=0, msg=name)
+    # never in the saved model: the folder holds the online encoder only, and loads in sentence-transformers
+    straight.save_model(str(tmp_path / "saved"))
+    assert not any("queue" in name or "momentum" in name for name in os.listdir(tmp_path / "saved"))
+    loaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    for name, value in loaded.state_dict().items():
+        torch.testing.assert_close(value, straight.model.state_dict()[name], rtol=0, atol=0)
+    # resumed with other queue settings, or without the queue: one line each
+    with pytest.raises(ConfigError, match="checkpoint-5 was trained with queue_size 10 and momentum 0.9"):
+        st_run(st_folder, tmp_path / "resumed", 0.5, resume=True, max_steps=STEPS + 1, **saving)
+
+
+def test_what_cannot_be_exact_is_refused_in_one_line(st_folder, tmp_path):  # noqa: F811
+    model = SentenceTransformer(str(st_folder), device="cpu")
+    loss = SimCSELoss(model, "infonce", queue_size=QUEUE)
+    train = datasets.Dataset.from_dict({"anchor": texts(), "positive": texts()})
+    args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), **{**SETTINGS, "save_strategy": "no"})
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss)  # no callback
+    with pytest.raises(ConfigError, match=r"^SimCSELoss\(queue_size=...\) needs SimCSECallback\(loss\)"):
+        trainer.train()
+    with pytest.raises(ValueError, match="momentum needs a queue"):
+        SimCSELoss(model, "infonce", momentum=0.9)
