@@ -132,3 +132,23 @@ def test_what_cannot_be_exact_is_refused_in_one_line(st_folder, tmp_path):  # no
         trainer.train()
     with pytest.raises(ValueError, match="momentum needs a queue"):
         SimCSELoss(model, "infonce", momentum=0.9)
+
+
+def test_the_momentum_encoder_copies_the_unwrapped_model(st_folder):  # noqa: F811
+    """The trainer may put a wrapped model into `loss.model` (DDP, DataParallel): the momentum copy is the
+    SentenceTransformer under it, and its parameters follow the model's by name."""
+    model = SentenceTransformer(str(st_folder), device="cpu")
+    loss = SimCSELoss(model, "infonce", queue_size=QUEUE, momentum=0.5)
+    loss.queue.advanced = True  # SimCSECallback's part, done by hand here
+    loss.model = torch.nn.DataParallel(model)  # no device: it calls the model itself
+    model.train()
+    loss([model.tokenize(texts()[:4]), model.tokenize(texts()[:4])])
+    assert type(loss.queue.encoder.model) is SentenceTransformer
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    before = {n: p.clone() for n, p in loss.queue.encoder.model.named_parameters()}
+    loss.queue.step_end(model)
+    for name, p in loss.queue.encoder.model.named_parameters():
+        torch.testing.assert_close(p, 0.5 * before[name] + 0.5 * dict(model.named_parameters())[name])
+    assert loss.queue.entries().embeddings.shape == (QUEUE, 32) and loss.queue.queue.position == 4
