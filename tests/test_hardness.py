@@ -43,10 +43,16 @@ def test_simcse_form_equals_mnrl_hardness_in_batch_negatives(strength):
     ours = SimCSELoss(model, "hardness", strength=strength, contrast_form="simcse", temperature=T)
     want = value_and_grads(mnrl.compute_loss_from_embeddings([anchors, positives], None), [anchors, positives])
     got = value_and_grads(ours.compute_loss_from_embeddings([anchors, positives]), [anchors, positives])
-    plain = SimCSELoss(model, "infonce", contrast_form="simcse", temperature=T)
-    assert plain.compute_loss_from_embeddings([anchors, positives]) < got[0]  # the term acts
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    # without the term: SimCSE's own loss is MNRL's default
+    plain = value_and_grads(SimCSELoss(model, "infonce", contrast_form="simcse", temperature=T)
+                            .compute_loss_from_embeddings([anchors, positives]), [anchors, positives])  # fmt: skip
+    default = value_and_grads(MultipleNegativesRankingLoss(model, scale=1 / T).compute_loss_from_embeddings(
+        [anchors, positives], None), [anchors, positives])  # fmt: skip
+    for w, g in zip(default, plain):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    assert plain[0] < got[0]  # the term acts
 
 
 def reference_hardness(z: torch.Tensor, strength: float, queue: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:

@@ -65,19 +65,24 @@ def losses(trainer) -> list[float]:
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9], ids=["memory-bank", "momentum"])
-def test_the_loss_per_step_is_simcse_hns_own_trainers(momentum, st_folder, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("momentum, accumulation", [(0.0, 1), (0.9, 1), (0.9, 2)],
+                         ids=["memory-bank", "momentum", "momentum-accumulation"])  # fmt: skip
+def test_the_loss_per_step_is_simcse_hns_own_trainers(momentum, accumulation, st_folder, tmp_path):  # noqa: F811
+    """Gradient accumulation: both micro-batches of a step see the queue of the step's start, and both enqueue at
+    its end, in both trainers."""
     model = SimCSEModel.from_pretrained(str(st_folder), pooler="avg")
+    steps = {"per_device_train_batch_size": BATCH // accumulation, "gradient_accumulation_steps": accumulation}
     args = SimCSETrainingArguments(output_dir=str(tmp_path / "simcse"), loss="hcl", temperature=0.05,
                                    queue_size=QUEUE, momentum=momentum, eval_strategy="no", save_strategy="no",
-                                   load_best_model_at_end=False, metric_for_best_model=None, **SETTINGS)  # fmt: skip
+                                   load_best_model_at_end=False, metric_for_best_model=None,
+                                   **{**SETTINGS, **steps})  # fmt: skip
     dataset = datasets.Dataset.from_dict({"text": texts()})
     tokenizer = SentenceTransformer(str(st_folder), device="cpu").tokenizer
     own = SimCSETrainer(model=model, args=args, loss_fn=build_loss("hcl", temperature=0.05, beta=0.5),
                         train_dataset=dataset, data_collator=SimCSECollator(tokenizer, 128))  # fmt: skip
     own.train_sampler = lambda *a, **k: Sequential(dataset)  # the same batch order as below
     own.train()
-    theirs, loss = st_run(st_folder, tmp_path / "st", momentum)
+    theirs, loss = st_run(st_folder, tmp_path / "st", momentum, **steps)
     want, got = losses(own), losses(theirs)
     assert len(want) == len(got) == STEPS and want[0] < want[-1]  # the queue's negatives raise the loss
     assert got == pytest.approx(want, rel=2e-4)
