@@ -45,6 +45,7 @@ CASES = {
     "dcl": lambda: build_loss("dcl", temperature=0.05),
     "hcl": lambda: build_loss("hcl", temperature=0.05, beta=0.5, tau_plus=0.01),
     "hcl_beta0": lambda: build_loss("hcl", temperature=0.05, beta=0.0),
+    "hardness": lambda: build_loss("hardness", temperature=0.05, strength=9.0),
     "progcl_weight_full": lambda: build_loss("progcl", temperature=0.05, fit_pairs=0),
     "progcl_weight_sampled": lambda: build_loss("progcl", temperature=0.05, fit_pairs=50),
     "progcl_weight_warm_start": lambda: build_loss("progcl", temperature=0.05, warm_start=True),

@@ -177,6 +177,7 @@ EDGE_LOSSES = {
     "dcl": lambda: build_loss("dcl", temperature=0.05, tau_plus=0.1),
     "hcl_beta4": lambda: build_loss("hcl", temperature=0.05, beta=4.0, tau_plus=0.0),
     "hcl_debiased": lambda: build_loss("hcl", temperature=0.05, beta=0.1, tau_plus=0.1),
+    "hardness": lambda: build_loss("hardness", temperature=0.05, strength=9.0),
     "progcl_weight": lambda: build_loss("progcl", temperature=0.05, mode="weight"),
     "progcl_mix": lambda: build_loss("progcl", temperature=0.05, mode="mix"),
     "unremix_head": lambda: build_loss("unremix", temperature=0.05, beta=4.0, gradient="head"),
@@ -206,7 +207,8 @@ def test_edge_cases_are_finite(name, case):
     positive_index, negative_mask = symmetric_targets(8)
     features = torch.randn(8, 12).requires_grad_(True)  # the head inputs h, for UnReMix's "head" gradient
     a = z.clone().requires_grad_(True)
-    out = EDGE_LOSSES[name]().compute(a, square_targets(8), LossContext(candidate_features=features))
+    loss_fn = EDGE_LOSSES[name]()
+    out = loss_fn.compute(a, square_targets(8), LossContext(candidate_features=features))
     out.loss.backward()
     assert torch.isfinite(out.loss)
     assert torch.isfinite(a.grad).all()
@@ -216,7 +218,8 @@ def test_edge_cases_are_finite(name, case):
         assert torch.isfinite(out.weights).all() and (out.weights >= 0).all()
     if case == "collapsed":
         n = negative_mask.sum(dim=1)[0].item()
-        assert out.loss.item() == pytest.approx(math.log(1 + n), rel=1e-5)
+        raised = getattr(loss_fn, "strength", 0.0)  # hardness: every negative's logit + strength x cosine 1
+        assert out.loss.item() == pytest.approx(math.log(1 + n * math.exp(raised)), rel=1e-5)
 
 
 @pytest.mark.parametrize("name", list(EDGE_LOSSES))
