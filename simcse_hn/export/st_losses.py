@@ -121,8 +121,7 @@ class SimCSELoss(nn.Module):
             gather=self.gather_across_devices,
             step=step if self.max_steps is not None else None,
             max_steps=self.max_steps,
-            text_ids=None if self.queue is None else self.queue.text_ids,
-            queue=None if self.queue is None else self.queue.entries(),
+            **({} if self.queue is None else self.queue.for_step(rows.device)),
         )
         if self.model.training:
             if self.queue is not None:

@@ -78,6 +78,10 @@ class SentenceQueue(QueueRun):
             anchors, positives = (token_text_ids(f) for f in features)
             self.text_ids = torch.stack([anchors, positives], dim=1).reshape(-1)
 
+    def for_step(self, device: torch.device) -> dict:
+        """contrastive_loss's text_ids (the rows', on the embeddings' device: a gather needs them there) and queue."""
+        return {"text_ids": None if self.text_ids is None else self.text_ids.to(device), "queue": self.entries()}
+
     def remember_anchors(self, model: nn.Module, rows: Tensor) -> None:
         """rows (2B, D): the step's rows [a_0, p_0, ...]; the anchors' entries wait for the optimizer step."""
         if not self.advanced:
@@ -210,12 +214,14 @@ class TopicBatches:
         return self.samplers[-1]
 
 
-def resumed_checkpoint(args, state) -> str | None:
+def resumed_checkpoint(args, state, required: bool = True) -> str | None:
     """The checkpoint a run resumes from (its state says the step; the Trainer tells callbacks no path): the one of
-    output_dir at that step; ConfigError when there is none."""
+    output_dir at that step; ConfigError when there is none and it is `required`."""
     if not state.global_step:
         return None
     folder = checkpoint_path(args.output_dir, state.global_step)
+    if not os.path.isdir(folder) and not required:
+        return None
     if not os.path.isdir(folder):
         raise ConfigError(f"SimCSECallback: resuming at step {state.global_step}, but output_dir has no "
                           f"{os.path.basename(folder)}: resume from a checkpoint of output_dir")  # fmt: skip
@@ -240,7 +246,7 @@ class SimCSECallback(TrainerCallback):
         if self.batches is not None:
             self.sampler = self._train_sampler(train_dataloader)
             self.sampler.model = model
-        checkpoint = resumed_checkpoint(args, state)
+        checkpoint = resumed_checkpoint(args, state, required=self.queue is not None or self.sampler is not None)
         if checkpoint is not None:
             self.load_state(checkpoint, args.device)
         elif self.sampler is not None and self.sampler.topic is None:
