@@ -6,6 +6,8 @@ and what cannot work is refused in one line."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import datasets
 import pytest
@@ -157,3 +159,28 @@ def test_the_momentum_encoder_copies_the_unwrapped_model(st_folder):  # noqa: F8
     for name, p in loss.queue.encoder.model.named_parameters():
         torch.testing.assert_close(p, 0.5 * before[name] + 0.5 * dict(model.named_parameters())[name])
     assert loss.queue.entries().embeddings.shape == (QUEUE, 32) and loss.queue.queue.position == 4
+
+
+@pytest.mark.multiprocess
+def test_two_processes_give_one_process_on_the_global_batch(st_folder, tmp_path):  # noqa: F811
+    """The queue (momentum encoder) and topic batches under two processes (gloo): each process's batch is its share of
+    the window, the entries are gathered in rank order, so the run is one process's on the global batch: the same
+    losses, weights, queue and clusters (to float32 rounding: the processes sum their gradients in another order)."""
+    from dist_worker_st import train
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               os.path.join(os.path.dirname(__file__), "dist_worker_st.py"), str(st_folder),
+               str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"st_rank{r}.pt", weights_only=True) for r in (0, 1)]
+    one = train(str(st_folder), str(tmp_path / "one"), 1)
+    assert len(one["losses"]) == 4
+    for run in ranks:
+        assert run["losses"] == pytest.approx(one["losses"], rel=1e-5)
+        assert torch.equal(run["schedule"], one["schedule"])
+        for name, value in one["weights"].items():
+            torch.testing.assert_close(run["weights"][name], value, rtol=1e-5, atol=5e-5, msg=name)
+        for key, value in one["queue"].items():
+            torch.testing.assert_close(run["queue"][key], value, rtol=1e-5, atol=5e-5, msg=key)
