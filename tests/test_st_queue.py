@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import datasets
 import pytest
@@ -21,7 +22,7 @@ from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
 from simcse_hn.data.collator import SimCSECollator
 from simcse_hn.errors import ConfigError
 from simcse_hn.export.st_losses import SimCSELoss
-from simcse_hn.export.st_training import SimCSECallback
+from simcse_hn.export.st_training import SimCSECallback, resumed_checkpoint
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.training.queue import QUEUE_FILE
@@ -139,6 +140,11 @@ def test_what_cannot_be_exact_is_refused_in_one_line(st_folder, tmp_path):  # no
         trainer.train()
     with pytest.raises(ValueError, match="momentum needs a queue"):
         SimCSELoss(model, "infonce", momentum=0.9)
+    # the Trainer tells callbacks the step it resumes at, not the folder: one outside output_dir is refused
+    resumed = SimpleNamespace(global_step=3)
+    with pytest.raises(ConfigError, match="resuming at step 3, but output_dir has no checkpoint-3"):
+        resumed_checkpoint(SimpleNamespace(output_dir=str(tmp_path)), resumed)
+    assert resumed_checkpoint(SimpleNamespace(output_dir=str(tmp_path)), resumed, required=False) is None
 
 
 def test_the_momentum_encoder_copies_the_unwrapped_model(st_folder):  # noqa: F811

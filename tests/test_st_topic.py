@@ -53,7 +53,7 @@ def run(folder, output_dir, batches, callbacks=(), resume=False, **overrides):
 def clusters_of(batches: TopicBatches, trained: list[list[int]], step: int = 0) -> list[set[int]]:
     """The clusters (of the assignment in force from `step`) of each trained batch's anchors."""
     sampler = batches.samplers[-1]
-    ids = token_text_ids(SentenceTransformer.tokenize(sampler.model, pairs()["anchor"])).tolist()
+    ids = token_text_ids(SentenceTransformer.tokenize(sampler.model, sampler.dataset["anchor"])).tolist()
     assignment = max((e for e in sampler.topic.schedule if e.step <= step), key=lambda e: e.step).assignment
     cluster = dict(zip(ids, assignment.tolist()))
     return [{cluster[i] for i in batch} for batch in trained]
@@ -102,3 +102,25 @@ def test_topic_settings_are_refused_in_one_line(st_folder, tmp_path):  # noqa: F
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs(), loss=SimCSELoss(model))
     with pytest.raises(ConfigError, match=r"^TopicBatches clusters with the model being trained: pass callbacks="):
         trainer.train()
+
+
+def test_no_duplicates_and_a_clustering_encoder_of_its_own(st_folder, tmp_path):  # noqa: F811
+    """Each anchor twice: one cluster gathers both copies, so batches repeat texts unless `no_duplicates`. With an
+    `encoder` the sampler clusters without the callback."""
+    doubled = datasets.concatenate_datasets([pairs(32), pairs(32)])
+    encoder = SentenceTransformer(str(st_folder), device="cpu")
+    repeats = {}
+    for no_duplicates in (False, True):
+        batches = TopicBatches(clusters=4, encoder=encoder, no_duplicates=no_duplicates)
+        model = SentenceTransformer(str(st_folder), device="cpu")
+        loss = Recording(model, "infonce", temperature=0.05)
+        loss.batches = []
+        args = SentenceTransformerTrainingArguments(
+            output_dir=str(tmp_path / str(no_duplicates)), max_steps=6, per_device_train_batch_size=BATCH,
+            report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", batch_sampler=batches,
+        )  # fmt: skip
+        SentenceTransformerTrainer(model=model, args=args, train_dataset=doubled, loss=loss).train()
+        batches.samplers[-1].model = encoder  # for clusters_of's tokenizer only
+        assert all(len(c) == 1 for c in clusters_of(batches, loss.batches))
+        repeats[no_duplicates] = sum(len(batch) - len(set(batch)) for batch in loss.batches)
+    assert repeats[False] > 0 and repeats[True] == 0
