@@ -27,7 +27,7 @@ from simcse_hn.errors import ConfigError, DataError
 from simcse_hn.export.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
 from simcse_hn.export.model_card import base_model_license, card_is_ours, write_model_card
 from simcse_hn.files import CARD, source_record
-from simcse_hn.losses.registry import portable_loss_name
+from simcse_hn.losses.registry import flag_prefix, portable_loss_name
 from simcse_hn.modeling.loading import (
     check_pooler,
     has_dropout,
@@ -42,13 +42,13 @@ from simcse_hn.provenance import code_identity, data_sha256
 from simcse_hn.training import distributed
 from simcse_hn.training.checkpoints import (
     check_output_dir,
-    check_resumed_objective,
     checkpoint_run_id,
     claim_output_dir,
     new_run_id,
     resolve_resume,
 )
 from simcse_hn.training.process_exit import finish
+from simcse_hn.training.resumed import check_resumed_objective, check_resumed_settings
 from simcse_hn.training.trainer import SimCSETrainer
 
 logger = logging.getLogger("simcse_hn.train")
@@ -153,7 +153,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         tokenizer = load_tokenizer(model_args.model_name_or_path)
     checkpoint = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     if checkpoint is not None:
-        check_resumed_objective(checkpoint, training_args.loss)
+        check_resumed_objective(checkpoint, training_args.loss, training_args.objective.record())
         logger.info("resuming from %s", checkpoint)
     run_id = _prepare_output_dir(training_args, checkpoint)
 
@@ -190,21 +190,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     logger.info("%s training %s, %s STS dev pairs", count, unit, dev)
     guide = load_guide(guide_path) if guide_path is not None else None
 
-    transformers.set_seed(training_args.seed)  # the MLP head and any new weights start the same in every run
-    model = SimCSEModel.from_pretrained(
-        model_args.model_name_or_path,
-        pooler=model_args.pooler,
-        mlp_only_train=model_args.mlp_only_train,
-        dropout=model_args.dropout,
-        dtype=torch.float32,  # master weights (a decoder's checkpoint is often bf16): --bf16 / --fp16 for autocast
-    )
-    if model_args.lora_r is not None:
-        model.add_lora(model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout,
-                       model_args.lora_target_modules)  # fmt: skip
-    eval_max_length = data_args.eval_max_seq_length or model_max_length(model.config, tokenizer)
-    inference_length = model_args.inference_max_seq_length or inference_max_length(
-        model_args.model_name_or_path, model.config, tokenizer
-    )
+    # the run's record (simcse_config.json, in every checkpoint): a resume must repeat what shapes batches and loss
     simcse_config = {
         "base_model": source_record(base_model),
         "base_model_license": base_model_license(model_args.model_name_or_path),
@@ -213,8 +199,6 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "objective": training_args.objective.record(),  # its texts, for the card: never imported back
         "contrast_form": training_args.contrast_form,
         "max_seq_length": data_args.max_seq_length,
-        "eval_max_seq_length": eval_max_length,
-        "inference_max_seq_length": inference_length,
         "seed": training_args.seed,
         "train_file": source_record(data_args.train_source),
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
@@ -225,6 +209,10 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "train_data_sha256": training_data_sha256(data_args, train_dataset),  # simcse_hn.provenance
         "code": code_identity(),
     }
+    if training_args.data_seed is not None:
+        simcse_config["data_seed"] = training_args.data_seed
+    if not data_args.streaming:  # the examples read: max_train_samples and drop_duplicates shape the corpus too
+        simcse_config["train_examples"] = count
     if data_args.streaming:
         simcse_config["streaming"] = {"shuffle_buffer": data_args.streaming_shuffle_buffer}
     if data_args.word_repetition:
@@ -251,6 +239,26 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         simcse_config["queue"] = {"size": training_args.queue_size, "momentum": training_args.momentum}
     if training_args.no_duplicates is not None or data_format == "pairs":
         simcse_config["no_duplicates"] = training_args.no_duplicates is not False
+    if checkpoint is not None:  # before any model loads: one line naming a setting the resume would change
+        cls = training_args.objective.cls
+        flags = {key: f"{flag_prefix(cls)}_{key}" for key in training_args.loss_kwargs()} if flag_prefix(cls) else {}
+        check_resumed_settings(checkpoint, simcse_config, flags)
+    transformers.set_seed(training_args.seed)  # the MLP head and any new weights start the same in every run
+    model = SimCSEModel.from_pretrained(
+        model_args.model_name_or_path,
+        pooler=model_args.pooler,
+        mlp_only_train=model_args.mlp_only_train,
+        dropout=model_args.dropout,
+        dtype=torch.float32,  # master weights (a decoder's checkpoint is often bf16): --bf16 / --fp16 for autocast
+    )
+    if model_args.lora_r is not None:
+        model.add_lora(model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout,
+                       model_args.lora_target_modules)  # fmt: skip
+    eval_max_length = data_args.eval_max_seq_length or model_max_length(model.config, tokenizer)
+    inference_length = model_args.inference_max_seq_length or inference_max_length(
+        model_args.model_name_or_path, model.config, tokenizer
+    )
+    simcse_config.update(eval_max_seq_length=eval_max_length, inference_max_seq_length=inference_length)
     guide_tokenize = guide.tokenize if guide is not None else None
     if data_format == "pairs":
         collator = PairCollator(tokenizer, data_args.max_seq_length, num_negatives(train_dataset), guide_tokenize)

@@ -22,7 +22,14 @@ from typing import Any
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.base import ContrastiveLoss
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option_fields
-from simcse_hn.losses.registry import BUILTIN, ObjectiveError, flag_prefix, objective_class_path, resolve_objective
+from simcse_hn.losses.registry import (
+    BUILTIN,
+    ObjectiveError,
+    flag_prefix,
+    objective_class_path,
+    objective_source,
+    resolve_objective,
+)
 
 
 def _flag_fields() -> list[tuple[str, Any, dataclasses.Field[Any]]]:
@@ -64,7 +71,9 @@ class ResolvedObjective:
     flags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # option -> the flag it came from
 
     def record(self) -> dict[str, Any]:
-        """What simcse_config.json and the card say of it: plain data, never imported back."""
+        """What simcse_config.json and the card say of it: plain data, never imported back. A user's objective adds
+        its file (`file`: the path as given, or its folder and name: registry.objective_file_record) and the sha256
+        of its bytes, which a resume compares."""
         return {
             "name": self.cls.name or self.cls.__qualname__,
             "title": self.cls.display_name(),
@@ -72,6 +81,7 @@ class ResolvedObjective:
             "options": self.options.as_dict(),
             "summary": self.cls.summary,
             "citation": self.cls.citation,
+            **(objective_source(self.cls) or {}),
         }
 
 

@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 
 from simcse_hn.export.model_card import model_card, update_card_sts
 from simcse_hn.files import CARD, MANIFEST, SIMCSE_CONFIG, STS_RESULTS, read_json, recorded_files
+from simcse_hn.training.checkpoints import manifest_problem
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +110,10 @@ def push_to_hub(output_dir: str, target: HubTarget, commit_message: str = "Uploa
 
 
 class CheckpointPush(TrainerCallback):
-    """`hub_strategy: every_save`: after each checkpoint is written, push its model files (its manifest) to the
-    repo, so a long run can be followed on the Hub; the finished folder is pushed at the end as always. A failed push
-    is a warning here (training goes on); the final push reports its own error."""
+    """`hub_strategy: every_save`: after each checkpoint is written whole (its manifest written last: register this
+    callback after training.checkpoints.CheckpointCommit), push its model files (its manifest) to the repo, so a
+    long run can be followed on the Hub; the finished folder is pushed at the end as always. A checkpoint that is not
+    whole is not pushed; a failed push is a warning here (training goes on); the final push reports its own error."""
 
     def __init__(self, target: HubTarget):
         self.target = target
@@ -120,6 +122,10 @@ class CheckpointPush(TrainerCallback):
         if not state.is_world_process_zero:
             return
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        problem = manifest_problem(folder, verify_hashes=False)
+        if problem is not None:
+            logger.warning("%s is not pushed: %s", folder, problem)
+            return
         try:
             push_to_hub(folder, self.target, commit_message=f"Checkpoint at step {state.global_step}")
         except HubError as e:

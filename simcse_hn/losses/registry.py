@@ -8,6 +8,7 @@ user passes go through `resolve_objective`; nothing that loads a saved folder do
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -61,7 +62,8 @@ def resolve_objective(name: str) -> type[ContrastiveLoss]:
     if name in installed:
         return _checked(installed[name].load(), name)
     known = ", ".join([*BUILTIN, *sorted(installed)])
-    raise ObjectiveError(f"unknown loss {name!r}; choose one of {known}, or a class of yours as module:Class")
+    raise ObjectiveError(f"unknown loss {name!r}; choose one of {known}, or a class of yours as "
+                         "path/to/file.py:Class or package.module:Class")
 
 
 def _import(module_name: str, name: str) -> Any:
@@ -74,24 +76,83 @@ def _import(module_name: str, name: str) -> Any:
             spec = importlib.util.spec_from_file_location(key, path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
-            # what records name: never this machine's folder
+            # what records name (never this machine's absolute path): the file's name, and with its folder
             module.__objective_file__ = os.path.basename(path)  # type: ignore[attr-defined]  # a new module attribute
+            module.__objective_path__ = objective_file_record(module_name)  # type: ignore[attr-defined]
             sys.modules[key] = module
             try:
                 spec.loader.exec_module(module)
             except Exception as e:
                 del sys.modules[key]
-                raise ObjectiveError(f"{name!r}: importing {module_name} failed: {type(e).__name__}: {e}") from None
+                raise ObjectiveError(f"{name!r}: importing {_where(e, path, module_name)} failed: "
+                                     f"{type(e).__name__}: {_first_line(e)}") from None  # fmt: skip
         return sys.modules[key]
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         raise ObjectiveError(
-            f"{name!r}: {e} (name a file, e.g. ./{module_name.replace('.', '/')}.py:Class, or put its folder on "
-            "PYTHONPATH)"
+            f"{name!r}: {e} (name your class as path/to/file.py:Class, or as package.module:Class with the package's "
+            "folder on PYTHONPATH)"
         ) from None
     except Exception as e:
-        raise ObjectiveError(f"{name!r}: importing {module_name} failed: {type(e).__name__}: {e}") from None
+        source = getattr(e, "filename", None) or _module_file(e) or module_name
+        raise ObjectiveError(f"{name!r}: importing {_where(e, source, source)} failed: "
+                             f"{type(e).__name__}: {_first_line(e)}") from None  # fmt: skip
+
+
+def _module_file(error: BaseException) -> str | None:
+    """The file of the innermost module body that `error` passed through (the module being imported)."""
+    found, tb = None, error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "<module>":
+            found = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return found
+
+
+def _where(error: BaseException, path: str, shown: str) -> str:
+    """`shown:LINE`, the line of file `path` that `error` came from (a SyntaxError's own, else the innermost frame
+    in that file), or `shown` when no frame is in it."""
+    if isinstance(error, SyntaxError) and error.filename and os.path.abspath(error.filename) == os.path.abspath(path):
+        return f"{shown}:{error.lineno}"
+    line, tb = None, error.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return shown if line is None else f"{shown}:{line}"
+
+
+def _first_line(error: BaseException) -> str:
+    if isinstance(error, SyntaxError):
+        return error.msg
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def objective_file_record(module_name: str) -> str:
+    """How records name an objective's file: the path as given when it is relative (`path/to/focal.py`), the parent
+    folder and the file's name when it is absolute (`users_code/focal.py`): never a machine's absolute path."""
+    if not os.path.isabs(module_name):
+        return module_name.replace(os.sep, "/")
+    parent, base = os.path.split(os.path.normpath(module_name))
+    return f"{os.path.basename(parent)}/{base}" if os.path.basename(parent) else base
+
+
+def objective_source(cls: type[ContrastiveLoss]) -> dict[str, str] | None:
+    """A user's objective's file as records name it (`objective_file_record`) and the sha256 of its bytes, which a
+    resume compares (so the file may move, not change); None for a class without a file (a built-in's is the
+    package's code)."""
+    if cls.name in BUILTIN and BUILTIN[cls.name] is cls:
+        return None
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    if not file or not os.path.isfile(file):
+        return None
+    with open(file, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    shown = getattr(module, "__objective_path__", None) or cls.__module__.replace(".", "/") + ".py"
+    return {"file": shown, "sha256": digest}
 
 
 def _checked(cls: Any, name: str) -> type[ContrastiveLoss]:

@@ -14,7 +14,8 @@ from torch import Tensor
 from transformers import TrainerCallback
 
 from simcse_hn.data.sampling import NoDuplicatesSampler
-from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, TopicBatchSampler
+from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler
+from simcse_hn.errors import ConfigError
 from simcse_hn.losses.registry import flag_prefix
 from simcse_hn.training import distributed
 from simcse_hn.training.checkpoints import checkpoint_path, rotate_checkpoints
@@ -114,8 +115,9 @@ class SamplerState(TrainerCallback):
     """Keeps the training sampler (`sampler`, set by whoever builds it) in step with the run. At each epoch's start it
     sets the sampler's epoch: accelerate's `set_epoch` does not reach a sampler under the batch-skipping wrapper of a
     resumed multi-process run, and the Trainer's state says the epoch in every case (a resumed run's state.epoch is
-    the checkpoint's, e.g. 1.5 -> epoch 1). At each save a topic sampler's assignments in force go into the checkpoint
-    (TOPIC_CLUSTERS_FILE), so a resumed run draws the batches of the uninterrupted one."""
+    the checkpoint's, e.g. 1.5 -> epoch 1). A topic sampler's assignments in force are a part of each checkpoint
+    (TOPIC_CLUSTERS_FILE, written by training.checkpoints.CheckpointCommit), so a resumed run draws the batches of the
+    uninterrupted one."""
 
     def __init__(self):
         self.sampler: NoDuplicatesSampler | TopicBatchSampler | None = None
@@ -124,10 +126,26 @@ class SamplerState(TrainerCallback):
         if self.sampler is not None:
             self.sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
 
-    def on_save(self, args, state, control, **kwargs):
-        if isinstance(self.sampler, TopicBatchSampler) and args.should_save:
-            folder = checkpoint_path(args.output_dir, state.global_step)
+    def checkpoint_files(self) -> list[str]:
+        return [TOPIC_CLUSTERS_FILE] if isinstance(self.sampler, TopicBatchSampler) else []
+
+    def save_checkpoint(self, folder: str) -> None:
+        if isinstance(self.sampler, TopicBatchSampler):
             torch.save([entry.as_dict() for entry in self.sampler.schedule], os.path.join(folder, TOPIC_CLUSTERS_FILE))
+
+
+def resumed_topic_schedule(checkpoint, topic_batches: bool) -> list[InForce] | None:
+    """The topic assignments in force that `checkpoint` (a folder; anything else: not resuming) saved, for a run with
+    `topic_batches`; None for a run without. A checkpoint and a run that disagree on topic batches are refused in one
+    line (ConfigError): a resume never switches between topic and random batches."""
+    if not isinstance(checkpoint, str):
+        return None
+    path, name = os.path.join(checkpoint, TOPIC_CLUSTERS_FILE), os.path.basename(os.path.normpath(checkpoint))
+    if topic_batches != os.path.isfile(path):
+        trained, now = ("without", "with") if topic_batches else ("with", "without")
+        raise ConfigError(f"topic_batches: {name} was trained {trained} topic batches ({TOPIC_CLUSTERS_FILE}); this "
+                          f"run is {now}")  # fmt: skip
+    return [InForce(**entry) for entry in torch.load(path)] if topic_batches else None
 
 
 class Recluster(TrainerCallback):
@@ -147,9 +165,9 @@ class RotateCheckpoints(TrainerCallback):
     """`save_total_limit` (`limit`) over the checkpoints of run family `run_id` only (simcse_hn.training.checkpoints).
     transformers' own rotation deletes any `checkpoint-*` folder of output_dir, whoever wrote it: SimCSETrainer keeps
     the limit from the Trainer and gives it to this callback. After each save, the oldest checkpoints of the family
-    beyond the limit go, never the one just written nor the best (deleted only once the new one is complete: the
-    Trainer writes trainer_state.json before on_save). At the end of training, as transformers does, a limit of 1
-    keeps the best checkpoint only."""
+    beyond the limit go, never the one just written, the best, nor the newest whole one. Registered after
+    CheckpointCommit, it rotates once the new checkpoint's manifest is written. At the end of training, as
+    transformers does, a limit of 1 keeps the best checkpoint only."""
 
     def __init__(self, limit: int | None, run_id: str):
         self.limit, self.run_id = limit, run_id

@@ -6,30 +6,43 @@ run resumes from, and which checkpoints rotation may delete.
 * Every checkpoint records that id as `run_id` in its `simcse_config.json`. Resume and rotation consider only the
   checkpoints of the folder's family: a `checkpoint-*` folder that another tool, run or person put there is neither
   loaded nor deleted.
-* A checkpoint is complete when its `trainer_state.json` parses and every weight and state file in it is whole
-  (safetensors: the header parses and the file is as long as the header says; torch files: the zip archive ends).
-  The Trainer writes `trainer_state.json` last, so a kill while saving leaves a checkpoint without it; rotation
-  deletes old checkpoints only after a new one is complete, so the previous complete one is still there.
+* A checkpoint is one unit: it is whole once its manifest (CHECKPOINT_MANIFEST: every file's name, size and sha256)
+  is written, and `CheckpointCommit`, registered after every callback that writes into a checkpoint, writes it last.
+  The Trainer writes its own files first (save_model, optimizer, scheduler, RNG, trainer_state.json: in
+  transformers 5.x `_save_checkpoint` runs before any callback's on_save), then the callbacks' parts (queue, topic
+  clusters), then the manifest: a kill anywhere before leaves a checkpoint without one, which is never resumed from.
+  Rotation runs after the manifest and never deletes the newest whole checkpoint; a checkpoint push runs after it.
+* A checkpoint written before manifests (its simcse_config.json does not name CHECKPOINT_MANIFEST) is whole when
+  its trainer_state.json parses, every weight and state file in it is whole (safetensors: the header parses and the
+  file is as long as the header says; torch files: the zip archive ends) and every file its run needs is there.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import shutil
 import uuid
 import zipfile
+from collections.abc import Iterable
+from typing import Protocol
 
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE
 from simcse_hn.errors import ConfigError
 from simcse_hn.files import RUN_MARKER, SIMCSE_CONFIG, checkpoints_by_step, read_json, safetensors_problem
-from simcse_hn.losses.registry import portable_loss_name
 
 logger = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.json"
+CHECKPOINT_MANIFEST = "checkpoint_manifest.json"  # written last: a checkpoint without it is not whole
+QUEUE_FILE = "negative_queue.pt"  # a queue run's checkpoints: the queue, its position, the momentum encoder
 _TORCH_FILES = (".pt", ".pth", ".bin")  # torch.save's zip archives: optimizer, scheduler, RNG, training arguments
 
 
@@ -57,19 +70,9 @@ def checkpoint_run_id(checkpoint: str) -> str | None:
     return config.get("run_id") if isinstance(config, dict) else None
 
 
-def check_resumed_objective(checkpoint: str, loss: str) -> None:
-    """A checkpoint resumes only under the objective it was trained with, named again (`--loss`): a user's objective
-    is code the checkpoint never imports. Raises ConfigError (one line)."""
-    config = _read_json(os.path.join(checkpoint, SIMCSE_CONFIG))
-    trained = config.get("loss") if isinstance(config, dict) else None
-    if trained is not None and trained != portable_loss_name(loss):
-        raise ConfigError(f"loss: {os.path.basename(checkpoint)} was trained with --loss {trained}; name it again "
-                          f"to resume (this run names --loss {loss})")  # fmt: skip
-
-
-def checkpoint_problem(checkpoint: str, run_id: str | None = None) -> str | None:
-    """Why `checkpoint` cannot be resumed from (one phrase), or None when it is complete and of family `run_id`
-    (any simcse-hn family when `run_id` is None)."""
+def checkpoint_problem(checkpoint: str, run_id: str | None = None, verify_hashes: bool = True) -> str | None:
+    """Why `checkpoint` cannot be resumed from (one phrase), or None when it is whole and of family `run_id` (any
+    simcse-hn family when `run_id` is None). `verify_hashes` False: the manifest's sizes only (rotation's check)."""
     if not os.path.isfile(os.path.join(checkpoint, TRAINER_STATE)):
         return f"no {TRAINER_STATE} (the run stopped while writing it)"
     family = checkpoint_run_id(checkpoint)
@@ -91,7 +94,115 @@ def checkpoint_problem(checkpoint: str, run_id: str | None = None) -> str | None
                 return problem
         elif name.endswith(_TORCH_FILES) and not zipfile.is_zipfile(path):
             return f"{name} is truncated (not a whole torch archive)"
+    config = _read_json(os.path.join(checkpoint, SIMCSE_CONFIG))
+    if config.get("checkpoint_manifest") or CHECKPOINT_MANIFEST in names:
+        return manifest_problem(checkpoint, verify_hashes)
+    missing = [name for name in run_files(config) if not os.path.isfile(os.path.join(checkpoint, name))]
+    if missing:  # written before manifests: whole when every file its run needs is there
+        return f"no {missing[0]} (its run needs it; written before checkpoints had a {CHECKPOINT_MANIFEST})"
     return None
+
+
+def run_files(config: dict) -> list[str]:
+    """The files beyond the Trainer's that a checkpoint of the run recorded in `config` (its simcse_config.json)
+    needs: the queue's and the topic clusters'."""
+    return [QUEUE_FILE] * bool(config.get("queue")) + [TOPIC_CLUSTERS_FILE] * bool(config.get("topic_batches"))
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _checkpoint_files(folder: str) -> list[str]:
+    """Every file under `folder` (paths relative to it, '/'-separated), but the manifest and its temporary file."""
+    found = []
+    for root, _, names in os.walk(folder):
+        found += [os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/") for name in names]
+    return sorted(name for name in found if name not in (CHECKPOINT_MANIFEST, CHECKPOINT_MANIFEST + ".tmp"))
+
+
+def write_checkpoint_manifest(folder: str, step: int | None = None) -> dict:
+    """Commit `folder` as a whole checkpoint: CHECKPOINT_MANIFEST lists every file in it (name, size, sha256) and the
+    optimizer `step`. Written to a temporary file, flushed to disk and renamed, so it is there whole or not at all.
+    Call it once every part of the checkpoint is written (`CheckpointCommit` does). Returns the manifest."""
+    files = {}
+    for name in _checkpoint_files(folder):
+        path = os.path.join(folder, name)
+        files[name] = {"size": os.path.getsize(path), "sha256": file_sha256(path)}
+    manifest = {"written_by": "simcse-hn", "step": step, "files": files}
+    path = os.path.join(folder, CHECKPOINT_MANIFEST)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    return manifest
+
+
+def manifest_problem(folder: str, verify_hashes: bool = True) -> str | None:
+    """Why `folder` is not a whole checkpoint by its manifest (one phrase: no manifest, a listed file missing, of
+    another size or, with `verify_hashes`, another sha256), or None when it is whole."""
+    path = os.path.join(folder, CHECKPOINT_MANIFEST)
+    if not os.path.isfile(path):
+        return f"no {CHECKPOINT_MANIFEST} (the run stopped before the checkpoint was whole)"
+    manifest = _read_json(path)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return f"{CHECKPOINT_MANIFEST} does not parse"
+    for name, entry in sorted(files.items()):
+        file = os.path.join(folder, name)
+        if not os.path.isfile(file):
+            return f"{name} is missing (listed in {CHECKPOINT_MANIFEST})"
+        if os.path.getsize(file) != entry.get("size"):
+            return f"{name} is {os.path.getsize(file)} bytes, {CHECKPOINT_MANIFEST} says {entry.get('size')}"
+        if verify_hashes and file_sha256(file) != entry.get("sha256"):
+            return f"{name} is not the file {CHECKPOINT_MANIFEST} lists (another sha256)"
+    return None
+
+
+class CheckpointPart(Protocol):
+    """A part of each checkpoint beyond the Trainer's own files (a queue, a sampler's state): the file names it
+    writes (relative to the checkpoint folder) and how it writes them."""
+
+    def checkpoint_files(self) -> list[str]: ...
+
+    def save_checkpoint(self, folder: str) -> None: ...
+
+
+class CheckpointCommit(TrainerCallback):
+    """Makes each checkpoint of any transformers Trainer one unit. At on_save (after the Trainer's own files: model,
+    optimizer, scheduler, RNG, trainer_state.json) the parts (`CheckpointPart`s, given or `add_part`) write their
+    files on the saving processes; every process then waits for the others (each writes its own RNG file); then, if
+    every file the parts declare is there, the manifest (`write_checkpoint_manifest`) is written, last. Register it
+    after every callback that writes into a checkpoint in its own on_save (better: make those parts), and before any
+    callback that rotates or pushes checkpoints. `manifest_problem` says whether a checkpoint is whole."""
+
+    def __init__(self, parts: Iterable[CheckpointPart] = ()):
+        self.parts = list(parts)
+
+    def add_part(self, part: CheckpointPart) -> None:
+        self.parts.append(part)
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = checkpoint_path(args.output_dir, state.global_step)
+        if args.should_save:
+            for part in self.parts:
+                part.save_checkpoint(folder)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+        if not args.should_save:
+            return
+        declared = [name for part in self.parts for name in part.checkpoint_files()]
+        missing = [name for name in declared if not os.path.exists(os.path.join(folder, name))]
+        if missing:
+            logger.error("%s is not whole (no %s): it is not committed, and no resume reads it", folder,
+                         ", ".join(missing))  # fmt: skip
+            return
+        write_checkpoint_manifest(folder, state.global_step)
 
 
 def checkpoint_path(output_dir: str, step: int) -> str:
@@ -183,11 +294,13 @@ def claim_output_dir(output_dir: str, run_id: str) -> None:
 
 def rotate_checkpoints(output_dir: str, run_id: str | None, limit: int | None, keep: set[str | None]) -> list[str]:
     """Delete the oldest checkpoints of family `run_id` beyond `limit`, never those in `keep` (the one just written,
-    the best); returns the deleted paths. Checkpoints of other families are not counted and not touched."""
+    the best) nor the newest whole one (until the next is whole, it is the resume's); returns the deleted paths.
+    Checkpoints of other families are not counted and not touched."""
     if limit is None or limit <= 0:
         return []
-    keep = {os.path.abspath(path) for path in keep if path is not None}
     ours = family_checkpoints(output_dir, run_id)
+    whole = (path for path in reversed(ours) if checkpoint_problem(path, run_id, verify_hashes=False) is None)
+    keep = {os.path.abspath(path) for path in (*keep, next(whole, None)) if path is not None}
     kept = max(limit, sum(os.path.abspath(path) in keep for path in ours))
     deleted = []
     for path in ours:

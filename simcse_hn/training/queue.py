@@ -10,7 +10,8 @@
   every process, so the queue is the same on every rank; after the optimizer step (`QueueCallback.on_step_end`) the
   momentum encoder moves towards the new weights and the entries are enqueued: the queue changes once per optimizer
   step, never inside one (gradient accumulation and GradCache see one queue). Both are saved in every checkpoint
-  (QUEUE_FILE), never in the model folder, and restored on resume.
+  (QUEUE_FILE: a part of the checkpoint, training.checkpoints.CheckpointCommit), never in the model folder, and
+  restored on resume.
 
 What is enqueued: one entry per sentence (the first view's row of [a, a', ...]), or the positive and explicit negatives
 of each paired example (the rows that are candidates in SimCSE's supervised layout; anchors never are).
@@ -29,11 +30,10 @@ from transformers import TrainerCallback
 
 from simcse_hn.errors import ConfigError
 from simcse_hn.training import distributed
-from simcse_hn.training.checkpoints import checkpoint_path
+from simcse_hn.training.checkpoints import QUEUE_FILE
 
 logger = logging.getLogger(__name__)
 
-QUEUE_FILE = "negative_queue.pt"  # in each checkpoint: the queue, its position and the momentum encoder's weights
 EMPTY = -1  # the text id of an entry not yet written (text ids are >= 0)
 
 
@@ -228,7 +228,11 @@ class QueueRun:
         encoder = None if self.encoder is None else self.encoder.model.state_dict()
         return {"queue": self.queue.state_dict(), "momentum": self.momentum, "momentum_encoder": encoder}
 
-    def save(self, folder: str) -> None:
+    def checkpoint_files(self) -> list[str]:
+        return [QUEUE_FILE]
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Its part of a checkpoint (training.checkpoints.CheckpointPart), written before the checkpoint's manifest."""
         torch.save(self.state_dict(), os.path.join(folder, QUEUE_FILE))
 
     def restore(self, checkpoint: str, device: torch.device | str) -> None:
@@ -236,9 +240,9 @@ class QueueRun:
         trained with another queue, or none."""
         path = os.path.join(checkpoint, QUEUE_FILE)
         name = os.path.basename(os.path.normpath(checkpoint))
-        if not os.path.isfile(path):
-            raise ConfigError(f"queue_size: {name} was trained without a queue (no {QUEUE_FILE}); resume it without "
-                              "--queue_size")  # fmt: skip
+        if not os.path.isfile(path):  # a whole checkpoint of a run without a queue (checked before: resumed.py)
+            raise ConfigError(f"queue_size: {name} was trained without a queue (no {QUEUE_FILE}); this run names "
+                              f"queue_size {self.queue.size}")  # fmt: skip
         state = torch.load(path, map_location=device, weights_only=True)
         size, momentum = state["queue"]["size"], state["momentum"]
         if (size, momentum) != (self.queue.size, self.momentum):
@@ -249,8 +253,8 @@ class QueueRun:
 
 
 class QueueCallback(TrainerCallback):
-    """Enqueues after each optimizer step (QueueRun.step_end), writes QUEUE_FILE into each checkpoint, and logs the
-    queue's memory once it is allocated."""
+    """Enqueues after each optimizer step (QueueRun.step_end) and logs the queue's memory once it is allocated. (The
+    QueueRun itself is a part of every checkpoint: CheckpointCommit writes it.)"""
 
     def __init__(self, run: QueueRun):
         self.run = run
@@ -261,10 +265,6 @@ class QueueCallback(TrainerCallback):
         if not self.logged and state.is_world_process_zero:
             self.run.log_memory()
             self.logged = True
-
-    def on_save(self, args, state, control, **kwargs):
-        if args.should_save:
-            self.run.save(checkpoint_path(args.output_dir, state.global_step))
 
 
 def resume_queue(run: QueueRun | None, checkpoint, device: torch.device | str) -> None:

@@ -22,19 +22,12 @@ from simcse_hn.data.collator import GUIDE_PREFIX
 from simcse_hn.data.guide import SELF, Guide, guide_row_embeddings, load_guide
 from simcse_hn.data.sampling import NoDuplicatesSampler
 from simcse_hn.data.sts import STSPairs
-from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler, cluster_corpus
+from simcse_hn.data.topic_batches import InForce, TopicBatchSampler, cluster_corpus
+from simcse_hn.errors import ConfigError
 from simcse_hn.evaluation.dev_sentences import DevSentences
 from simcse_hn.evaluation.encoding import load_encoder, simcse_encode_fn
 from simcse_hn.losses import ContrastiveLoss, LossOutput
-from simcse_hn.training import distributed, grad_cache
-from simcse_hn.training.callbacks import (
-    ClampWarningCallback,
-    NonFiniteGradientGuard,
-    Recluster,
-    RotateCheckpoints,
-    SamplerState,
-)
-from simcse_hn.training.checkpoints import TRAINER_STATE, args_for_disk, new_run_id
+from simcse_hn.training import callbacks, checkpoints, distributed, grad_cache
 from simcse_hn.training.queue import QueueCallback, QueueRun, resume_queue
 from simcse_hn.training.step import add_to_window, contrastive_loss, window_means
 from simcse_hn.training.trainer_internals import check_trainer_internals, planned_steps
@@ -95,18 +88,23 @@ class SimCSETrainer(Trainer):
         self.truncated_sentences = 0  # of those, how many were longer than max_seq_length
         self._metric_sums: dict[str, torch.Tensor] = {}
         self._metric_count = 0
-        scaler = getattr(self.accelerator, "scaler", None)
-        self.gradient_guard = NonFiniteGradientGuard(sharded=self.is_fsdp_enabled, scaler_skips=scaler is not None)
-        self.sampler_state = SamplerState()
+        scaler = getattr(self.accelerator, "scaler", None) is not None
+        self.gradient_guard = callbacks.NonFiniteGradientGuard(sharded=self.is_fsdp_enabled, scaler_skips=scaler)
+        self.sampler_state = callbacks.SamplerState()
         # the run family every checkpoint records (simcse_config.json); train.py passes the output folder's
-        self.rotation = RotateCheckpoints(limit, self.simcse_config.setdefault("run_id", new_run_id()))
-        for callback in (self.gradient_guard, ClampWarningCallback(), self.sampler_state, self.rotation):
+        run_id = self.simcse_config.setdefault("run_id", checkpoints.new_run_id())
+        self.rotation = callbacks.RotateCheckpoints(limit, run_id)
+        self.simcse_config["checkpoint_manifest"] = checkpoints.CHECKPOINT_MANIFEST  # whole with one, written last
+        for callback in (self.gradient_guard, callbacks.ClampWarningCallback(), self.sampler_state):
             self.add_callback(callback)
         if args.topic_batches and args.topic_recluster_steps:
-            self.add_callback(Recluster(args.topic_recluster_steps, self.recluster_topics))
+            self.add_callback(callbacks.Recluster(args.topic_recluster_steps, self.recluster_topics))
         self.queue = QueueRun.for_run(args, self.group_size)  # earlier steps' embeddings as negatives, or None
         if self.queue is not None:
             self.add_callback(QueueCallback(self.queue))
+        # each checkpoint's parts, then its manifest, written last; rotation (and train.py's push) after it
+        self.add_callback(checkpoints.CheckpointCommit([self.sampler_state] + [self.queue] * (self.queue is not None)))
+        self.add_callback(self.rotation)
         self._no_duplicates_sampler: NoDuplicatesSampler | None = None
         self._topic_sampler: TopicBatchSampler | None = None
         self._topic_assignment: Tensor | None = None  # (n,) int64: each example's cluster, first made
@@ -238,8 +236,8 @@ class SimCSETrainer(Trainer):
             if self._topic_assignment is None:
                 self._topic_assignment = self._cluster(dataset, encoder=self.args.topic_encoder)
             if len(self._topic_assignment) != len(dataset):
-                raise ValueError(f"topic_batches: {len(self._topic_assignment)} cluster assignments (from the "
-                                 f"checkpoint) for {len(dataset)} training examples")  # fmt: skip
+                raise ConfigError(f"topic_batches: {len(self._topic_assignment)} cluster assignments (from the "
+                                  f"checkpoint) for {len(dataset)} training examples: another corpus")  # fmt: skip
             self._topic_sampler = TopicBatchSampler(
                 self._topic_assignment, window, self.args.topic_share, seed=seed,
                 rows=list(zip(*(dataset[c] for c in columns))), no_duplicates=self.no_duplicates,
@@ -341,7 +339,8 @@ class SimCSETrainer(Trainer):
         self.accelerator.unwrap_model(self.model).save_pretrained(
             output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config, state_dict=state_dict
         )
-        torch.save(args_for_disk(self.args, self.rotation.limit), os.path.join(output_dir, TRAINING_ARGS_NAME))
+        args = checkpoints.args_for_disk(self.args, self.rotation.limit)
+        torch.save(args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def _is_sharded(self) -> bool:
         """Whether FSDP or DeepSpeed holds the model's parameters now (the training loop wrapped the model)."""
@@ -370,10 +369,8 @@ class SimCSETrainer(Trainer):
     # --- resuming a run that already ended ---
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        clusters = os.path.join(resume_from_checkpoint, TOPIC_CLUSTERS_FILE) if isinstance(
-            resume_from_checkpoint, str) else None  # fmt: skip
-        if self.args.topic_batches and clusters is not None and os.path.isfile(clusters):
-            self._topic_schedule = [InForce(**entry) for entry in torch.load(clusters)]
+        self._topic_schedule = callbacks.resumed_topic_schedule(resume_from_checkpoint, self.args.topic_batches)
+        if self._topic_schedule is not None:
             self._topic_assignment = self._topic_schedule[0].assignment
         resume_queue(self.queue, resume_from_checkpoint, self.args.device)
         if isinstance(resume_from_checkpoint, str) and self._reached_max_steps(resume_from_checkpoint):
@@ -381,7 +378,7 @@ class SimCSETrainer(Trainer):
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _reached_max_steps(self, checkpoint: str) -> bool:
-        state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
+        state = TrainerState.load_from_json(os.path.join(checkpoint, checkpoints.TRAINER_STATE))
         batches = None if self.args.max_steps > 0 else len(self.get_train_dataloader())
         return state.global_step >= planned_steps(self.args, batches)
 
@@ -389,7 +386,7 @@ class SimCSETrainer(Trainer):
         """A run killed after its last checkpoint (e.g. during the final save): the Trainer, which checks for the end
         only after a step, would train one step more. Take the checkpoint's weights and state and end as training
         ends (the best checkpoint's weights with load_best_model_at_end), without a step."""
-        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, checkpoints.TRAINER_STATE))
         logger.info("%s already reached step %d: finishing the save only", checkpoint, self.state.global_step)
         self._load_from_checkpoint(checkpoint)
         best = self.state.best_model_checkpoint
