@@ -5,6 +5,7 @@ and what cannot work is refused in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from simcse_hn.export.st_losses import SimCSELoss
 from simcse_hn.export.st_training import SimCSECallback, resumed_checkpoint
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.training.checkpoints import CHECKPOINT_MANIFEST
 from simcse_hn.training.queue import QUEUE_FILE
 from simcse_hn.training.trainer import SimCSETrainer
 
@@ -125,6 +127,12 @@ def test_a_run_stopped_after_its_first_checkpoint_and_resumed_ends_at_the_uninte
     loaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
     for name, value in loaded.state_dict().items():
         torch.testing.assert_close(value, straight.model.state_dict()[name], rtol=0, atol=0)
+    # each checkpoint is committed by its manifest, written last, which lists the queue; one without is not resumed
+    manifest = json.loads((tmp_path / "resumed" / "checkpoint-2" / CHECKPOINT_MANIFEST).read_text(encoding="utf-8"))
+    assert QUEUE_FILE in manifest["files"] and "model.safetensors" in manifest["files"]
+    (tmp_path / "straight" / "checkpoint-5" / CHECKPOINT_MANIFEST).unlink()  # as if killed before it was written
+    with pytest.raises(ConfigError, match=r"checkpoint-5 is not a whole checkpoint \(no checkpoint_manifest.json"):
+        st_run(st_folder, tmp_path / "straight", 0.9, resume=True, max_steps=STEPS + 1, **saving)
     # resumed with other queue settings, or without the queue: one line each
     with pytest.raises(ConfigError, match="checkpoint-5 was trained with queue_size 10 and momentum 0.9"):
         st_run(st_folder, tmp_path / "resumed", 0.5, resume=True, max_steps=STEPS + 1, **saving)

@@ -5,6 +5,8 @@ logs, and one-line refusals."""
 
 from __future__ import annotations
 
+import json
+
 import datasets
 import pytest
 import torch
@@ -16,6 +18,7 @@ from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE
 from simcse_hn.errors import ConfigError
 from simcse_hn.export.st_losses import SimCSELoss
 from simcse_hn.export.st_training import SimCSECallback, TopicBatches, token_text_ids
+from simcse_hn.training.checkpoints import CHECKPOINT_MANIFEST
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WORDS = ["alpha", "beta", "gamma", "delta"]
@@ -82,7 +85,8 @@ def test_a_run_stopped_and_resumed_trains_on_the_uninterrupted_runs_batches_acro
     assert [entry.step for entry in schedule] == [0, 2, 4]
     first = TopicBatches(clusters=4, recluster_steps=2)
     _, first_loss = run(st_folder, tmp_path / "resumed", first, callbacks=[StopAt(3)], **saving)
-    assert (tmp_path / "resumed" / "checkpoint-3" / TOPIC_CLUSTERS_FILE).is_file()
+    manifest = json.loads((tmp_path / "resumed" / "checkpoint-3" / CHECKPOINT_MANIFEST).read_text(encoding="utf-8"))
+    assert TOPIC_CLUSTERS_FILE in manifest["files"]  # written before the manifest, which is written last
     resumed, resumed_loss = run(st_folder, tmp_path / "resumed", TopicBatches(clusters=4, recluster_steps=2),
                                 resume=True, **saving)  # fmt: skip
     assert first_loss.batches + resumed_loss.batches == straight_loss.batches

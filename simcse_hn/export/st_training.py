@@ -14,7 +14,8 @@
 * `TopicBatches`: what `batch_sampler=` takes; each dataset gets a `TopicBatchesSampler`, simcse_hn.data.topic_batches'
   TopicBatchSampler cut into the trainer's batches (every window of one gathered batch from one cluster).
 * `SimCSECallback`: hands the sampler the model (clustering before the first step, re-clustering), advances the queue
-  after each optimizer step, writes both into each checkpoint (`save_state`) and reads them back on resume
+  after each optimizer step, writes both into each checkpoint and then its manifest, last (as simcse-hn's trainer
+  commits a checkpoint: training.checkpoints.CheckpointCommit), reads them back on resume from a whole checkpoint
   (`load_state`), and adds the loss's diagnostics and the batches' cluster share to the training logs.
 """
 
@@ -29,12 +30,11 @@ from collections.abc import Iterator
 import torch
 from accelerate.utils import extract_model_from_parallel
 from torch import Tensor, nn
-from transformers import TrainerCallback
 
 from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler, cluster_corpus
 from simcse_hn.errors import ConfigError
 from simcse_hn.training import distributed
-from simcse_hn.training.checkpoints import checkpoint_path
+from simcse_hn.training.checkpoints import CheckpointCommit, checkpoint_path, manifest_problem
 from simcse_hn.training.queue import QUEUE_FILE, MomentumEncoder, QueueEntries, QueueRun, resume_queue
 from simcse_hn.training.step import window_means
 
@@ -162,9 +162,13 @@ class TopicBatchesSampler:
         assert self.topic is not None
         self.topic.recluster_after(step, accumulation, self.cluster())
 
-    def save_state(self, folder: str) -> None:
-        if self.topic is not None:
-            torch.save([entry.as_dict() for entry in self.topic.schedule], os.path.join(folder, TOPIC_CLUSTERS_FILE))
+    def checkpoint_files(self) -> list[str]:
+        return [TOPIC_CLUSTERS_FILE]
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Its part of a checkpoint (training.checkpoints.CheckpointPart): the clusterings in force."""
+        assert self.topic is not None  # clustered at the train's start
+        torch.save([entry.as_dict() for entry in self.topic.schedule], os.path.join(folder, TOPIC_CLUSTERS_FILE))
 
     def load_state(self, folder: str) -> None:
         path = os.path.join(folder, TOPIC_CLUSTERS_FILE)
@@ -228,10 +232,13 @@ def resumed_checkpoint(args, state, required: bool = True) -> str | None:
     return folder
 
 
-class SimCSECallback(TrainerCallback):
-    """The trainer's side of SimCSELoss's queue and of TopicBatches (either may be None)."""
+class SimCSECallback(CheckpointCommit):
+    """The trainer's side of SimCSELoss's queue and of TopicBatches (either may be None). It commits each checkpoint
+    as simcse-hn's trainer does (training.checkpoints.CheckpointCommit): the queue's and the sampler's files, then the
+    manifest, last; so it goes after any other callback that writes into checkpoints."""
 
     def __init__(self, loss: nn.Module | None = None, batches: TopicBatches | None = None):
+        super().__init__()
         self.loss, self.batches = loss, batches
         self.queue: SentenceQueue | None = getattr(loss, "queue", None)
         self.sampler: TopicBatchesSampler | None = None
@@ -246,6 +253,7 @@ class SimCSECallback(TrainerCallback):
         if self.batches is not None:
             self.sampler = self._train_sampler(train_dataloader)
             self.sampler.model = model
+        self.parts = [part for part in (self.queue, self.sampler) if part is not None]
         checkpoint = resumed_checkpoint(args, state, required=self.queue is not None or self.sampler is not None)
         if checkpoint is not None:
             self.load_state(checkpoint, args.device)
@@ -277,19 +285,19 @@ class SimCSECallback(TrainerCallback):
         if every and state.global_step % every == 0 and state.global_step < state.max_steps:
             self.sampler.recluster(state.global_step, args.gradient_accumulation_steps)  # type: ignore[union-attr]
 
-    def on_save(self, args, state, control, **kwargs):
-        if args.should_save:
-            self.save_state(checkpoint_path(args.output_dir, state.global_step))
-
     def save_state(self, folder: str) -> None:
-        """The queue (QUEUE_FILE) and the topic schedule (TOPIC_CLUSTERS_FILE) into checkpoint `folder`."""
-        if self.queue is not None:
-            self.queue.save(folder)
-        if self.sampler is not None:
-            self.sampler.save_state(folder)
+        """The queue (QUEUE_FILE) and the topic schedule (TOPIC_CLUSTERS_FILE) into checkpoint `folder` (on_save:
+        CheckpointCommit writes them, then the manifest)."""
+        for part in self.parts:
+            part.save_checkpoint(folder)
 
     def load_state(self, folder: str, device: torch.device | str = "cpu") -> None:
-        """What save_state wrote into `folder`, compared with this run's settings (one-line ConfigError)."""
+        """What save_state wrote into `folder`, once the folder is a whole checkpoint (its manifest), compared with
+        this run's settings (one-line ConfigError)."""
+        problem = manifest_problem(folder)
+        if problem:
+            raise ConfigError(f"SimCSECallback: {os.path.basename(folder)} is not a whole checkpoint ({problem}); "
+                              "resume from an earlier one")  # fmt: skip
         if self.queue is not None or os.path.isfile(os.path.join(folder, QUEUE_FILE)):
             resume_queue(self.queue, folder, device)
         if self.sampler is not None:
