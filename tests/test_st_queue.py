@@ -6,6 +6,7 @@ and what cannot work is refused in one line."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -138,7 +139,7 @@ def test_a_run_stopped_after_its_first_checkpoint_and_resumed_ends_at_the_uninte
         st_run(st_folder, tmp_path / "resumed", 0.5, resume=True, max_steps=STEPS + 1, **saving)
 
 
-def test_what_cannot_be_exact_is_refused_in_one_line(st_folder, tmp_path):  # noqa: F811
+def test_what_cannot_be_exact_is_refused_in_one_line(st_folder, tmp_path, caplog):  # noqa: F811
     model = SentenceTransformer(str(st_folder), device="cpu")
     loss = SimCSELoss(model, "infonce", queue_size=QUEUE)
     train = datasets.Dataset.from_dict({"anchor": texts(), "positive": texts()})
@@ -148,6 +149,11 @@ def test_what_cannot_be_exact_is_refused_in_one_line(st_folder, tmp_path):  # no
         trainer.train()
     with pytest.raises(ValueError, match="momentum needs a queue"):
         SimCSELoss(model, "infonce", momentum=0.9)
+    # transformers' save_total_limit 1 can leave no whole checkpoint: a warning at the start
+    args = SimpleNamespace(fsdp="", deepspeed=None, save_total_limit=1, output_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="simcse_hn.export.st_training"):
+        SimCSECallback(loss).on_train_begin(args, SimpleNamespace(global_step=0), None, model=model)
+    assert "save_total_limit 1: transformers deletes the last whole checkpoint" in caplog.text
     # the Trainer tells callbacks the step it resumes at, not the folder: one outside output_dir is refused
     resumed = SimpleNamespace(global_step=3)
     with pytest.raises(ConfigError, match="resuming at step 3, but output_dir has no checkpoint-3"):

@@ -254,6 +254,9 @@ class SimCSECallback(CheckpointCommit):
             self.sampler = self._train_sampler(train_dataloader)
             self.sampler.model = model
         self.parts = [part for part in (self.queue, self.sampler) if part is not None]
+        if args.save_total_limit == 1 and self.parts:
+            logger.warning("save_total_limit 1: transformers deletes the last whole checkpoint before the new one's "
+                           "manifest is written; keep 2 or more so a run killed while saving can resume")  # fmt: skip
         checkpoint = resumed_checkpoint(args, state, required=self.queue is not None or self.sampler is not None)
         if checkpoint is not None:
             self.load_state(checkpoint, args.device)
