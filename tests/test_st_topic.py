@@ -92,6 +92,9 @@ def test_a_run_stopped_and_resumed_trains_on_the_uninterrupted_runs_batches_acro
     assert first_loss.batches + resumed_loss.batches == straight_loss.batches
     for name, want in straight.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], want, rtol=0, atol=0, msg=name)
+    # the checkpoint resumed without topic batches: one line
+    with pytest.raises(ConfigError, match="checkpoint-6 was trained with TopicBatches"):
+        run(st_folder, tmp_path / "resumed", None, resume=True, max_steps=7, **saving)
 
 
 def test_topic_settings_are_refused_in_one_line(st_folder, tmp_path):  # noqa: F811

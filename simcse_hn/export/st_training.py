@@ -305,6 +305,9 @@ class SimCSECallback(CheckpointCommit):
             resume_queue(self.queue, folder, device)
         if self.sampler is not None:
             self.sampler.load_state(folder)
+        elif os.path.isfile(os.path.join(folder, TOPIC_CLUSTERS_FILE)):  # a resume never switches batch orders
+            raise ConfigError(f"SimCSECallback: {os.path.basename(folder)} was trained with TopicBatches "
+                              f"({TOPIC_CLUSTERS_FILE}); pass them again to resume it")  # fmt: skip
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         """The loss's diagnostics over the logging window and the batches' mean cluster share, into the logs (and the
