@@ -135,12 +135,13 @@ def test_help_lists_the_projects_flags_first_by_group_with_choices():
     assert text.startswith("usage: train.py [--config FILE.yaml]") and len(text.splitlines()[0]) < 120
     headings = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith(" ") and
                 line.endswith(":")]  # fmt: skip
-    assert headings[:9] == ["options", "model", "data", "objective", "DCL (--loss dcl)", "HCL (--loss hcl)",
-                            "ProGCL (--loss progcl)", "UnReMix (--loss unremix)", "scale and speed"]  # fmt: skip
-    assert headings[9].startswith("training (transformers.TrainingArguments")
+    assert headings[:10] == ["options", "model", "data", "objective", "DCL (--loss dcl)", "HCL (--loss hcl)",
+                             "Hardness (--loss hardness)", "ProGCL (--loss progcl)", "UnReMix (--loss unremix)",
+                             "scale and speed"]  # fmt: skip
+    assert headings[10].startswith("training (transformers.TrainingArguments")
     assert "--length_groups" in text.split("\nscale and speed:")[1].split("\ntraining (")[0]
     assert "--config CONFIG" in text.split("\nmodel:")[0]  # listed before everything else
-    assert "--loss {infonce,dcl,hcl,progcl,unremix}" in text and "--progcl_mode {weight,mix}" in text
+    assert "--loss {infonce,dcl,hcl,hardness,progcl,unremix}" in text and "--progcl_mode {weight,mix}" in text
     resume = text.split("--resume_from_checkpoint")[-1][:400]
     assert "'true'" in resume
     assert text.index("--hcl_beta") < text.index("--learning_rate") < text.index("--resume_from_checkpoint")
