@@ -105,6 +105,7 @@ class StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
+@pytest.mark.slow
 def test_a_run_stopped_after_its_first_checkpoint_and_resumed_ends_at_the_uninterrupted_runs_weights(
     st_folder, tmp_path  # noqa: F811
 ):

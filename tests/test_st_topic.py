@@ -73,6 +73,7 @@ def test_every_trained_batch_is_one_cluster_and_the_share_is_logged(st_folder, t
     assert any(len(c) > 1 for c in clusters_of(half, loss.batches))  # the rest of each batch is random
 
 
+@pytest.mark.slow
 def test_a_run_stopped_and_resumed_trains_on_the_uninterrupted_runs_batches_across_reclusterings(
     st_folder, tmp_path  # noqa: F811
 ):
