@@ -358,8 +358,10 @@ def drop_nonfinite_grad(x: Tensor, term: str = "objective") -> Tensor:
     infinite derivative where a loss is exactly 0) gets none, the other rows keep theirs, and the drop is counted
     (`ContrastiveLoss.nonfinite_grads`, logged as `nonfinite_grad_rows` with a warning naming the step and `term`).
     When the loss falls back, the objective's branch receives a zero gradient, but its backward can still turn 0 * inf
-    into NaN; this keeps that NaN out of the embeddings."""
-    return cast(Tensor, _DropNonFiniteGrad.apply(x, _ACTIVE[-1] if _ACTIVE else None, term))
+    into NaN; this keeps that NaN out of the embeddings. Not counted in a loss compiled by torch.compile."""
+    # under torch.compile the backward keeps no Python state: rows are dropped, not counted
+    call = _ACTIVE[-1] if _ACTIVE and not torch.compiler.is_compiling() else None
+    return cast(Tensor, _DropNonFiniteGrad.apply(x, call, term))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
