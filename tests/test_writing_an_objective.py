@@ -61,6 +61,9 @@ def test_the_docs_objective_trains_from_the_command_line_and_is_recorded(trained
     assert config["objective"]["class"] == "focal.py:FocalLoss"
     assert config["objective"]["file"] == f"{objective.parent.name}/focal.py"  # its folder, not this machine's path
     assert config["objective"]["sha256"] == hashlib.sha256(objective.read_bytes()).hexdigest()
+    state = json.loads((trained / "checkpoint-20" / "trainer_state.json").read_text())
+    logged = [entry for entry in state["log_history"] if "loss" in entry]  # each step's record counts dropped rows
+    assert logged and all(entry["nonfinite_grad_rows"] == 0 for entry in logged)
     assert config["loss_kwargs"] == {"temperature": 0.05, "gamma": 1.0}
     record = config["objective"]
     assert (record["name"], record["title"], record["options"]) == ("focal", "Focal InfoNCE", {"gamma": 1.0})
