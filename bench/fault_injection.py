@@ -2,12 +2,18 @@
 uninterrupted run's.
 
 Each trial starts train.py (configs/debug_tiny.yaml, 24 steps, a checkpoint every 4, save_total_limit 2, no dev
-evaluation), kills it once with SIGKILL at one moment, then runs the same command again with
-`--resume_from_checkpoint true` (or, when the kill came before any checkpoint was complete, afresh with
-`--overwrite_output_dir true`) until it finishes. Moments:
+evaluation) as one of three runs (`--runs`): plain; queue (HCL with a 40-entry queue and a momentum encoder, whose
+checkpoints hold negative_queue.pt); topic (topic batches, 4 clusters, whose checkpoints hold topic_clusters.pt). It
+kills it once with SIGKILL at one moment, then runs the same command again with `--resume_from_checkpoint true` (or,
+when the kill came before any checkpoint was whole, afresh with `--overwrite_output_dir true`) until it finishes.
+A checkpoint is written in this order (simcse_hn/training/checkpoints.py): the Trainer's files (model, optimizer,
+scheduler, RNG, then trainer_state.json), then the run's parts (queue, topic clusters), then checkpoint_manifest.json,
+last. Moments:
 * random: a uniform time within the uninterrupted run's wall time;
-* checkpoint: as soon as checkpoint-N (N drawn from 4, 8, ..., 24) exists without its trainer_state.json (the
-  Trainer writes it last);
+* checkpoint: as soon as checkpoint-N (N drawn from 4, 8, ..., 24) exists without its trainer_state.json (while the
+  Trainer writes its files);
+* commit: as soon as checkpoint-N has its trainer_state.json and no checkpoint_manifest.json (between the Trainer's
+  files and the manifest: the parts may be unwritten);
 * final: as soon as the final folder's model.safetensors exists and its simcse_config.json does not (the final save);
 * push: the run pushes every save (`--push_to_hub true --hub_strategy every_save`) to the stand-in Hub of
   simcse_hn/testing/hub_server.py on 127.0.0.1 (HF_ENDPOINT); killed as soon as the stand-in has answered the
@@ -17,7 +23,7 @@ evaluation), kills it once with SIGKILL at one moment, then runs the same comman
   repo as every commit the stand-in stored left it holds a whole model (model.safetensors, config.json and the
   tokenizer; a commit is one request, stored only once its whole body arrived, and carries only the files that
   changed).
-Checks: the checkpoint a resume names is complete and the newest complete one at that moment (both judged on a
+Checks: the checkpoint a resume names is whole and the newest whole one at that moment (both judged on a
 snapshot of the checkpoint folders taken after the kill and before the resume, since the resumed run's rotation may
 delete the one it resumed from); the final weights are bit-equal to the uninterrupted run's.
 
@@ -44,20 +50,30 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 
 from bench.common import RESULTS, ROOT, environment, environment_line, load_average, write_report
-from simcse_hn.training.checkpoints import checkpoint_problem, last_complete_checkpoint, read_run_id
+from simcse_hn.training.checkpoints import (
+    CHECKPOINT_MANIFEST,
+    checkpoint_problem,
+    last_complete_checkpoint,
+    read_run_id,
+)
 
-MOMENTS = ("random", "checkpoint", "final", "push")
+MOMENTS = ("random", "checkpoint", "commit", "final", "push")
+RUNS = {  # the run kinds and their flags
+    "plain": [],
+    "queue": ["--loss", "hcl", "--queue_size", "40", "--momentum", "0.9"],
+    "topic": ["--topic_batches", "true", "--topic_clusters", "4"],
+}
 FINAL_SUMMARY = "Upload SimCSE sentence encoder"  # the final folder's commit (tests/test_hub.py)
 WHOLE_MODEL = {"model.safetensors", "config.json", "tokenizer.json"}  # in every stored commit (push moment)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 
-def command(out: Path) -> list[str]:
+def command(out: Path, run: str = "plain") -> list[str]:
     return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "debug_tiny.yaml"),
             "--train_file", str(ROOT / "tests" / "fixtures" / "tiny_corpus.txt"), "--output_dir", str(out),
             "--max_steps", "24", "--save_steps", "4", "--save_total_limit", "2", "--eval_strategy", "no",
             "--load_best_model_at_end", "false", "--logging_steps", "4", "--disable_tqdm", "true",
-            "--seed", "7"]  # fmt: skip
+            "--seed", "7", *RUNS[run]]  # fmt: skip
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -95,16 +111,18 @@ def preuploads(server, repo: str) -> int:
 def _in_window(moment: str, out: Path, target: str) -> bool:
     if moment == "checkpoint":
         return (out / target).is_dir() and not (out / target / "trainer_state.json").exists()
+    if moment == "commit":
+        return (out / target / "trainer_state.json").exists() and not (out / target / CHECKPOINT_MANIFEST).exists()
     return (out / "model.safetensors").exists() and not (out / "simcse_config.json").exists()
 
 
 def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: random.Random, env: dict | None = None,
-               hub: tuple | None = None) -> dict:
+               hub: tuple | None = None, run: str = "plain") -> dict:
     """Start the run and SIGKILL it at `moment`; -> what happened. `hub`: (server, repo) for the push moment."""
     target = f"checkpoint-{rng.choice(range(4, 25, 4))}"  # which checkpoint's writing a "checkpoint" kill hits
     if moment == "push":
         target = f"push-{rng.randint(1, 7)}"
-    proc = subprocess.Popen(command(out) + extra, cwd=ROOT, env=env or ENV, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command(out, run) + extra, cwd=ROOT, env=env or ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     start, deadline = time.perf_counter(), time.perf_counter() + (rng.uniform(0.5, seconds) if moment == "random"
                                                                     else 600)  # fmt: skip
@@ -113,7 +131,7 @@ def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: ra
         if moment == "push" and hub and preuploads(*hub) >= int(target.split("-")[1]):
             hit = True
             break
-        if moment in ("checkpoint", "final") and _in_window(moment, out, target):
+        if moment in ("checkpoint", "commit", "final") and _in_window(moment, out, target):
             hit = True
             break
         time.sleep(0.002)
@@ -122,22 +140,22 @@ def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: ra
         proc.wait()
         hit = hit or moment == "random"
     return {"killed": hit and proc.returncode == -signal.SIGKILL,
-            "target": target if moment in ("checkpoint", "push") else None,
+            "target": target if moment in ("checkpoint", "commit", "push") else None,
             "after_s": round(time.perf_counter() - start, 2)}
 
 
 def checkpoint_snapshot(out: Path) -> dict[str, bool]:
-    """Each checkpoint folder left by the kill -> whether it is complete, taken before the resume runs (the resumed
+    """Each checkpoint folder left by the kill -> whether it is whole, taken before the resume runs (the resumed
     run's save_total_limit rotation deletes old checkpoints, the one it resumed from among them)."""
     return {p.name: checkpoint_problem(str(p)) is None for p in sorted(out.glob("checkpoint-*")) if p.is_dir()}
 
 
-def resume(out: Path, extra: list[str] | None = None, env: dict | None = None) -> dict:
+def resume(out: Path, extra: list[str] | None = None, env: dict | None = None, run: str = "plain") -> dict:
     run_id = read_run_id(str(out))
     newest = last_complete_checkpoint(str(out), run_id) if run_id else None
     before = checkpoint_snapshot(out)
     again = ["--resume_from_checkpoint", "true"] if newest else ["--overwrite_output_dir", "true"]
-    result = subprocess.run(command(out) + (extra or []) + again, cwd=ROOT, env=env or ENV, capture_output=True,
+    result = subprocess.run(command(out, run) + (extra or []) + again, cwd=ROOT, env=env or ENV, capture_output=True,
                             text=True, timeout=600)  # fmt: skip
     chosen = re.search(r"resuming from (\S+)", result.stdout + result.stderr)
     chosen = chosen.group(1) if chosen else None
@@ -156,11 +174,16 @@ def _hub_column(trial: dict) -> str:
     return f"{trial['hub_commits']} ({trial['hub_partial_commits']})" if "hub_commits" in trial else ""
 
 
+def _kind(trial: dict) -> str:
+    return f"{trial.get('run', 'plain')} {trial['moment']}"
+
+
 def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[dict, list[dict]]:
     """bench/results/<name>.{json,md} from the trials so far (rewritten after each trial)."""
-    per = {m: {"trials": sum(t["moment"] == m for t in trials), "kills": sum(t["moment"] == m and t["killed"]
-               for t in trials), "equal": sum(t["moment"] == m and t["final_equal"] for t in trials)}
-           for m in args.moments}  # fmt: skip
+    kinds = [f"{run} {m}" for run in args.runs for m in args.moments if run == "plain" or m != "push"]
+    per = {k: {"trials": sum(_kind(t) == k for t in trials), "kills": sum(_kind(t) == k and t["killed"]
+               for t in trials), "equal": sum(_kind(t) == k and t["final_equal"] for t in trials)}
+           for k in kinds}  # fmt: skip
     bad = [t for t in trials if not (t["final_equal"] and t["chosen_complete"] and t["chosen_was_newest_complete"]
                                      and t.get("hub_equal", True) and t.get("hub_last_is_final", True)
                                      and not t.get("hub_partial_commits", 0))]  # fmt: skip
@@ -180,14 +203,14 @@ def markdown(data: dict) -> str:
              f"{len(trials)} of {len(per) * planned} trials done when this was written.",
              environment_line(env), "",
              f"**{data['kills']} kills landed, {data['failures']} trials failed** (final weights not bit-equal to the "
-             "uninterrupted run's, a resume chose a checkpoint that was not the newest complete one, or, for push, "
+             "uninterrupted run's, a resume chose a checkpoint that was not the newest whole one, or, for push, "
              "the stand-in Hub's model differs from the uninterrupted run's, its last commit is not the final "
              "folder's, or a stored commit lacks part of a model).", "",
-             "| moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
+             "| run, moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
              *[f"| {m} | {v['trials']} | {v['kills']} | {v['equal']} |" for m, v in per.items()], "",
-             "| moment | target | killed after s | killed | resumed from | chosen complete | final equal | Hub equal "
-             "| Hub commits (partial) |", "|---|---|---|---|---|---|---|---|---|",
-             *[f"| {t['moment']} | {t['target'] or ''} | {t['after_s']} | {t['killed']} | {t['resumed_from']} | "
+             "| run, moment | target | killed after s | killed | resumed from | chosen whole | final equal "
+             "| Hub equal | Hub commits (partial) |", "|---|---|---|---|---|---|---|---|---|",
+             *[f"| {_kind(t)} | {t['target'] or ''} | {t['after_s']} | {t['killed']} | {t['resumed_from']} | "
                f"{t['chosen_complete']} | {t['final_equal']} | {t.get('hub_equal', '')} | "
                f"{_hub_column(t)} |"
                for t in trials]]  # fmt: skip
@@ -200,33 +223,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="fault_injection")
     parser.add_argument("--moments", nargs="+", choices=MOMENTS, default=list(MOMENTS))
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="push: plain runs only")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="fault_injection_"))
     env = environment()
-    start = time.perf_counter()
-    subprocess.run(command(work / "reference"), cwd=ROOT, env=ENV, check=True, capture_output=True)
-    seconds = time.perf_counter() - start
-    reference = weights(work / "reference")
+    references, seconds = {}, 0.0
+    for run in args.runs:  # the uninterrupted runs
+        start = time.perf_counter()
+        subprocess.run(command(work / f"reference-{run}", run), cwd=ROOT, env=ENV, check=True, capture_output=True)
+        seconds = max(seconds, time.perf_counter() - start)
+        references[run] = weights(work / f"reference-{run}")
     trials: list[dict] = []
     from simcse_hn.testing.hub_server import HubStandIn
 
     with HubStandIn(max_requests=10**9) as server:
         for i in range(args.trials):
-            for moment in args.moments:  # in turn, so that results written so far cover every moment
-                out = work / f"{moment}{i}"
+            # in turn, so that results written so far cover every run and moment
+            for run, moment in [(r, m) for r in args.runs for m in args.moments if r == "plain" or m != "push"]:
+                out, reference = work / f"{run}-{moment}{i}", references[run]
                 repo = f"{server.user}/fault-{i}"
                 extra = push_args(repo) if moment == "push" else []
                 run_env = hub_env(server, work / "hf_home") if moment == "push" else ENV
-                kill = killed_run(moment, out, extra, seconds, rng, run_env, (server, repo))
+                kill = killed_run(moment, out, extra, seconds, rng, run_env, (server, repo), run)
                 if not (out / "simcse_config.json").exists() or kill["killed"]:
-                    finish = resume(out, extra, run_env)
+                    finish = resume(out, extra, run_env, run)
                 else:
                     finish = {"returncode": 0, "resumed_from": None, "chosen_was_newest_complete": True,
                               "chosen_complete": True, "checkpoints_after_kill": {}, "tail": ""}  # fmt: skip
                 got = weights(out) if (out / "simcse_config.json").exists() else {}
                 same = got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
-                trial = {"moment": moment, **kill, **finish, "final_equal": same}
+                trial = {"run": run, "moment": moment, **kill, **finish, "final_equal": same}
                 if moment == "push":
                     with server._lock:
                         files = dict(server.repos.get(repo, {}))

@@ -14,11 +14,12 @@ import shutil
 import pytest
 import torch
 from conftest import FIXTURES, ROOT
-from test_hub import train_args
+from test_hub import hub_env, train_args  # noqa: F401  (hub_env: a fixture)
 
 from simcse_hn.cli import train
 from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE
 from simcse_hn.files import SIMCSE_CONFIG
+from simcse_hn.testing.hub_server import HubStandIn
 from simcse_hn.training import checkpoints
 from simcse_hn.training.checkpoints import (
     CHECKPOINT_MANIFEST,
@@ -211,3 +212,28 @@ def test_a_checkpoint_written_before_manifests_resumes_when_its_run_has_every_fi
     shutil.copytree(finished / "checkpoint-4", tmp_path / "checkpoint-4")
     os.remove(tmp_path / "checkpoint-4" / CHECKPOINT_MANIFEST)
     assert checkpoint_problem(str(tmp_path / "checkpoint-4")).startswith(f"no {CHECKPOINT_MANIFEST}")
+
+
+def test_a_checkpoint_push_waits_for_its_manifest(tmp_path, hub_env, monkeypatch):  # noqa: F811
+    """hub_strategy every_save: killed between checkpoint-2's Trainer files and its manifest, the run has pushed
+    checkpoint-1 only (the push runs after the commit, and only for a whole checkpoint)."""
+    kill_between_trainer_files_and_manifest(monkeypatch, 2, "before manifest")
+    with HubStandIn() as server:
+        hub_env(server.url, token=server.token)
+        argv = train_args(tmp_path / "out", "--save_steps", "1", "--push_to_hub", "true", "--hub_model_id",
+                          "tester/every-save", "--hub_strategy", "every_save")  # fmt: skip
+        with pytest.raises(Killed):
+            train.run(argv)
+        assert [c["summary"] for c in server.commits] == ["Checkpoint at step 1"]
+
+
+def test_a_push_of_a_checkpoint_that_is_not_whole_is_skipped(tmp_path, caplog):
+    from simcse_hn.export.hub import CheckpointPush, HubTarget
+
+    (tmp_path / "checkpoint-4").mkdir()
+
+    class State:
+        is_world_process_zero, global_step = True, 4
+
+    CheckpointPush(HubTarget("tester/x")).on_save(_Args(tmp_path), State(), None)  # no server: it must not push
+    assert f"{tmp_path / 'checkpoint-4'} is not pushed: no {CHECKPOINT_MANIFEST}" in caplog.text

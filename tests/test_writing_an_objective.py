@@ -5,6 +5,7 @@ resumes only when named again. The two-process gradient of the same objective is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -14,11 +15,11 @@ import sys
 import pytest
 import torch
 from conftest import ROOT
-from doc_examples import commands, write_objective
+from doc_examples import blocks, commands, write_objective
 
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.errors import ConfigError
-from simcse_hn.losses import HCLLoss, InfoNCELoss, ReweightingLoss, build_loss
+from simcse_hn.losses import ContrastiveLoss, HCLLoss, InfoNCELoss, ObjectiveOutput, ReweightingLoss, build_loss
 from simcse_hn.losses.targets import ContrastiveTargets, LossContext, build_targets
 
 
@@ -58,6 +59,11 @@ def test_the_docs_objective_trains_from_the_command_line_and_is_recorded(trained
     config = json.loads((trained / "simcse_config.json").read_text())
     assert config["loss"] == "focal.py:FocalLoss"  # the file's name, not this machine's folder
     assert config["objective"]["class"] == "focal.py:FocalLoss"
+    assert config["objective"]["file"] == f"{objective.parent.name}/focal.py"  # its folder, not this machine's path
+    assert config["objective"]["sha256"] == hashlib.sha256(objective.read_bytes()).hexdigest()
+    state = json.loads((trained / "checkpoint-20" / "trainer_state.json").read_text())
+    logged = [entry for entry in state["log_history"] if "loss" in entry]  # each step's record counts dropped rows
+    assert logged and all(entry["nonfinite_grad_rows"] == 0 for entry in logged)
     assert config["loss_kwargs"] == {"temperature": 0.05, "gamma": 1.0}
     record = config["objective"]
     assert (record["name"], record["title"], record["options"]) == ("focal", "Focal InfoNCE", {"gamma": 1.0})
@@ -166,3 +172,64 @@ def test_a_class_without_its_method_is_refused_when_named(tmp_path):
     for cls in ("NoWeights", "NoLoss"):
         with pytest.raises(ConfigError, match="defines neither per_anchor nor log_weights"):
             parse_args(["--loss", f"{tmp_path / 'half.py'}:{cls}", "--output_dir", str(tmp_path)])
+
+
+def test_the_docs_calls_run_in_every_data_shape(objective, monkeypatch, capsys):
+    """The doc's "Calling it yourself" block, run beside focal.py: sentences, pairs and a queue."""
+    monkeypatch.chdir(objective.parent)
+    exec(blocks("python")[2], {})
+    loss, fallback, grad_norm = map(float, capsys.readouterr().out.split())
+    assert torch.isfinite(torch.tensor(loss)) and fallback == 0 and grad_norm > 0
+
+
+def test_a_file_import_error_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("import torch\n\nvalue = undefined_name\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as error:
+        parse_args(["--loss", f"{bad}:Focal", "--output_dir", str(tmp_path)])
+    assert f"importing {bad}:3 failed: NameError: name 'undefined_name' is not defined" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        parse_args(["--loss", "no_such_package.focal:Focal", "--output_dir", str(tmp_path)])
+    assert "path/to/file.py:Class" in str(error.value) and "package.module:Class" in str(error.value)
+
+
+def _one_anchor_at_zero_loss(loss_fn):
+    """The loss and gradient of 8 rows [a, a', ...] where anchor 0 has no negatives: its loss is exactly 0."""
+    torch.manual_seed(0)
+    z = torch.randn(8, 16, requires_grad=True)
+    positive = torch.arange(8) ^ 1
+    mask = (torch.arange(8)[None] != torch.arange(8)[:, None]) & (torch.arange(8)[None] != positive[:, None])
+    mask[0] = False
+    out = loss_fn(z, z, positive, negative_mask=mask, context=LossContext(step=3))
+    out.loss.backward()
+    return out, z.grad
+
+
+@pytest.mark.parametrize("gamma", [0.25, 0.5, 1.0, 2.0])
+def test_the_docs_focal_objective_is_safe_where_an_anchors_loss_is_zero(objective, gamma):
+    loss_fn = build_loss(f"{objective}:FocalLoss", temperature=0.05, gamma=gamma)
+    out, grad = _one_anchor_at_zero_loss(loss_fn)
+    assert torch.isfinite(grad).all() and grad.norm() > 0 and out.metrics["nonfinite_fallback"] == 0
+    assert loss_fn.nonfinite_grads.take() == ({}, None)  # no row lost its gradient
+
+
+class UnsafeFocal(ContrastiveLoss):
+    """The focal objective without the clamp: an infinite derivative at a zero loss when gamma < 1."""
+
+    def per_anchor(self, batch):
+        nll = batch.plain.loss()
+        return ObjectiveOutput(loss=(1 - (-nll).exp()) ** 0.5 * nll)
+
+
+def test_a_nonfinite_gradient_costs_its_rows_only_and_is_counted_and_reported(caplog):
+    from simcse_hn.training.step import take_nonfinite_grads
+
+    loss_fn = UnsafeFocal(0.05)
+    out, grad = _one_anchor_at_zero_loss(loss_fn)
+    assert torch.isfinite(out.loss) and out.metrics["nonfinite_fallback"] == 0
+    assert torch.isfinite(grad).all() and grad.norm() > 0  # not a zero step: the other anchors train
+    with caplog.at_level("WARNING"):
+        logged = take_nonfinite_grads(loss_fn, step=5)
+    assert logged["nonfinite_grad_rows"] > 0
+    assert "step 3: the loss's gradient was not finite in" in caplog.text and "plain." in caplog.text
+    assert take_nonfinite_grads(loss_fn, step=6) == {"nonfinite_grad_rows": 0.0}  # read once, then counted afresh

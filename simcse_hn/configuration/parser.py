@@ -38,8 +38,8 @@ HELP_GROUPS = {
     "scale and speed": ("gather_across_devices", "cache_minibatch_size", "length_groups"),
 }
 HELP_OVERRIDES = {  # the Trainer's own help where simcse-hn gives the flag more meaning
-    "resume_from_checkpoint": "A checkpoint folder, or 'true' for the newest complete checkpoint of this run in "
-    "output_dir (incomplete or foreign ones are skipped with a warning).",
+    "resume_from_checkpoint": "A checkpoint folder, or 'true' for the newest whole checkpoint of this run in "
+    "output_dir (ones not whole, or foreign, are skipped with a warning).",
 }
 
 

@@ -293,24 +293,75 @@ class _SelfLogits(torch.autograd.Function):
         return grad, None
 
 
+class NonFiniteGradients:
+    """What the loss's gradient guards (`drop_nonfinite_grad`) dropped since the last read: rows per term, and the
+    last optimizer step with a drop, counted on the device in the backward (no host synchronisation); `take()` reads
+    them once (the trainer, when it logs) and starts again. Drops in a step whose loss fell back to InfoNCE are not
+    counted: that step's objective branch gets no gradient anyway (`nonfinite_fallback` counts it)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Tensor] = {}
+        self.last_step: Tensor | None = None
+
+    def add(self, term: str, dropped: Tensor, step: int | None) -> None:
+        self.rows[term] = dropped if term not in self.rows else self.rows[term] + dropped
+        if step is not None:
+            last = self.last_step if self.last_step is not None else torch.full_like(dropped, -1)
+            self.last_step = torch.where(dropped > 0, torch.full_like(dropped, step), last)
+
+    def take(self) -> tuple[dict[str, int], int | None]:
+        """-> (rows dropped per term, those with any; the last step with a drop, or None), and a fresh count."""
+        rows = {term: int(count) for term, count in self.rows.items() if int(count)}
+        step = int(self.last_step) if self.last_step is not None and rows else None
+        self.rows, self.last_step = {}, None
+        return rows, (step if step is None or step >= 0 else None)
+
+
+@dataclass
+class _GuardCall:
+    """One loss call's guards: where they count, the call's step and, once known, whether its loss fell back."""
+
+    counter: NonFiniteGradients
+    step: int | None
+    fell_back: Tensor | None = None
+
+
+_ACTIVE: list[_GuardCall] = []  # the loss calls running now (innermost last): guards made in them count there
+
+
 class _DropNonFiniteGrad(torch.autograd.Function):
-    """Identity whose backward passes the gradient on only when all of it is finite (its sum is), else zeros."""
+    """Identity whose backward passes the gradient on for each row (each element of a vector) whose gradient is
+    finite (its sum is), and zeros for the others, counted in the loss call's `NonFiniteGradients` under `term`."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor, call: _GuardCall | None, term: str) -> Tensor:
+        ctx.call, ctx.term = call, term
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         # finite iff the sum is (NaN and inf propagate): one read pass instead of isfinite's write and all's read.
-        # A finite gradient whose sum overflows float32 (|sum| > 3e38) would be dropped too.
-        return torch.where(torch.isfinite(grad.sum()), grad, 0.0)
+        # A finite row whose sum overflows float32 (|sum| > 3e38) would be dropped too.
+        ok = torch.isfinite(grad.sum(dim=-1) if grad.dim() > 1 else grad)
+        kept = torch.where(ok.reshape(ok.shape + (1,) * (grad.dim() - ok.dim())), grad, 0.0)
+        call: _GuardCall | None = ctx.call
+        if call is not None:
+            dropped = (~ok).sum()
+            if call.fell_back is not None:
+                dropped = torch.where(call.fell_back, torch.zeros_like(dropped), dropped)
+            call.counter.add(ctx.term, dropped, call.step)
+        return kept, None, None
 
 
-def drop_nonfinite_grad(x: Tensor) -> Tensor:
-    """Guards a tensor that feeds an objective: when the loss falls back, the objective's branch receives a zero
-    gradient, but its backward can still turn 0 * inf into NaN; this keeps that NaN out of the embeddings."""
-    return cast(Tensor, _DropNonFiniteGrad.apply(x))
+def drop_nonfinite_grad(x: Tensor, term: str = "objective") -> Tensor:
+    """Guards a tensor that feeds an objective: a row whose gradient is not finite (an objective's 0 * inf, an
+    infinite derivative where a loss is exactly 0) gets none, the other rows keep theirs, and the drop is counted
+    (`ContrastiveLoss.nonfinite_grads`, logged as `nonfinite_grad_rows` with a warning naming the step and `term`).
+    When the loss falls back, the objective's branch receives a zero gradient, but its backward can still turn 0 * inf
+    into NaN; this keeps that NaN out of the embeddings. Not counted in a loss compiled by torch.compile."""
+    # under torch.compile the backward keeps no Python state: rows are dropped, not counted
+    call = _ACTIVE[-1] if _ACTIVE and not torch.compiler.is_compiling() else None
+    return cast(Tensor, _DropNonFiniteGrad.apply(x, call, term))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -371,9 +422,11 @@ class ContrastiveLoss(nn.Module):
 
     Fallback: a non-finite objective is replaced by plain InfoNCE for the step (selected with `torch.where`, no host
     synchronisation) and counted in `metrics["nonfinite_fallback"]`; the objective's inputs are guarded, so a
-    non-finite gradient from its branch is dropped and the step keeps InfoNCE's. The base computes plain InfoNCE's
-    reductions once per call and hands them to the objective (`ObjectiveInput.plain`): the fallback costs no second
-    (M, N) pass. The temperature is folded into the normalised anchors, logits = (a / t) c^T.
+    non-finite gradient from its branch is dropped and the step keeps InfoNCE's. A finite loss whose gradient is not
+    finite in some rows (an infinite derivative where an anchor's loss is exactly 0) loses those rows' gradient only,
+    counted on the device in `nonfinite_grads` (the trainer logs `nonfinite_grad_rows` and warns). The base computes
+    plain InfoNCE's reductions once per call and hands them to the objective (`ObjectiveInput.plain`): the fallback
+    costs no second (M, N) pass. The temperature is folded into the normalised anchors, logits = (a / t) c^T.
     """
 
     # --- what the objective is: every other part of simcse-hn reads these ---
@@ -401,6 +454,7 @@ class ContrastiveLoss(nn.Module):
         if not 0 < temperature < math.inf:
             raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
         self.temperature = float(temperature)
+        self.nonfinite_grads = NonFiniteGradients()  # what the gradient guards dropped, read when the trainer logs
         self.options = self.Options.from_mapping(options, where=f"{self.display_name()}'s options")
         for key, value in self.options.as_dict().items():
             setattr(self, key, value)
@@ -491,19 +545,25 @@ class ContrastiveLoss(nn.Module):
         sim = logits * self.temperature if self.needs_cosines else None  # (M, N); its backward runs only if used
         # the masked logits carry the targets' negative_log_weights (`negative_offset`); `logits` do not
         plain = plain_reductions(logits, positive_index, negative_mask, count, targets.negative_offset, pos)
-        if self.has_fallback:
-            guarded = drop_nonfinite_grad(logits)
-            shared = plain._replace(pos=drop_nonfinite_grad(plain.pos), lse=drop_nonfinite_grad(plain.lse),
-                                    logits=guarded)  # fmt: skip
-            sim = None if sim is None else drop_nonfinite_grad(sim)
-        else:
-            guarded, shared = logits, plain
-        batch = ObjectiveInput(logits=guarded, targets=targets, context=context, anchors=anchors,
-                               candidates=candidates, temperature=self.temperature, plain=shared, unguarded=plain,
-                               cosines=sim)  # fmt: skip
-        result = self.per_anchor(batch)
+        call = _GuardCall(self.nonfinite_grads, context.step)
+        _ACTIVE.append(call)  # the guards made in this call (the objective's own too) count in its loss's counter
+        try:
+            if self.has_fallback:
+                guarded = drop_nonfinite_grad(logits, "logits")
+                shared = plain._replace(pos=drop_nonfinite_grad(plain.pos, "plain.pos"),
+                                        lse=drop_nonfinite_grad(plain.lse, "plain.lse"), logits=guarded)  # fmt: skip
+                sim = None if sim is None else drop_nonfinite_grad(sim, "cosines")
+            else:
+                guarded, shared = logits, plain
+            batch = ObjectiveInput(logits=guarded, targets=targets, context=context, anchors=anchors,
+                                   candidates=candidates, temperature=self.temperature, plain=shared,
+                                   unguarded=plain, cosines=sim)  # fmt: skip
+            result = self.per_anchor(batch)
+        finally:
+            _ACTIVE.pop()
         loss = result.loss.mean()
         finite = torch.isfinite(loss)
+        call.fell_back = ~finite
         if self.has_fallback:
             loss = torch.where(finite, loss, plain.loss().mean())
 

@@ -5,6 +5,8 @@ window (`add_to_window`, `window_means`)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor
 
@@ -13,6 +15,8 @@ from simcse_hn.losses import ContrastiveLoss, LossOutput
 from simcse_hn.losses.targets import ContrastiveTargets, LossContext, build_paired_targets, build_targets
 from simcse_hn.training import distributed
 from simcse_hn.training.queue import QueueEntries
+
+logger = logging.getLogger(__name__)
 
 
 def contrastive_loss(
@@ -138,3 +142,16 @@ def window_means(sums: dict[str, Tensor], count: int) -> dict[str, float]:
     if pairs > 0:
         means["duplicate_weight"] = total / pairs
     return {key: round(value, 6) for key, value in means.items()}
+
+
+def take_nonfinite_grads(loss_fn: ContrastiveLoss, step: int) -> dict[str, float]:
+    """The logging window's rows whose loss gradient was not finite and was dropped (`nonfinite_grad_rows`, this
+    process's anchors), read from the device now (when the trainer logs: the steps gain no host read), with one
+    warning that names the last step with a drop and the terms (losses.base.drop_nonfinite_grad)."""
+    rows, last = loss_fn.nonfinite_grads.take()
+    if rows:
+        terms = ", ".join(f"{term} {count}" for term, count in sorted(rows.items()))
+        logger.warning("step %d: the loss's gradient was not finite in %d rows (%s) up to here: those rows got no "
+                       "gradient, the rest of each step trained", last if last is not None else step,
+                       sum(rows.values()), terms)  # fmt: skip
+    return {"nonfinite_grad_rows": float(sum(rows.values()))}

@@ -29,7 +29,7 @@ from simcse_hn.evaluation.encoding import load_encoder, simcse_encode_fn
 from simcse_hn.losses import ContrastiveLoss, LossOutput
 from simcse_hn.training import callbacks, checkpoints, distributed, grad_cache
 from simcse_hn.training.queue import QueueCallback, QueueRun, resume_queue
-from simcse_hn.training.step import add_to_window, contrastive_loss, window_means
+from simcse_hn.training.step import add_to_window, contrastive_loss, take_nonfinite_grads, window_means
 from simcse_hn.training.trainer_internals import check_trainer_internals, planned_steps
 
 logger = logging.getLogger(__name__)
@@ -209,6 +209,7 @@ class SimCSETrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._metric_count:  # a training log: the window's diagnostics join it
             logs.update(window_means(self._metric_sums, self._metric_count), skipped_steps=self.skipped_steps)
+            logs.update(take_nonfinite_grads(self.model.loss_fn, self.state.global_step))
             self._metric_sums.clear()
             self._metric_count = 0
         super().log(logs, start_time)
