@@ -74,7 +74,7 @@ def weigh_batch(model, tokenizer, sentences: list[str], names: list[str], temper
     from simcse_hn.data.collator import SimCSECollator, model_inputs
     from simcse_hn.losses import build_loss
     from simcse_hn.losses.targets import build_targets
-    from simcse_hn.training.trainer import contrastive_loss
+    from simcse_hn.training.step import contrastive_loss
 
     batch = SimCSECollator(tokenizer, max_length)(sentences)
     text_ids, batch = batch["text_ids"], model_inputs(batch)

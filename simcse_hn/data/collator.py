@@ -11,9 +11,6 @@ import random
 import torch
 from torch import Tensor
 
-from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported from here by callers)
-from simcse_hn.losses.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.losses.targets.contrastive_targets)
-
 logger = logging.getLogger(__name__)
 
 
