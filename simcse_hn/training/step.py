@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from simcse_hn.data.guide import guide_targets
 from simcse_hn.losses import ContrastiveLoss, LossOutput
+from simcse_hn.losses.false_negatives import guide_targets
 from simcse_hn.losses.targets import ContrastiveTargets, LossContext, build_paired_targets, build_targets
 from simcse_hn.training import distributed
 from simcse_hn.training.queue import QueueEntries
@@ -38,7 +38,7 @@ def contrastive_loss(
     int g, rows [a, p, n_1..n_{g-2}] per example of paired data (SimCSE's supervised targets, `build_paired_targets`,
     with `hard_negative_weight` on each anchor's own explicit negatives). guide_embeddings (R, E): a guide model's
     embeddings of the same rows (detached; gathered like the rows): negatives the guide scores above the anchor's
-    positive minus `guide_margin` leave N(i) for the step (simcse_hn.data.guide; metrics `guide_removed*`).
+    positive minus `guide_margin` leave N(i) for the step (simcse_hn.losses.false_negatives; metrics `guide_removed*`).
 
     Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
     the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (for an objective
