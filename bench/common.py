@@ -33,6 +33,20 @@ GPU_REFERENCE_SHAPE = (8192, 8192, 8192)
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
 
 
+# What a bench adds to an objective's options so that every timed step is the objective's own: ProGCL without its
+# InfoNCE warm-up (`timed_settings`).
+TIMING_OPTIONS: dict[str, dict] = {"progcl": {"warmup_ratio": 0.0}}
+
+
+def timed_settings() -> dict[str, tuple[str, dict]]:
+    """Every built-in objective and its named variants as a timed bench runs them ({"progcl-mix": ("progcl",
+    {"mode": "mix", "warmup_ratio": 0.0}), ...}; InfoNCE first): the registry's settings with TIMING_OPTIONS."""
+    from simcse_hn.losses.registry import benchmark_settings
+
+    return {setting: (name, {**options, **TIMING_OPTIONS.get(name, {})})
+            for setting, (name, options) in benchmark_settings().items()}  # fmt: skip
+
+
 def sts_data_dir() -> Path | None:
     """The STS task files (shared/data/sts beside the checkout or inside it, as a device machine's copy has it), or
     None where neither exists."""
