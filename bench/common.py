@@ -200,14 +200,22 @@ def environment() -> dict:
     return env
 
 
-def environment_line(env: dict) -> str:
-    """One line for a results file: commit, machine, load, versions."""
+def environment_line(env: dict, load: bool = True) -> str:
+    """One line for a results file, from `environment()`: commit, machine, threads, load, malloc, versions, date. What
+    an older record does not hold (threads, load, steal, malloc) is left out; so is the load with `load` False (a
+    bench that reports the load itself, at its start and end)."""
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
-    load = env.get("load_average") or ["?"]
-    steal = env.get("cpu_steal_percent")
-    steal = f", CPU steal {steal} % (one second)" if steal is not None else ""
-    return (f"Commit {env['commit']}, {env['machine']}, {env.get('torch_threads', '?')} torch thread(s), 1-minute "
-            f"load average {load[0]} at the start{steal}, malloc {env.get('malloc', '?')}; {versions}; {env['date']}.")
+    parts = [f"Commit {env['commit']}", env["machine"]]
+    if env.get("torch_threads") is not None:
+        parts.append(f"{env['torch_threads']} torch thread(s)")
+    average, steal = env.get("load_average") if load else None, env.get("cpu_steal_percent")
+    if average:
+        parts.append(f"1-minute load average {average[0]} at the start")
+    if steal is not None:
+        parts.append(f"CPU steal {steal} % (one second)")
+    if env.get("malloc") is not None:
+        parts.append(f"malloc {env['malloc']}")
+    return f"{', '.join(parts)}; {versions}; {env['date']}."
 
 
 # --- memory: the kernel's resident-set counters (torch's CPU allocations are invisible to tracemalloc) ---
