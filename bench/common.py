@@ -33,6 +33,20 @@ GPU_REFERENCE_SHAPE = (8192, 8192, 8192)
 MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
 
 
+# What a bench adds to an objective's options so that every timed step is the objective's own: ProGCL without its
+# InfoNCE warm-up (`timed_settings`).
+TIMING_OPTIONS: dict[str, dict] = {"progcl": {"warmup_ratio": 0.0}}
+
+
+def timed_settings() -> dict[str, tuple[str, dict]]:
+    """Every built-in objective and its named variants as a timed bench runs them ({"progcl-mix": ("progcl",
+    {"mode": "mix", "warmup_ratio": 0.0}), ...}; InfoNCE first): the registry's settings with TIMING_OPTIONS."""
+    from simcse_hn.losses.registry import benchmark_settings
+
+    return {setting: (name, {**options, **TIMING_OPTIONS.get(name, {})})
+            for setting, (name, options) in benchmark_settings().items()}  # fmt: skip
+
+
 def sts_data_dir() -> Path | None:
     """The STS task files (shared/data/sts beside the checkout or inside it, as a device machine's copy has it), or
     None where neither exists."""
@@ -186,14 +200,22 @@ def environment() -> dict:
     return env
 
 
-def environment_line(env: dict) -> str:
-    """One line for a results file: commit, machine, load, versions."""
+def environment_line(env: dict, load: bool = True) -> str:
+    """One line for a results file, from `environment()`: commit, machine, threads, load, malloc, versions, date. What
+    an older record does not hold (threads, load, steal, malloc) is left out; so is the load with `load` False (a
+    bench that reports the load itself, at its start and end)."""
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
-    load = env.get("load_average") or ["?"]
-    steal = env.get("cpu_steal_percent")
-    steal = f", CPU steal {steal} % (one second)" if steal is not None else ""
-    return (f"Commit {env['commit']}, {env['machine']}, {env.get('torch_threads', '?')} torch thread(s), 1-minute "
-            f"load average {load[0]} at the start{steal}, malloc {env.get('malloc', '?')}; {versions}; {env['date']}.")
+    parts = [f"Commit {env['commit']}", env["machine"]]
+    if env.get("torch_threads") is not None:
+        parts.append(f"{env['torch_threads']} torch thread(s)")
+    average, steal = env.get("load_average") if load else None, env.get("cpu_steal_percent")
+    if average:
+        parts.append(f"1-minute load average {average[0]} at the start")
+    if steal is not None:
+        parts.append(f"CPU steal {steal} % (one second)")
+    if env.get("malloc") is not None:
+        parts.append(f"malloc {env['malloc']}")
+    return f"{', '.join(parts)}; {versions}; {env['date']}."
 
 
 # --- memory: the kernel's resident-set counters (torch's CPU allocations are invisible to tracemalloc) ---

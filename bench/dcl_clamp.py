@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from bench.common import RESULTS, SHARED_DATA, environment, minilm_path, write_report
+from bench.common import RESULTS, SHARED_DATA, environment, environment_line, minilm_path, write_report
 from simcse_hn.data.collator import SimCSECollator, model_inputs
 from simcse_hn.losses import DCLLoss
 from simcse_hn.losses.base import cosine_similarities
@@ -74,8 +74,8 @@ def markdown(report: dict) -> str:
     lines = [
         "# DCL's lower clamp on real SimCSE batches",
         "",
-        f"Commit {env['commit']}, {env['machine']}, torch {env['versions'].get('torch')}, {env['date']}; "
-        f"{report['seconds']} s, load average {' / '.join(map(str, report['load_average']))} (1/5/15 min, 2 cores) "
+        f"{environment_line(env, load=False)} {report['seconds']} s, load average "
+        f"{' / '.join(map(str, report['load_average']))} (1/5/15 min, 2 cores) "
         "at the start. all-MiniLM-L6-v2, "
         f"{report['batches']} batches of {report['sentences']} wiki sentences (= {2 * report['sentences']} rows, two "
         "dropout views in train mode), max length 32, symmetric form (n = 2N - 2 negatives per anchor).",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import RESULTS, SHARED_DATA, environment, minilm_path, status_kib, write_report
+from bench.common import RESULTS, SHARED_DATA, environment, environment_line, minilm_path, status_kib, write_report
 
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 CONFIGS = {  # name -> (sentences per batch, GradCache mini-batch in sentences or None)
@@ -118,8 +118,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# GradCache: memory and time of one training step",
         "",
-        f"{env['date']}, commit {env['commit']}, {env['machine']}, load average {result['load_average']}; "
-        + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
+        f"{environment_line(env, load=False)} Load average {result['load_average']}.",
         "",
         f"Model: {base['model']}, pooler cls (+ MLP head), InfoNCE symmetric, max length {base['max_length']}, "
         f"dropout on, {base['threads']} torch threads. One `SimCSETrainer.training_step` (forward, loss, "

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_report
+from bench.common import RESULTS, ROOT, SHARED_DATA, environment, environment_line, minilm_path, write_report
 from bench.sick_triplets import sick_triplets, write_csv
 from simcse_hn.losses import BUILTIN
 
@@ -72,7 +72,7 @@ def markdown(study: dict) -> str:
         f"settings from configs/sup_bert_base_<loss>.yaml. {study['triplets']} SICK train+dev triplets "
         "(bench/sick_triplets.py). STS-B dev Spearman x 100 at step 0 and at the end. One seed (42): a smoke test of "
         "the path, not a comparison.",
-        f"Commit {env['commit']}, {env['machine']}, {env['date']}. Load average (1 min) before / after each run: "
+        f"{environment_line(env, load=False)} Load average (1 min) before / after each run: "
         "the machine is shared, so seconds are indicative only.",
         "",
         "| objective | STS-B dev before | after | loss first / last | fallback | train s | load before / after |",

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from bench.common import RESULTS, environment, write_report
+from bench.common import RESULTS, environment, environment_line, write_report
 from bench.dcl_clamp import corpus, dropout_views, load_minilm
 from simcse_hn.losses import ProGCLLoss
 from simcse_hn.losses.base import cosine_similarities
@@ -141,8 +141,8 @@ def markdown(report: dict) -> str:
     lines = [
         "# ProGCL's Beta mixture on real SimCSE batches",
         "",
-        f"Commit {env['commit']}, {env['machine']}, torch {env['versions'].get('torch')}, {env['date']}; "
-        f"{report['seconds']} s, load average {' / '.join(map(str, report['load_average']))} (1/5/15 min, 2 cores) "
+        f"{environment_line(env, load=False)} {report['seconds']} s, load average "
+        f"{' / '.join(map(str, report['load_average']))} (1/5/15 min, 2 cores) "
         "at the start. all-MiniLM-L6-v2, wiki sentences, two dropout views in train mode, max length 32; pooler `cls` "
         "with a fresh MLP head (what the loss sees when training starts) and mean pooling (a trained space). The "
         "fit: 10 EM iterations from Beta(1, 2), Beta(2, 1), pi = (0.95, 0.05), negatives only.",

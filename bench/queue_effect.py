@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from bench import quality, study
-from bench.common import RESULTS, ROOT, environment, write_report
+from bench.common import RESULTS, ROOT, environment, environment_line, write_report
 
 OUT = RESULTS / "queue_effect"
 ARMS = ("infonce", "hcl")
@@ -47,7 +47,7 @@ def entries() -> list[dict]:
 
 def markdown(record: dict) -> str:
     lines = ["# Issue 37: InfoNCE and HCL with the memory bank beside the same objectives without it", "",
-             f"{record['environment']['date']}, commit {record['environment']['commit']}. The study's recipe "
+             f"{environment_line(record['environment'], load=False)} The study's recipe "
              "(bench/results/study/plan.md: all-MiniLM-L6-v2, 100 steps of 64 sentences of the shuffled wiki slice, "
              f"lr 3e-5, HCL beta 0.2), seed {SEED} only: one run per cell, no test; the runs with the queue are the "
              "study's.", "",

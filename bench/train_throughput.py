@@ -66,12 +66,13 @@ from bench.common import (
     peak_rss_mib,
     reset_peak_rss,
     rss_mib,
+    timed_settings,
     training_bench_inputs,
     write_json,
     write_report,
 )
 from simcse_hn.files import portable_name
-from simcse_hn.losses.registry import BASELINE, benchmark_settings, setting_flags
+from simcse_hn.losses.registry import BASELINE, setting_flags
 
 BATCH = 64
 MAX_LENGTH = 32
@@ -80,8 +81,7 @@ SEED = 42
 CACHE_MINIBATCH = 16
 # objective -> train.py arguments (class defaults otherwise, as bench/loss_overhead.py's LOSSES; ProGCL without its
 # InfoNCE warm-up, so that every timed step is ProGCL's)
-OBJECTIVES = {setting: setting_flags(name, options)
-              for setting, (name, options) in benchmark_settings(timed=True).items()}  # fmt: skip
+OBJECTIVES = {setting: setting_flags(name, options) for setting, (name, options) in timed_settings().items()}
 VERSUS = ("st-mnrl", "ours-avg", "ours-cls", "ours-cls-1group", "ours-cls-gradcache")
 SECTIONS = ("versus", "objectives", "compile")
 OBJECTIVE_TARGET = 1.03  # issue 15: every objective within 3 % of InfoNCE per step

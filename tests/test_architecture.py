@@ -1,10 +1,13 @@
-"""The package's shape, drawn from its own imports (ast, nothing imported): no import circle, each subpackage imports
-only the layers below it, no import of the package hidden in a function, no module over 400 lines outside losses/.
-The checks run on the real package and, to show they can fail, on small packages written here with each fault."""
+"""The package's shape, drawn from its own source (ast, nothing of it imported): no import circle, each subpackage
+imports only the layers below it, no import of the package hidden in a function, no module over 400 lines outside
+losses/; the row layout worked out in one place (losses.targets.RowLayout); every private member of another library
+it uses listed in simcse_hn.private_api. The checks run on the real package and, to show they can fail, on small
+packages written here with each fault."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -195,3 +198,149 @@ def test_bench_and_tests_never_import_each_other(tmp_path):
         (tmp_path / "tests" / "conftest.py").write_text("ROOT = 1\n")
         (tmp_path / folder / "faulty.py").write_text(text)
     assert sorted(cross_imports(tmp_path)) == ["bench/faulty.py imports tests", "tests/faulty.py imports bench"]
+
+
+# --- the row layout, said in one place ---
+
+# Where the row layout ([a, a', ...] or [a, p, n_1..n_k]) is defined: simcse_hn.losses.targets.RowLayout (and the
+# targets it builds).
+LAYOUT_HOME = "simcse_hn.losses.targets"
+# Modules that still re-derive it, each with its reason; a new one fails the check, and a mended one must leave here.
+KNOWN_LAYOUT: dict[str, str] = {
+    "simcse_hn.training.trainer": "group_size or 2, rows // 2 (compute_loss): the trainer takes a RowLayout when the "
+    "batches move out of it",
+    "simcse_hn.data.guide": "guide_row_embeddings repeats the guide's per-text embeddings when their count is not "
+    "the rows': it takes the trainer's row count until the trainer passes its RowLayout",
+}
+
+
+def _named(node: ast.AST, name: str) -> bool:
+    return (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
+
+
+def _is_two(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value == 2
+
+
+def layout_rederivations(root: Path) -> dict[str, list[str]]:
+    """module -> the places (line: what) where it works the row layout out itself: `group_size or 2`, `% group_size`,
+    `repeat_interleave(2)` (each text twice), a slice of every second row, a row index halved (`// 2`)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(root, path)
+        if module == LAYOUT_HOME.replace("simcse_hn", root.name, 1):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            what = None
+            if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and _is_two(node.values[-1]):
+                what = "... or 2" if any(_named(v, "group_size") for v in node.values) else None
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and _named(node.right, "group_size"):
+                what = "% group_size"
+            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv) and _is_two(node.right):
+                what = "// 2"
+            elif isinstance(node, ast.Call) and _named(node.func, "repeat_interleave") and node.args:
+                what = "repeat_interleave(2)" if _is_two(node.args[0]) else None
+            elif isinstance(node, ast.Slice) and _is_two(node.step):
+                what = "a slice of every second row"
+            if what:
+                found.setdefault(module, []).append(f"{node.lineno}: {what}")
+    return found
+
+
+def test_the_row_layout_is_worked_out_in_one_place():
+    found = layout_rederivations(PACKAGE)
+    assert {module: places for module, places in found.items() if module not in KNOWN_LAYOUT} == {}
+    assert [module for module in KNOWN_LAYOUT if module not in found] == []  # a mended module leaves the list
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("chunk = size * (group_size or 2)\n", "1: ... or 2"),
+        ("keep = rows[rows % self.group_size != 0]\n", "1: % group_size"),
+        ("rows = ids.repeat_interleave(2)\n", "1: repeat_interleave(2)"),
+        ("first = rows[0::2]\n", "1: a slice of every second row"),
+        ("text = texts[row // 2]\n", "1: // 2"),
+    ],
+)
+def test_the_layout_check_fails_on_each_rederivation(tmp_path, source, expected):
+    package = write_package(tmp_path, {"training/queue.py": source, "losses/targets.py": source})
+    assert layout_rederivations(package) == {"simcse_hn.training.queue": [expected]}  # the home is exempt
+
+
+# --- every private member of another library, listed (simcse_hn.private_api) ---
+
+# Underscored names that are documented, public API: NamedTuple's methods, os._exit.
+DOCUMENTED = {"_asdict", "_replace", "_fields", "_make", "_exit"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in DOCUMENTED
+
+
+def private_members_used(root: Path) -> dict[str, str]:
+    """name -> the first place (module:line) where the package relies on a private member of another library: a
+    method of a class of it that overrides one of its base's (a base imported from another library), or a private
+    name it reaches on anything but itself that the package does not define (`torch._foreach_norm`,
+    `super()._get_grad_norm`, `result._round_scores`). Read from the source: nothing of the package is run."""
+    trees = {module_name(root, path): ast.parse(path.read_text(encoding="utf-8")) for path in root.rglob("*.py")}
+    defined = set()  # private names the package defines: functions, classes, attributes of self / cls, class fields
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _named(node.value, "self"):
+                defined.add(node.attr)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _named(node.value, "cls"):
+                defined.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+    found: dict[str, str] = {}
+    for module, tree in sorted(trees.items()):
+        imported = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and not node.module.startswith(root.name) for alias in node.names}  # fmt: skip
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = [_import(imported[b.id]) for b in node.bases if isinstance(b, ast.Name) and b.id in imported]
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and _private(item.name):
+                        if any(hasattr(base, item.name) for base in bases):
+                            found.setdefault(item.name, f"{module}:{item.lineno}")
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in defined:
+                found.setdefault(node.attr, f"{module}:{node.lineno}")
+    return found
+
+
+def _import(path: str) -> object:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name, None)
+
+
+def private_member_problems(root: Path, listed: set[str]) -> list[str]:
+    used = private_members_used(root)
+    unlisted = [f"{where}: {name} is private to another library and not in simcse_hn.private_api"
+                for name, where in used.items() if name not in listed]  # fmt: skip
+    return sorted(unlisted + [f"{name}: listed in simcse_hn.private_api, used nowhere" for name in listed - set(used)])
+
+
+def test_every_private_member_of_another_library_is_listed():
+    from simcse_hn.private_api import PRIVATE_MEMBERS
+
+    assert private_member_problems(PACKAGE, {member.name for member in PRIVATE_MEMBERS}) == []
+
+
+def test_the_private_member_check_fails_on_an_unlisted_use_and_a_stale_entry(tmp_path):
+    package = write_package(tmp_path, {
+        "training/a.py": "import torch\n\ndef f(xs):\n    return torch._foreach_abs(xs)\n",
+        "configuration/p.py": "from transformers import HfArgumentParser\n\n\nclass P(HfArgumentParser):\n"
+                              "    def _add_dataclass_arguments(self, dtype):\n        self._own = 1\n"
+                              "        return self._own\n",
+    })  # fmt: skip
+    assert private_member_problems(package, {"_run_exitfuncs"}) == [
+        "_run_exitfuncs: listed in simcse_hn.private_api, used nowhere",
+        "simcse_hn.configuration.p:5: _add_dataclass_arguments is private to another library and not in "
+        "simcse_hn.private_api",
+        "simcse_hn.training.a:4: _foreach_abs is private to another library and not in simcse_hn.private_api",
+    ]
+    assert private_member_problems(package, {"_foreach_abs", "_add_dataclass_arguments"}) == []

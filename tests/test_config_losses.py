@@ -54,8 +54,8 @@ def test_config_defaults_are_the_loss_classes_defaults(loss, tmp_path):
     names = {k for k in vars(default) if not k.startswith("_") and not k.startswith("training")}
     assert names and {k: vars(configured)[k] for k in names} == {k: vars(default)[k] for k in names}
     if loss == "dcl":
-        assert configured.tau_plus == 1e-3
+        assert configured.options.tau_plus == 1e-3
     if loss == "progcl":
-        assert configured.fit_pairs == 65536
+        assert configured.options.fit_pairs == 65536
         zero = parse_args(["--loss", loss, "--progcl_fit_pairs", "0", "--output_dir", str(tmp_path)])[2]
-        assert build_loss(loss, **zero.loss_kwargs()).fit_pairs is None  # every pair
+        assert build_loss(loss, **zero.loss_kwargs()).options.fit_pairs == 0  # every pair

@@ -26,8 +26,10 @@ from dist_worker_common import (
     relative_error,
 )
 
+from simcse_hn.losses.targets import RowLayout
 from simcse_hn.training import grad_cache
 
+SENTENCES = RowLayout()  # rows [a, a', b, b', ...]
 CASES = cases()
 IDS = [case for case, _, _ in CASES]
 PAIRED = paired_cases()
@@ -39,7 +41,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def _same_masks_step(trainer, inputs, sentences):
     model = trainer.model
     model.train()
-    outputs = [trainer._embed(model, chunk) for chunk in grad_cache.split_pairs(inputs, sentences)]
+    chunks = grad_cache.split_groups(inputs, sentences, SENTENCES.rows_per_example)
+    outputs = [trainer._embed(model, chunk) for chunk in chunks]
     embeddings = torch.cat([z for z, _ in outputs])
     head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])
     result = trainer.contrastive_loss(model, embeddings, head_inputs)
@@ -47,10 +50,10 @@ def _same_masks_step(trainer, inputs, sentences):
     return result.loss.detach()
 
 
-def test_split_pairs_keeps_pairs_together_and_trims_only_trailing_padding():
+def test_split_groups_keeps_pairs_together_and_trims_only_trailing_padding():
     texts = ["a", "a b c d e f", "x y", "x y z", "p", "q", "long sentence number seven", "eight"]
     inputs = batch(texts)  # rows [a, a', b, b', ...], padded to the longest
-    chunks = grad_cache.split_pairs(inputs, 3)
+    chunks = grad_cache.split_groups(inputs, 3, SENTENCES.rows_per_example)
     assert [c["input_ids"].shape[0] for c in chunks] == [6, 2]  # 3 sentences + 1 sentence, pairs never split
     for start, chunk in zip((0, 6), chunks):
         rows = slice(start, start + chunk["input_ids"].shape[0])
@@ -60,7 +63,7 @@ def test_split_pairs_keeps_pairs_together_and_trims_only_trailing_padding():
             assert torch.equal(value, inputs[key][rows, :length]), key
         assert not inputs["attention_mask"][rows, length:].any()
     with pytest.raises(ValueError, match="at least one sentence"):
-        grad_cache.split_pairs(inputs, 0)
+        grad_cache.split_groups(inputs, 0, SENTENCES.rows_per_example)
 
 
 @pytest.mark.parametrize(("case", "loss", "form"), CASES, ids=IDS)
@@ -148,7 +151,7 @@ def _paired_same_masks_step(trainer, inputs):
     guide_inputs = {k: v for k, v in inputs.items() if k.startswith("guide_")}
     inputs = {k: v for k, v in inputs.items() if k not in guide_inputs}
     guide = trainer._guide_embeddings(guide_inputs, inputs["input_ids"].shape[0])
-    chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, trainer.group_size or 2)
+    chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, RowLayout(trainer.group_size).rows_per_example)
     outputs = [trainer._embed(model, chunk) for chunk in chunks]
     head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])
     result = trainer.contrastive_loss(model, torch.cat([z for z, _ in outputs]), head_inputs, guide_embeddings=guide)

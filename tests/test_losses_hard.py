@@ -275,7 +275,7 @@ def test_registry_and_argument_errors():
     assert {"infonce", "dcl", "hcl", "progcl", "unremix"} <= set(LOSSES)
     assert isinstance(build_loss("dcl", temperature=0.05, tau_plus=0.1), DCLLoss)
     hcl = build_loss("hcl", temperature=0.05, beta=0.1, tau_plus=0.0, detach_weights=False)
-    assert isinstance(hcl, HCLLoss) and hcl.beta == 0.1
+    assert isinstance(hcl, HCLLoss) and hcl.options.beta == 0.1
     with pytest.raises(ValueError, match="unknown loss"):
         build_loss("hardneg", temperature=0.05)
     with pytest.raises(ValueError, match="tau_plus"):

@@ -81,7 +81,7 @@ def test_tiny_config_trains_with_each_loss(tiny_args, tmp_path, name, monkeypatc
     if name in ("dcl", "hcl"):
         assert "train/clamp_frac" in tags
     if name == "dcl":  # debiased, not symmetric InfoNCE under another name
-        assert trainer.model.loss_fn.tau_plus > 0
+        assert trainer.model.loss_fn.options.tau_plus > 0
 
 
 NAME_FIELDS = {"output_dir", "hub_model_id"}

@@ -30,8 +30,8 @@ from simcse_hn.cli import train
 from simcse_hn.data.collator import text_id
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses import LOSSES, build_loss
-from simcse_hn.losses.targets import ContrastiveTargets, LossContext, build_paired_targets, build_targets
-from simcse_hn.training.queue import EMPTY, QUEUE_FILE, MomentumEncoder, NegativeQueue, QueueEntries, queued_rows
+from simcse_hn.losses.targets import ContrastiveTargets, LossContext, RowLayout, build_paired_targets, build_targets
+from simcse_hn.training.queue import EMPTY, QUEUE_FILE, MomentumEncoder, NegativeQueue, QueueEntries
 from simcse_hn.training.step import contrastive_loss, with_queue
 from simcse_hn.training.trainer import SimCSETrainer
 
@@ -137,8 +137,8 @@ def test_ring_buffer_replaces_the_oldest_entries():
 
 
 def test_queued_rows_are_first_views_or_paired_candidates():
-    assert queued_rows(6, None).tolist() == [0, 2, 4]
-    assert queued_rows(8, 4).tolist() == [1, 2, 3, 5, 6, 7]  # [a, p, n1, n2] x 2: never the anchors
+    assert RowLayout().negative_rows(6).tolist() == [0, 2, 4]
+    assert RowLayout(4).negative_rows(8).tolist() == [1, 2, 3, 5, 6, 7]  # [a, p, n1, n2] x 2: never the anchors
 
 
 def test_momentum_encoder_is_an_ema_without_dropout_and_with_the_head():

@@ -8,8 +8,10 @@ import pytest
 import torch
 from conftest import symmetric_targets
 
+from simcse_hn.data.collator import SimCSECollator
+from simcse_hn.data.pairs import PairCollator
 from simcse_hn.losses import ContrastiveTargets, LossContext, build_loss
-from simcse_hn.losses.targets import build_targets
+from simcse_hn.losses.targets import RowLayout, build_paired_targets, build_targets
 from simcse_hn.training.step import contrastive_loss
 
 
@@ -165,3 +167,28 @@ def test_a_mask_given_with_the_anchors_as_candidates_is_compared_with_the_standa
     general = loss_fn(z, z.clone(), positive_index, other).loss
     assert seen[-1].anchor_index is None and not seen[-1].standard_negatives
     torch.testing.assert_close(restricted, general, rtol=1e-10, atol=0)
+
+
+def test_the_row_layout_answers_for_sentences_and_paired_examples():
+    """One object says what rows a batch holds: [a, a', b, b', ...] (each text twice) or [a, p, n_1..n_k] per
+    example (each text once); the collators say which one they make."""
+    sentences, paired = RowLayout(), RowLayout(4)  # paired: [a, p, n1, n2]
+    assert (sentences.paired, sentences.rows_per_example, sentences.rows_per_text) == (False, 2, 2)
+    assert (paired.paired, paired.rows_per_example, paired.rows_per_text) == (True, 4, 1)
+    assert (sentences.texts(8), paired.texts(8)) == (4, 8)
+    per_text = torch.tensor([10, 11, 12])
+    assert sentences.rows_of_texts(per_text).tolist() == [10, 10, 11, 11, 12, 12]
+    assert paired.rows_of_texts(per_text).tolist() == [10, 11, 12]
+    assert sentences.negative_rows(6).tolist() == [0, 2, 4]
+    assert paired.negative_rows(8).tolist() == [1, 2, 3, 5, 6, 7]
+    for made, expected in ((sentences.targets(8, "simcse"), build_targets(8, "simcse")),
+                           (paired.targets(8, hard_negative_weight=0.5),
+                            build_paired_targets(8, 4, hard_negative_weight=0.5))):  # fmt: skip
+        for name in ("positive_index", "negative_mask", "anchor_index"):
+            assert torch.equal(getattr(made, name), getattr(expected, name)), name
+    assert paired.targets(8, hard_negative_weight=0.5).negative_log_weights.abs().sum() > 0
+    with pytest.raises(ValueError, match="hard_negative_weight needs paired data"):
+        sentences.targets(8, hard_negative_weight=0.5)
+    with pytest.raises(ValueError, match="an anchor and a positive, got group_size 1"):
+        RowLayout(1)
+    assert SimCSECollator(None).layout == sentences and PairCollator(None, negatives=2).layout == paired

@@ -1,31 +1,36 @@
 """SimCSETrainer on the Trainer's public hooks: the private methods it still overrides are few, listed in one place
-(simcse_hn.training.trainer_internals), and checked against the installed transformers; the check fails on a
-Trainer that lacks one; rotation and the guard are callbacks; the run's planned length is the Trainer's own."""
+(simcse_hn.private_api, with the parser's and every other private member simcse-hn uses), and checked against the
+installed libraries; the check fails on a Trainer that lacks one; rotation and the guard are callbacks; the run's
+planned length is the Trainer's own."""
 
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 
 import datasets
 import pytest
 import torch
-from transformers import Trainer
+from transformers import HfArgumentParser, Trainer
 
+from simcse_hn import private_api
+from simcse_hn.configuration.parser import _Parser
 from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
 from simcse_hn.data.collator import SimCSECollator
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.private_api import (
+    PRIVATE_MEMBERS,
+    PRIVATE_PARSER_MEMBERS,
+    PRIVATE_TRAINER_OVERRIDES,
+    problems,
+)
 from simcse_hn.testing.models import build_tiny_bert
 from simcse_hn.training.callbacks import NonFiniteGradientGuard, RotateCheckpoints
 from simcse_hn.training.checkpoints import args_for_disk
 from simcse_hn.training.trainer import SimCSETrainer
-from simcse_hn.training.trainer_internals import (
-    PRIVATE_TRAINER_OVERRIDES,
-    check_trainer_internals,
-    planned_steps,
-    trainer_internals_problems,
-)
+from simcse_hn.training.trainer_internals import check_trainer_internals, planned_steps, trainer_internals_problems
 
 
 def test_the_installed_transformers_has_every_private_method_simcse_hn_overrides():
@@ -43,6 +48,40 @@ def test_at_most_three_private_methods_are_overridden_and_all_are_listed():
         assert tuple(inspect.signature(vars(SimCSETrainer)[name]).parameters)[1:] == parameters, name
     for internal in PRIVATE_TRAINER_OVERRIDES:
         assert internal.why, internal.name
+
+
+def owner(path: str):
+    """The class or module at an import path ("transformers.Trainer", "torch")."""
+    module, _, name = path.rpartition(".")
+    try:
+        return importlib.import_module(path)
+    except ImportError:
+        return getattr(importlib.import_module(module), name)
+
+
+def test_the_installed_libraries_have_every_private_member_simcse_hn_uses():
+    found = [problem for member in PRIVATE_MEMBERS for _, problem in problems(owner(member.owner), (member,))]
+    assert found == []
+
+
+def test_the_parsers_private_overrides_are_listed_with_their_parameters():
+    """configuration.parser's HfArgumentParser subclass overrides and calls only what PRIVATE_PARSER_MEMBERS lists,
+    with the parameters it uses; the check fails on a parser that renamed one."""
+    overridden = {name for name in vars(_Parser) if name.startswith("_") and not name.startswith("__")
+                  and hasattr(HfArgumentParser, name)}  # fmt: skip
+    assert overridden == {m.name for m in PRIVATE_PARSER_MEMBERS if m.use == "overrides"}
+    for member in PRIVATE_PARSER_MEMBERS:
+        assert private_api.parameters(HfArgumentParser, member.name) == member.parameters, member.name
+    assert tuple(inspect.signature(_Parser._add_dataclass_arguments).parameters)[1:] == ("dtype",)
+
+    class Renamed(HfArgumentParser):
+        @staticmethod
+        def _parse_dataclass_field(parser, item):  # a release renaming the parameter
+            return item
+
+    assert [problem for _, problem in problems(Renamed, PRIVATE_PARSER_MEMBERS)] == [
+        "Renamed._parse_dataclass_field is (parser, item), simcse-hn calls (parser, field)"
+    ]
 
 
 def without(name: str) -> type:

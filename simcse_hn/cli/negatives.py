@@ -74,7 +74,7 @@ def weigh_batch(model, tokenizer, sentences: list[str], names: list[str], temper
     from simcse_hn.data.collator import SimCSECollator, model_inputs
     from simcse_hn.losses import build_loss
     from simcse_hn.losses.targets import build_targets
-    from simcse_hn.training.trainer import contrastive_loss
+    from simcse_hn.training.step import contrastive_loss
 
     batch = SimCSECollator(tokenizer, max_length)(sentences)
     text_ids, batch = batch["text_ids"], model_inputs(batch)
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args) -> int:
     names = check(args)
     from simcse_hn.data.sentences import load_sentences
+    from simcse_hn.losses.targets import RowLayout
     from simcse_hn.modeling.loading import load_tokenizer, resolve_packaged
     from simcse_hn.modeling.model import SimCSEModel
 
@@ -126,15 +127,15 @@ def run(args) -> int:
         sim, weights, mask, diagnostics = weigh_batch(
             model, tokenizer, texts, names, args.temperature, args.max_seq_length
         )
-        anchors = []
+        anchors, layout = [], RowLayout()  # the rows [a, a', b, b', ...] of weigh_batch
         for k in range(args.anchors):
-            row = 2 * k  # sentence k's first view
+            row = layout.rows_per_text * k  # sentence k's first view
             order = sim[row].masked_fill(~mask[row], float("-inf")).argsort(descending=True)[: args.top]
             negatives = [
                 {
-                    "text": texts[int(j) // 2],
+                    "text": texts[int(j) // layout.rows_per_text],
                     "cosine": round(float(sim[row, j]), 4),
-                    "same_text": texts[int(j) // 2] == texts[k],
+                    "same_text": texts[int(j) // layout.rows_per_text] == texts[k],
                     "weights": {name: round(float(weights[name][row, j]), 4) for name in names},
                 }
                 for j in order

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from simcse_hn.data.pairs import DATA_FORMATS
-from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
+from simcse_hn.errors import ConfigError
 from simcse_hn.files import is_hub_id
 from simcse_hn.modeling.lora import require_peft
 from simcse_hn.modeling.model import POOLERS

@@ -23,7 +23,7 @@ from simcse_hn.configuration.data_format import declared_data
 from simcse_hn.configuration.objective import HELP_GROUPS as OBJECTIVE_HELP_GROUPS
 from simcse_hn.configuration.resolved import resolve_run
 from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
-from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
+from simcse_hn.errors import ConfigError
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
 # Fields that say the same thing in two ways: one given on the command line replaces the other given in the YAML.

@@ -22,13 +22,17 @@ from simcse_hn.configuration.data_format import TEXT_COLUMN, ResolvedData, colum
 from simcse_hn.configuration.objective import ResolvedObjective, option_error
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.options import TrainingShape
+from simcse_hn.losses.targets import RowLayout
 
 
 def sentence_negatives(batch_size: int, processes: int, form: str) -> int:
     """In-batch negatives of one anchor of single sentences: all candidate rows but itself and its positive
     (symmetric form), or the other sentences' second views (simcse form)."""
-    candidates = 2 * batch_size * processes
-    return candidates - 2 if form == "symmetric" else candidates // 2 - 1
+    layout = RowLayout()
+    sentences = batch_size * processes
+    if form == "symmetric":
+        return sentences * layout.rows_per_text - layout.rows_per_example
+    return sentences - 1
 
 
 @dataclass(frozen=True)

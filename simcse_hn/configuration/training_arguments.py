@@ -21,7 +21,7 @@ from simcse_hn.configuration.objective import (
     resolve_objective_arguments,
 )
 from simcse_hn.configuration.resolved import sentence_negatives
-from simcse_hn.errors import ConfigError  # noqa: F401  (raised here, imported from here by callers)
+from simcse_hn.errors import ConfigError
 from simcse_hn.losses.registry import BASELINE
 from simcse_hn.losses.targets import FORMS
 

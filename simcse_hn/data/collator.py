@@ -11,8 +11,7 @@ import random
 import torch
 from torch import Tensor
 
-from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported from here by callers)
-from simcse_hn.losses.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.losses.targets.contrastive_targets)
+from simcse_hn.losses.targets import RowLayout
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +81,10 @@ class SimCSECollator:
         self.seed = seed
         self.warned = False
 
+    @property
+    def layout(self) -> RowLayout:
+        return RowLayout()
+
     def __call__(self, features: list) -> dict[str, Tensor]:
         texts = [f[self.text_column] if isinstance(f, dict) else f for f in features]
         if len(texts) < 2:
@@ -91,8 +94,8 @@ class SimCSECollator:
         if self.word_repetition:
             rows = self.repeated_rows(batch, ids)  # each (2B, T'), T' >= T
         else:
-            rows = {key: value.repeat_interleave(2, dim=0) for key, value in batch.items()}  # each (2B, T)
-        text_ids = torch.tensor(ids).repeat_interleave(2)  # (2B,) the same text, the same id
+            rows = {key: self.layout.rows_of_texts(value) for key, value in batch.items()}  # each (2B, T)
+        text_ids = self.layout.rows_of_texts(torch.tensor(ids))  # (2B,) the same text, the same id
         return {**rows, **self.guide_features(texts), "num_truncated": truncated, "text_ids": text_ids}
 
     def repeated_rows(self, batch: dict[str, Tensor], ids: list[int]) -> dict[str, Tensor]:

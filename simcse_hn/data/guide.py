@@ -1,9 +1,7 @@
-"""A false-negative guard with a guide model (GISTEmbed, Solatorio 2024, arXiv:2402.16829).
-
-Candidates that the guide scores above the anchor's positive, minus a margin, are taken for false negatives and
-removed from N(i) for the step: with guide similarities g, j leaves N(i) when g_ij > g_ip - margin. The guide is a
-frozen sentence-transformers model, or the model being trained (`self`: its own embeddings of the step, detached,
-so no second forward). Guide scores never carry gradient; only the negative mask changes.
+"""The guide model of a false-negative guard (GISTEmbed, Solatorio 2024, arXiv:2402.16829): a frozen
+sentence-transformers model (`load_guide`, `Guide`), or the model being trained (`self`: its own embeddings of the
+step, detached, so no second forward), and its embeddings of a batch's rows (`guide_row_embeddings`). What the guide's
+scores take out of the targets is simcse_hn.losses.false_negatives'.
 """
 
 from __future__ import annotations
@@ -15,37 +13,10 @@ from torch import Tensor, nn
 
 from simcse_hn.data.collator import GUIDE_PREFIX
 from simcse_hn.errors import ConfigError
-from simcse_hn.losses.base import cosine_similarities, positive_logits
-from simcse_hn.losses.targets import ContrastiveTargets
 
 logger = logging.getLogger(__name__)
 
 SELF = "self"
-
-
-def false_negatives(guide_candidates: Tensor, targets: ContrastiveTargets, margin: float = 0.0) -> Tensor:
-    """(M, N) bool: the negatives of `targets` whose guide similarity to the anchor exceeds the guide similarity of
-    the anchor's positive minus `margin`. guide_candidates (N, E): the guide's embeddings of the candidates (the
-    anchors are its rows targets.anchor_index). No gradient, no host synchronisation."""
-    with torch.no_grad():
-        guide_candidates = guide_candidates.detach()
-        sim = cosine_similarities(guide_candidates[targets.anchor_index], guide_candidates)  # (M, N)
-        threshold = positive_logits(sim, targets.positive_index) - margin  # (M,)
-        return targets.negative_mask & (sim > threshold[:, None])
-
-
-def guide_targets(
-    guide_candidates: Tensor, targets: ContrastiveTargets, margin: float = 0.0
-) -> tuple[ContrastiveTargets, dict[str, Tensor]]:
-    """`targets` without the guide's false negatives, and what was removed: `guide_removed` (negatives removed per
-    anchor, mean) and `guide_removed_frac` (their share of all negatives)."""
-    removed = false_negatives(guide_candidates, targets, margin)  # (M, N)
-    counts = removed.sum(dim=1).float()  # (M,)
-    metrics = {
-        "guide_removed": counts.mean(),
-        "guide_removed_frac": counts.sum() / targets.negative_mask.sum().clamp_min(1),
-    }
-    return targets.restrict_negatives(~removed), metrics
 
 
 class Guide(nn.Module):

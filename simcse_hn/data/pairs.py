@@ -27,6 +27,7 @@ from simcse_hn.data.sentences import (
 )
 from simcse_hn.data.sts import short
 from simcse_hn.errors import DataError
+from simcse_hn.losses.targets import RowLayout
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +275,10 @@ class PairCollator(SimCSECollator):
     @property
     def group_size(self) -> int:
         return len(self.columns)
+
+    @property
+    def layout(self) -> RowLayout:
+        return RowLayout(self.group_size)
 
     def __call__(self, features: list[dict]) -> dict[str, Tensor]:
         if len(features) < 2:

@@ -16,8 +16,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported from here by callers)
-from simcse_hn.losses.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.losses.targets.contrastive_targets)
+from simcse_hn.errors import DataError
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,7 @@ import os
 from dataclasses import dataclass
 
 from simcse_hn.data.sentences import read_lines, short
-from simcse_hn.errors import DataError  # noqa: F401  (raised here, imported from here by callers)
-from simcse_hn.losses.targets import contrastive_targets  # noqa: F401  (public API: simcse_hn.losses.targets.contrastive_targets)
+from simcse_hn.errors import DataError
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -83,21 +83,19 @@ class HCLLoss(ReweightingLoss):
 }"""
     class_prior = "tau_plus"
     setting = ("beta",)
-    cost_target: ClassVar[float] = 1.5
 
-    beta: float
-    tau_plus: float
-    detach_weights: bool
+    options: HCLOptions
 
     def log_weights(self, batch: ObjectiveInput) -> Tensor:
-        tilt = self.beta * batch.logits  # (M, N)
-        return tilt.detach() if self.detach_weights else tilt
+        tilt = self.options.beta * batch.logits  # (M, N)
+        return tilt.detach() if self.options.detach_weights else tilt
 
     def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
         plain, targets, logits = batch.plain, batch.targets, batch.logits
+        beta, tau_plus = self.options.beta, self.options.tau_plus
         n = plain.count  # (M,)
-        if self.beta == 0:  # uniform weights: R_i is plain InfoNCE's negative sum
-            loss, clamped = debiased_from_log_r(plain.pos, plain.lse, n, self.tau_plus, self.temperature)
+        if beta == 0:  # uniform weights: R_i is plain InfoNCE's negative sum
+            loss, clamped = debiased_from_log_r(plain.pos, plain.lse, n, tau_plus, self.temperature)
             return ObjectiveOutput(loss=loss, log_weights=torch.zeros_like(logits),
                                    metrics={"clamp_frac": clamped.float().mean()})  # fmt: skip
         if targets.negative_log_weights is not None:  # explicit negatives weighted c_ij: the generic path
@@ -106,9 +104,9 @@ class HCLLoss(ReweightingLoss):
         # beta l_ij) + log n_i, two row reductions over the masked logits in one autograd node (`tilted_log_ratio`),
         # whose (M,) result is guarded instead of the (M, N) masked logits. Its q gives the weights' diagnostics; the
         # (M, N) weights are made only when read.
-        log_ratio, q, q_sum, q_log_q = tilted_log_ratio(batch.unguarded.masked, self.beta, self.detach_weights)
+        log_ratio, q, q_sum, q_log_q = tilted_log_ratio(batch.unguarded.masked, beta, self.options.detach_weights)
         log_r = drop_nonfinite_grad(log_ratio) + n.log()  # (M,); -inf for an anchor without negatives: its loss is 0
-        loss, clamped = debiased_from_log_r(plain.pos, log_r, n, self.tau_plus, self.temperature)
+        loss, clamped = debiased_from_log_r(plain.pos, log_r, n, tau_plus, self.temperature)
         with torch.no_grad():  # w_ij = n_i q_ij / q_sum_i; the entropy of w / n is that of q / q_sum
             scale = torch.where(q_sum == 0, 0.0, n / q_sum)  # (M,)
             weights = NegativeWeights(
@@ -184,11 +182,10 @@ class DCLLoss(ContrastiveLoss):
   year = {2020}
 }"""
     class_prior = "tau_plus"
-    cost_target: ClassVar[float] = 1.5
 
-    tau_plus: float
+    options: DCLOptions
 
     def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
-        plain = batch.plain
-        loss, clamped = debiased_from_log_r(plain.pos, plain.lse, plain.count, self.tau_plus, self.temperature)
+        plain, tau_plus = batch.plain, self.options.tau_plus
+        loss, clamped = debiased_from_log_r(plain.pos, plain.lse, plain.count, tau_plus, self.temperature)
         return ObjectiveOutput(loss=loss, metrics={"clamp_frac": clamped.float().mean()})

@@ -27,7 +27,6 @@ class InfoNCELoss(ContrastiveLoss):
 }"""
     forms: ClassVar[tuple[str, ...]] = ("simcse", "symmetric")
     has_fallback: ClassVar[bool] = False  # its own fallback: computed once
-    cost_target: ClassVar[float] = 1.1
 
     def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
         return ObjectiveOutput(loss=batch.plain.loss())

@@ -391,15 +391,8 @@ class ProGCLLoss(ContrastiveLoss):
     setting = ("mode",)
     variants: ClassVar[dict[str, dict[str, Any]]] = {"weight": {"mode": "weight"}, "mix": {"mode": "mix"}}
     uses_schedule: ClassVar[bool] = True
-    timing_options: ClassVar[dict[str, Any]] = {"warmup_ratio": 0.0}  # no InfoNCE warm-up steps
 
-    mode: str
-    warmup_ratio: float
-    refit_every: int
-    em_iters: int
-    mix_k: int | None
-    warm_start: bool
-    fit_pairs: int | None
+    options: ProGCLOptions
     # the fit's buffers (`register_buffer` in __init__)
     bmm_alpha: Tensor
     bmm_beta: Tensor
@@ -414,7 +407,6 @@ class ProGCLLoss(ContrastiveLoss):
 
     def __init__(self, temperature: float = 0.05, **options: Any):
         super().__init__(temperature, **options)
-        self.fit_pairs = cast(ProGCLOptions, self.options).fit_pairs or None  # 0: every pair
         alpha, beta, pi = _default_init(torch.device("cpu"))
         self.register_buffer("bmm_alpha", alpha)
         self.register_buffer("bmm_beta", beta)
@@ -422,23 +414,23 @@ class ProGCLLoss(ContrastiveLoss):
         self.register_buffer("bmm_valid", torch.zeros((), dtype=torch.bool))
 
     def in_warmup(self, step: int | None, max_steps: int | None) -> bool:
-        if self.warmup_ratio >= 1.0:
+        if self.options.warmup_ratio >= 1.0:
             return True
         if step is None or max_steps is None:
             return False
-        return step < self.warmup_ratio * max_steps
+        return step < self.options.warmup_ratio * max_steps
 
     def refits(self, step: int | None, max_steps: int | None) -> bool:
-        if step is None or self.refit_every == 1:
+        if step is None or self.options.refit_every == 1:
             return True
-        first = math.ceil(self.warmup_ratio * max_steps) if max_steps is not None else 0
-        return (step - first) % self.refit_every == 0
+        first = math.ceil(self.options.warmup_ratio * max_steps) if max_steps is not None else 0
+        return (step - first) % self.options.refit_every == 0
 
     def stored_fit(self) -> BetaMixture:
         return BetaMixture(self.bmm_alpha.double(), self.bmm_beta.double(), self.bmm_pi.double(), self.bmm_valid)
 
     def mix_size(self, num_candidates: int) -> int:
-        return num_candidates if self.mix_k is None else min(self.mix_k, num_candidates)
+        return num_candidates if self.options.mix_k is None else min(self.options.mix_k, num_candidates)
 
     def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
         logits, targets, context = batch.logits, batch.targets, batch.context
@@ -451,7 +443,7 @@ class ProGCLLoss(ContrastiveLoss):
         # The fit and the posteriors are float64; B needs only the logits' precision, except where mix sorts by it
         # (a top-K smaller than N): there B keeps float64, so that rounding cannot reorder near-ties.
         num_candidates = logits.shape[1]
-        sorts = self.mode == "mix" and self.mix_size(num_candidates) < num_candidates
+        sorts = self.options.mode == "mix" and self.mix_size(num_candidates) < num_candidates
         dtype = torch.float64 if sorts else logits.dtype
         # the triangle shortcut needs sim to be the candidates' own (symmetric) matrix, fitted on this process alone
         square = targets.anchors_are_candidates and context.all_reduce is None
@@ -459,7 +451,7 @@ class ProGCLLoss(ContrastiveLoss):
         hardness, usable, metrics = self.fit_hardness(logits.detach(), negative_mask, context, dtype=dtype,
                                                       square=square, scale=self.temperature,
                                                       bias=targets.negative_bias)  # fmt: skip
-        if self.mode == "weight":
+        if self.options.mode == "weight":
             n = plain.count[:, None].clamp_min(1)  # (M, 1)
             row_mean = hardness.sum(dim=1, keepdim=True) / n  # (M, 1)
             # w = B / mean B (0 outside N(i)), in B's memory; an unusable fit or an all-zero row (0 / 0 = NaN here)
@@ -526,8 +518,8 @@ class ProGCLLoss(ContrastiveLoss):
         fit_x, fit_data = self._fit_sample(s, negative_mask, context, square, scale)  # (K,) each
         fit_features = _features(fit_x)
         if self.refits(context.step, context.max_steps):
-            init = self.stored_fit()[:3] if self.warm_start else None
-            fit = _em(fit_x, fit_features, fit_data, self.em_iters, init, context.all_reduce)
+            init = self.stored_fit()[:3] if self.options.warm_start else None
+            fit = _em(fit_x, fit_features, fit_data, self.options.em_iters, init, context.all_reduce)
             with torch.no_grad():  # the buffers keep the last valid fit, so they never hold NaN
                 for buffer, value in zip((self.bmm_alpha, self.bmm_beta, self.bmm_pi), fit[:3]):
                     buffer.copy_(torch.where(fit.valid, value, buffer))
@@ -560,8 +552,9 @@ class ProGCLLoss(ContrastiveLoss):
             population = upper.shape[0]
         else:
             population = flat_s.shape[0]
-        if self.fit_pairs is not None and self.fit_pairs < population:
-            index = shared_sample(population, self.fit_pairs, s.device, context.all_reduce)  # (fit_pairs,)
+        fit_pairs = self.options.fit_pairs  # None or 0: every pair
+        if fit_pairs and fit_pairs < population:
+            index = shared_sample(population, fit_pairs, s.device, context.all_reduce)  # (fit_pairs,)
             if square:
                 upper, lower = upper.index_select(0, index), lower.index_select(0, index)
         elif not square:

@@ -1,11 +1,11 @@
-"""The contract between the training loop and a loss: which candidates each anchor is contrasted with
-(`ContrastiveTargets`, with its structural facts checked when it is made) and what the loop tells the loss about the
-step (`LossContext`, a closed set of typed fields).
+"""The contract between the training loop and a loss: how a batch's rows are laid out (`RowLayout`), which
+candidates each anchor is contrasted with (`ContrastiveTargets`, with its structural facts checked when it is made)
+and what the loop tells the loss about the step (`LossContext`, a closed set of typed fields).
 
 `build_targets` makes the targets of a SimCSE step over rows [a, a', b, b', ...], `build_paired_targets` those of a
-step over paired data, rows [a, p, n_1..n_k] per example (SimCSE's supervised layout); `simcse_hn.training.step
-.contrastive_loss` gathers the candidates, builds the targets and the context and calls the loss: the trainer, the
-tests and the benches all go through it.
+step over paired data, rows [a, p, n_1..n_k] per example (SimCSE's supervised layout), and `RowLayout.targets` the
+one its layout calls for; `simcse_hn.training.step.contrastive_loss` gathers the candidates, builds the targets and
+the context and calls the loss: the trainer, the tests and the benches all go through it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,67 @@ from torch import Tensor
 
 FORMS = ("simcse", "symmetric")
 NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How a training batch's rows are laid out, said in this one place: single sentences as rows [a, a', b, b', ...],
+    each text twice (two dropout views; `group_size` None: SimCSECollator), or paired examples as rows
+    [a, p, n_1..n_k] per example, each text once (`group_size` = 2 + k: PairCollator). The collators make batches in
+    it; the step's targets, the queue's entries, GradCache's mini-batches and the counts of trained texts ask it."""
+
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.group_size is not None and self.group_size < 2:
+            raise ValueError(f"a paired example has an anchor and a positive, got group_size {self.group_size}")
+
+    @property
+    def paired(self) -> bool:
+        return self.group_size is not None
+
+    @property
+    def rows_per_example(self) -> int:
+        """The consecutive rows that belong together, never split: a sentence's two views, an example's texts."""
+        return 2 if self.group_size is None else self.group_size
+
+    @property
+    def rows_per_text(self) -> int:
+        return 2 if self.group_size is None else 1
+
+    def texts(self, num_rows: int) -> int:
+        """The texts (sentences, or texts of paired examples) that `num_rows` rows hold."""
+        return num_rows // self.rows_per_text
+
+    def rows_of_texts(self, per_text: Tensor) -> Tensor:
+        """Something given per text (T, ...), in the batch's text order, as rows (R, ...): each sentence's twice."""
+        return per_text if self.rows_per_text == 1 else per_text.repeat_interleave(self.rows_per_text, dim=0)
+
+    def negative_rows(self, num_rows: int, device: torch.device | str | None = None) -> Tensor:
+        """(R',) int64: one row of each text that can be another anchor's negative: each sentence's first view, or each
+        paired example's positive and explicit negatives (anchors never are, in SimCSE's supervised targets)."""
+        rows = torch.arange(num_rows, device=device)
+        if self.group_size is None:
+            return rows[0 :: self.rows_per_text]
+        return rows[rows % self.group_size != 0]
+
+    def targets(
+        self,
+        num_rows: int,
+        form: str = "symmetric",
+        offset: int = 0,
+        num_candidates: int | None = None,
+        device: torch.device | str | None = None,
+        hard_negative_weight: float = 0.0,
+    ) -> ContrastiveTargets:
+        """The targets of `num_rows` local rows in this layout at global rows offset..offset+num_rows of
+        `num_candidates` candidates: `build_targets` (`form` says which rows are anchors) or `build_paired_targets`
+        (with `hard_negative_weight` on each anchor's own explicit negatives)."""
+        if self.group_size is None:
+            if hard_negative_weight != 0:
+                raise ValueError("hard_negative_weight needs paired data with explicit negatives (group_size > 2)")
+            return build_targets(num_rows, form, offset, num_candidates, device)
+        return build_paired_targets(num_rows, self.group_size, offset, num_candidates, device, hard_negative_weight)
 
 
 @dataclass(frozen=True, eq=False)

@@ -219,17 +219,13 @@ class UnReMixLoss(ContrastiveLoss):
     # a SentenceTransformer has no MLP head whose inputs the loss could see
     sentence_transformers_options: ClassVar[dict[str, Any]] = {"gradient": "embedding"}
 
-    beta: float
-    tau_plus: float
-    gradient: str
-    learn_mixture: bool
-    mixture_entropy: float
+    options: UnReMixOptions
 
     def __init__(self, temperature: float = 0.05, **options: Any):
         super().__init__(temperature, **options)
-        self.needs_head_inputs = self.gradient == "head"
+        self.needs_head_inputs = self.options.gradient == "head"
         theta = torch.zeros(3)
-        if self.learn_mixture:
+        if self.options.learn_mixture:
             self.theta = nn.Parameter(theta)
         else:
             self.register_buffer("theta", theta)
@@ -240,14 +236,14 @@ class UnReMixLoss(ContrastiveLoss):
         negative_mask = targets.negative_mask
         plain = batch.plain  # shared with the fallback
         theta = drop_nonfinite_grad(self.theta).to(logits.dtype)
-        lam = torch.softmax(_ReverseGrad.apply(theta) if self.learn_mixture else theta, dim=0)  # (3,)
+        lam = torch.softmax(_ReverseGrad.apply(theta) if self.options.learn_mixture else theta, dim=0)  # (3,)
         anchor_features, candidate_features = context.anchor_features, context.candidate_features
         use_head = self.needs_head_inputs and anchor_features is not None and candidate_features is not None
         metrics = {"lambda_A": lam[0], "lambda_U": lam[1], "lambda_R": lam[2]}
         metrics["u_from_head"] = torch.full((), float(use_head), device=logits.device)
 
         weights, log_r = None, plain.lse
-        if self.beta > 0:
+        if self.options.beta > 0:
             unguarded = batch.unguarded
             with torch.no_grad():
                 features = (anchor_features, candidate_features) if use_head else (None, None)
@@ -272,11 +268,11 @@ class UnReMixLoss(ContrastiveLoss):
             if kappa.requires_grad:  # a learned mixture: autograd through C and the softmax
                 combined = (dev[0] * kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # (M, N)
                 # w = n softmax_{N(i)}(beta C): mean one over N(i), 0 elsewhere
-                w = torch.softmax(combined.mul_(self.beta).add_(bias), dim=1) * n
+                w = torch.softmax(combined.mul_(self.options.beta).add_(bias), dim=1) * n
             else:  # the same without gradient, in dev[0]'s memory: no (M, N) allocation
                 with torch.no_grad():
                     w = dev[0].mul_(kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # C, (M, N)
-                    w.mul_(self.beta).add_(bias)
+                    w.mul_(self.options.beta).add_(bias)
                     w.sub_(w.amax(dim=1, keepdim=True)).exp_()  # a row without negatives: NaN, as softmax's
                     w.mul_(n / w.sum(dim=1, keepdim=True))
             if not targets.standard_negatives:  # an anchor may have no negatives (a guide): 0, not softmax's NaN
@@ -288,13 +284,13 @@ class UnReMixLoss(ContrastiveLoss):
                 w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,), sum_j w_ij = n_i
                 entropy = mean_over_anchors_with_negatives(n.squeeze(1).log() - w_log_w / n.squeeze(1), plain.count)
                 weights = NegativeWeights(make=lambda rows=slice(None): w[rows], max=w.amax(), entropy=entropy)
-        loss, clamped = debiased_from_log_r(plain.pos, log_r, plain.count, self.tau_plus, self.temperature)
+        loss, clamped = debiased_from_log_r(plain.pos, log_r, plain.count, self.options.tau_plus, self.temperature)
         metrics["clamp_frac"] = clamped.float().mean()
-        if self.learn_mixture and self.mixture_entropy > 0:
+        if self.options.learn_mixture and self.options.mixture_entropy > 0:
             # + gamma (H - H) in value, -gamma H in gradient: descending it, theta ascends the entropy
             p = torch.softmax(theta, dim=0)
             entropy = -(p * p.log()).sum()
-            loss = loss + self.mixture_entropy * (entropy.detach() - entropy)
+            loss = loss + self.options.mixture_entropy * (entropy.detach() - entropy)
         return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics)
 
     def component_scores(

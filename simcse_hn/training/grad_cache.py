@@ -49,30 +49,24 @@ class RNGState:
             set_device_states(self.devices, self.device_states, device_type=self.device_type)
 
 
-def split_groups(inputs: dict[str, Tensor], examples: int, group_size: int = 2) -> list[dict[str, Tensor]]:
-    """Rows in groups of `group_size` consecutive rows per example ([a, a'] of a sentence, [a, p, n_1..n_k] of a pair)
-    -> mini-batches of `examples` examples (examples * group_size rows; a group stays together), each without the
-    trailing columns that are padding in all its rows."""
+def split_groups(inputs: dict[str, Tensor], examples: int, rows_per_example: int) -> list[dict[str, Tensor]]:
+    """Rows in groups of `rows_per_example` consecutive rows (the batch's `RowLayout.rows_per_example`) -> mini-batches
+    of `examples` examples (a group stays together), each without the trailing columns that are padding in all its
+    rows."""
     if examples < 1:
         raise ValueError(f"a mini-batch needs at least one sentence, got {examples}")
     rows = inputs["input_ids"].shape[0]
-    if group_size < 1 or rows % group_size:
-        raise ValueError(f"{rows} rows are not groups of {group_size}")
-    chunks = []
-    for start in range(0, rows, group_size * examples):
-        chunk = {key: value[start : start + group_size * examples] for key, value in inputs.items()}
+    if rows_per_example < 1 or rows % rows_per_example:
+        raise ValueError(f"{rows} rows are not groups of {rows_per_example}")
+    chunks, step = [], rows_per_example * examples
+    for start in range(0, rows, step):
+        chunk = {key: value[start : start + step] for key, value in inputs.items()}
         mask = chunk.get("attention_mask")
         if mask is not None and mask.dim() == 2:
             length = int(mask.any(dim=0).nonzero().max()) + 1 if mask.any() else mask.shape[1]  # one host sync
             chunk = {k: v[:, :length] if v.dim() >= 2 and v.shape[:2] == mask.shape else v for k, v in chunk.items()}
         chunks.append(chunk)
     return chunks
-
-
-def split_pairs(inputs: dict[str, Tensor], sentences: int) -> list[dict[str, Tensor]]:
-    """Rows [a, a', b, b', ...] -> mini-batches of `sentences` sentences (2 * sentences rows; the pairs stay
-    together), each without the trailing columns that are padding in all its rows."""
-    return split_groups(inputs, sentences, 2)
 
 
 def cached_loss(

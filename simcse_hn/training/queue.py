@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from transformers import TrainerCallback
 
 from simcse_hn.errors import ConfigError
+from simcse_hn.losses.targets import RowLayout
 from simcse_hn.training import distributed
 from simcse_hn.training.checkpoints import QUEUE_FILE
 
@@ -46,15 +47,6 @@ class QueueEntries(NamedTuple):
     text_ids: Tensor
     features: Tensor | None = None
     guide: Tensor | None = None
-
-
-def queued_rows(num_rows: int, group_size: int | None, device: torch.device | str | None = None) -> Tensor:
-    """The rows of a batch that are enqueued (R',) int64: each sentence's first view of [a, a', b, b', ...]
-    (group_size None), or each paired example's positive and explicit negatives of [a, p, n_1..n_k]."""
-    rows = torch.arange(num_rows, device=device)
-    if group_size is None:
-        return rows[0::2]
-    return rows[rows % group_size != 0]
 
 
 class NegativeQueue:
@@ -145,7 +137,7 @@ class QueueRun:
     def __init__(self, size: int, momentum: float, group_size: int | None, chunk_rows: int | None = None):
         self.queue = NegativeQueue(size)
         self.momentum = momentum
-        self.group_size = group_size
+        self.layout = RowLayout(group_size)
         self.chunk_rows = chunk_rows  # GradCache: the momentum encoder embeds this many rows at a time
         self.encoder: MomentumEncoder | None = None
         self.pending: list[QueueEntries] = []
@@ -157,7 +149,7 @@ class QueueRun:
         encoder's), None without one."""
         if not args.queue_size:
             return None
-        chunk = args.cache_minibatch_size and args.cache_minibatch_size * (group_size or 2)
+        chunk = args.cache_minibatch_size and args.cache_minibatch_size * RowLayout(group_size).rows_per_example
         return cls(args.queue_size, args.momentum, group_size, chunk)
 
     def entries(self) -> QueueEntries | None:
@@ -179,7 +171,7 @@ class QueueRun:
         needs_head_inputs = model.loss_fn.needs_head_inputs
         if text_ids is None:  # the collators give them; an entry's text is how an anchor's own is masked
             raise ValueError("a queue needs the batch's text_ids (SimCSECollator and PairCollator give them)")
-        rows = queued_rows(embeddings.shape[0], self.group_size, embeddings.device)
+        rows = self.layout.negative_rows(embeddings.shape[0], embeddings.device)  # one row per negative text
         if self.momentum > 0:
             self._ensure_encoder(model)
             assert self.encoder is not None

@@ -10,9 +10,9 @@ import logging
 import torch
 from torch import Tensor
 
-from simcse_hn.data.guide import guide_targets
 from simcse_hn.losses import ContrastiveLoss, LossOutput
-from simcse_hn.losses.targets import ContrastiveTargets, LossContext, build_paired_targets, build_targets
+from simcse_hn.losses.false_negatives import guide_targets
+from simcse_hn.losses.targets import ContrastiveTargets, LossContext, RowLayout
 from simcse_hn.training import distributed
 from simcse_hn.training.queue import QueueEntries
 
@@ -38,11 +38,12 @@ def contrastive_loss(
     """One step's loss: local rows (R, D) -> candidates gathered from every process with gradient (when `gather` and
     there is more than one process), targets offset by rank, the loss context.
 
-    Layouts: `group_size` None, rows [a, a', b, b', ...] of single sentences (`form` says which rows are anchors); an
-    int g, rows [a, p, n_1..n_{g-2}] per example of paired data (SimCSE's supervised targets, `build_paired_targets`,
-    with `hard_negative_weight` on each anchor's own explicit negatives). guide_embeddings (R, E): a guide model's
-    embeddings of the same rows (detached; gathered like the rows): negatives the guide scores above the anchor's
-    positive minus `guide_margin` leave N(i) for the step (simcse_hn.data.guide; metrics `guide_removed*`).
+    Layouts (`RowLayout(group_size)`): `group_size` None, rows [a, a', b, b', ...] of single sentences (`form` says
+    which rows are anchors); an int g, rows [a, p, n_1..n_{g-2}] per example of paired data (SimCSE's supervised
+    targets, with `hard_negative_weight` on each anchor's own explicit negatives). guide_embeddings (R, E): a guide
+    model's embeddings of the same rows (detached; gathered like the rows): negatives the guide scores above the
+    anchor's positive minus `guide_margin` leave N(i) for the step (simcse_hn.losses.false_negatives; metrics
+    `guide_removed*`).
 
     Each process averages over its own anchors and DDP averages gradients over processes, so W processes give exactly
     the gradient of one process on the global batch. head_inputs (R, H): the MLP head's inputs (for an objective
@@ -64,13 +65,8 @@ def contrastive_loss(
         if text_ids is not None:
             candidate_ids = distributed.all_gather_no_grad(text_ids)  # (RW,)
         offset = distributed.rank() * embeddings.shape[0]
-    rows, device = embeddings.shape[0], embeddings.device
-    if group_size is None:
-        if hard_negative_weight != 0:
-            raise ValueError("hard_negative_weight needs paired data with explicit negatives (group_size > 2)")
-        targets = build_targets(rows, form, offset, candidates.shape[0], device)
-    else:
-        targets = build_paired_targets(rows, group_size, offset, candidates.shape[0], device, hard_negative_weight)
+    targets = RowLayout(group_size).targets(embeddings.shape[0], form, offset, candidates.shape[0], embeddings.device,
+                                            hard_negative_weight)  # fmt: skip
     if queue is not None:
         candidates, targets, candidate_features, candidate_ids, guide_candidates = with_queue(
             queue, candidates, targets, candidate_features, candidate_ids, guide_candidates

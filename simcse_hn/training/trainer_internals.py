@@ -1,7 +1,7 @@
-"""What SimCSETrainer relies on of `transformers.Trainer` beyond its public hooks, in one place: the private methods
-it overrides (at most three), each with the reason no public hook serves, and the check that an installed
-transformers still has them (SimCSETrainer refuses to start without; tests/test_trainer_hooks.py
-runs it on every CI run).
+"""What SimCSETrainer relies on of `transformers.Trainer` beyond its public hooks: the private methods it overrides
+(at most three; listed, each with the reason no public hook serves, with every other private member simcse-hn uses,
+in simcse_hn.private_api) and the check that an installed transformers still has them (SimCSETrainer refuses to
+start without; tests/test_trainer_hooks.py runs it on every CI run).
 
 Everything else stands on public hooks: compute_loss, get_train_dataloader, get_eval_dataloader, prediction_step,
 save_model, log, train, and callbacks (training.callbacks: the non-finite gradient guard, the sampler's epoch and
@@ -15,71 +15,32 @@ gradient accumulation is set through the model's public `accepts_loss_kwargs` (S
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import logging
 import math
 
 from transformers import Trainer
 
+from simcse_hn.private_api import PRIVATE_TRAINER_OVERRIDES, problems
+
 logger = logging.getLogger(__name__)
-
-@dataclasses.dataclass(frozen=True)
-class TrainerInternal:
-    """A part of `transformers.Trainer` outside its public hooks that SimCSETrainer relies on: its `name`, the
-    parameters after `self` it is overridden with, `why` no public hook serves, and
-    whether a Trainer without it would train or load wrongly (`essential`) or only more slowly."""
-
-    name: str
-    parameters: tuple[str, ...]
-    why: str
-    essential: bool = True
-
-
-PRIVATE_TRAINER_OVERRIDES = (
-    TrainerInternal("_get_grad_norm", ("model", "grad_norm"), "the step's total gradient norm, which the Trainer "
-                    "computes anyway for clipping and logging, goes to the non-finite guard: a finite norm spares it "
-                    "a pass over every gradient. No callback receives the norm.", essential=False),
-    TrainerInternal("_load_from_checkpoint", ("resume_from_checkpoint", "model"), "a resume loads the saved folder's "
-                    "own files (encoder in transformers format, head, loss state: SimCSEModel.load_weights). "
-                    "SimCSEModel is no PreTrainedModel: the Trainer's loader, non-strict, would match none of its "
-                    "keys and load nothing. A sharded model goes to the Trainer's loader."),
-    TrainerInternal("_load_best_model", (), "load_best_model_at_end, for the same reason as _load_from_checkpoint."),
-)  # fmt: skip
 
 
 def trainer_internals_problems(trainer_class: type = Trainer) -> list[str]:
     """What `trainer_class` lacks of PRIVATE_TRAINER_OVERRIDES (a name gone, a method's
     parameters renamed or reordered), one line each; [] when it has them all."""
-    return [problem for _, problem in _problems(trainer_class)]
+    return [problem for _, problem in problems(trainer_class, PRIVATE_TRAINER_OVERRIDES)]
 
 
 def check_trainer_internals(trainer_class: type = Trainer) -> None:
     """Refuse (RuntimeError) an installed transformers whose Trainer lacks an essential one: an override that no
     longer overrides anything would leave the Trainer's own method running, silently (a resume loading no weights).
     Without one that is not essential, a warning: the run is slower, not wrong."""
-    problems = _problems(trainer_class)
-    fatal = [problem for internal, problem in problems if internal.essential]
+    found = problems(trainer_class, PRIVATE_TRAINER_OVERRIDES)
+    fatal = [problem for member, problem in found if member.essential]
     if fatal:
         raise RuntimeError("this transformers release lacks what SimCSETrainer relies on: " + "; ".join(fatal))
-    for _, problem in problems:
+    for _, problem in found:
         logger.warning("this transformers release lacks what SimCSETrainer uses: %s", problem)
-
-
-def _problems(trainer_class: type) -> list[tuple[TrainerInternal, str]]:
-    problems = []
-    for internal in PRIVATE_TRAINER_OVERRIDES:
-        where = f"{trainer_class.__name__}.{internal.name}"
-        if not hasattr(trainer_class, internal.name):
-            problems.append((internal, f"{where} is gone ({internal.why})"))
-        else:
-            member = getattr(trainer_class, internal.name)
-            found = tuple(inspect.signature(member).parameters)[1:] if callable(member) else None
-            if found != internal.parameters:
-                shown = "not a method" if found is None else f"({', '.join(found)})"
-                wanted = ", ".join(internal.parameters)
-                problems.append((internal, f"{where} is {shown}, simcse-hn overrides ({wanted})"))
-    return problems
 
 
 def planned_steps(args, batches: int | None) -> int:
