@@ -61,17 +61,20 @@ def parse_baseline(spec: str) -> tuple[str, str, str | None]:
 
 
 def pooling_name(model: str, info: dict) -> str:
-    """How a row's encoder pools, for its label: the pooler, or a sentence-transformers model's own pooling."""
+    """How a row's encoder pools, for its label: the pooler, or a sentence-transformers model's own pooling as its
+    Pooling module's config names it (sentence-transformers 5.x `pooling_mode_mean_tokens: true`, later
+    `pooling_mode: "mean"`)."""
     if info["pooler"] is not None:
         return info["pooler"]
-    config = os.path.join(model, "1_Pooling", "config.json")
     try:
-        with open(config, encoding="utf-8") as f:
-            modes = [key[len("pooling_mode_"):] for key, on in json.load(f).items()
-                     if key.startswith("pooling_mode_") and on is True]  # fmt: skip
-        return f"own {'+'.join(modes).replace('_tokens', '')} pooling"
+        with open(os.path.join(model, "1_Pooling", "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        modes = [config["pooling_mode"]] if isinstance(config.get("pooling_mode"), str) else [
+            key[len("pooling_mode_"):].replace("_tokens", "").replace("_token", "")
+            for key, on in config.items() if key.startswith("pooling_mode_") and on is True]  # fmt: skip
     except (OSError, ValueError, AttributeError):
-        return "own modules"
+        modes = []
+    return f"own {'+'.join(modes)} pooling" if modes else "own modules"
 
 
 def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:

@@ -1,0 +1,82 @@
+"""The quick start says where it started: configs/quickstart_minilm.yaml on a sentence-transformers base model prints
+the STS-B dev score before training in both poolings (the CLS vector it trains, the encoder's own mean pooling) beside
+the trained score, and what unsupervised SimCSE can be expected to do from such an encoder. Run on a tiny random
+sentence-transformers model built here (the real MiniLM takes minutes on a CPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+from scipy.stats import spearmanr
+
+from simcse_hn.data.sts import load_sts_pairs
+from simcse_hn.evaluation.starting_point import start_summary
+from simcse_hn.testing.models import build_tiny_bert
+
+DEV = "tests/fixtures/sts_tiny.jsonl"
+
+
+@pytest.fixture(scope="module")
+def st_base(tmp_path_factory):
+    """A tiny random BERT with mean pooling saved as a sentence-transformers model (modules.json), like MiniLM."""
+    from sentence_transformers import SentenceTransformer, models
+
+    path = str(tmp_path_factory.mktemp("base") / "tiny-st")
+    encoder, tokenizer = build_tiny_bert(seed=3)
+    with torch.random.fork_rng(devices=[]):  # weights far from BERT's 0.02 init: sentences' embeddings differ
+        torch.manual_seed(0)
+        for weight in encoder.parameters():
+            if weight.dim() == 2:
+                torch.nn.init.normal_(weight, std=0.5)
+    encoder.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    transformer = models.Transformer(path)
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    SentenceTransformer(modules=[transformer, pooling], device="cpu").save(path)
+    return path
+
+
+def own_pooling_dev_score(path: str) -> float:
+    """STS-B dev Spearman x 100 of the model as sentence-transformers encodes it (an independent reference). The
+    dev file pairs many sentences with themselves: cosines rounded to 5 decimals, so that those are ties at 1 as in
+    the trainer's evaluation (each distinct sentence encoded once), not ranked by float noise."""
+    from sentence_transformers import SentenceTransformer
+
+    pairs = load_sts_pairs(str(ROOT / DEV), "dev")
+    model = SentenceTransformer(path, device="cpu")
+    a, b = (model.encode(s, convert_to_numpy=True).astype(np.float64) for s in (pairs.sentence1, pairs.sentence2))
+    cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    return 100 * spearmanr(np.round(cosine, 5), pairs.scores).statistic
+
+
+def test_quickstart_config_prints_its_start_in_both_poolings(tmp_path, st_base):
+    out = tmp_path / "quickstart"
+    command = [sys.executable, "train.py", "--config", "configs/quickstart_minilm.yaml", "--model_name_or_path",
+               st_base, "--train_file", "tests/fixtures/tiny_corpus.txt", "--eval_file", DEV, "--max_steps", "2",
+               "--eval_steps", "2", "--save_steps", "2", "--per_device_train_batch_size", "16", "--output_dir",
+               str(out)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = re.search(r"STS-B dev Spearman x 100 of the saved model \(cls pooler\): (-?\d+\.\d\d) \(before training: "
+                     r"(-?\d+\.\d\d) with the cls pooler this run trains; (-?\d+\.\d\d) with tiny-st's own mean "
+                     r"pooling\)", result.stdout)  # fmt: skip
+    assert line, result.stdout[-3000:]
+    assert float(line.group(3)) == pytest.approx(own_pooling_dev_score(st_base), abs=0.02)
+    assert abs(float(line.group(3)) - float(line.group(2))) > 1  # the two poolings start apart
+    assert "tiny-st is a sentence-transformers model, already trained for sentence similarity" in result.stdout
+    assert f"python eval/sts.py --model {out} --baseline {st_base} --baseline {st_base}:cls" in result.stdout
+
+
+def test_a_raw_encoder_gets_the_one_line_it_always_had():
+    assert start_summary("cls", 70.0, 60.5, None, "outputs/x", "bert-base-uncased") == [
+        "STS-B dev Spearman x 100 of the saved model (cls pooler): 70.00 (before training: 60.50 with the cls pooler "
+        "this run trains)"
+    ]
