@@ -36,11 +36,10 @@ def st_base(tmp_path_factory):
         for weight in encoder.parameters():
             if weight.dim() == 2:
                 torch.nn.init.normal_(weight, std=0.5)
-    encoder.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    transformer = models.Transformer(path)
-    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
-    SentenceTransformer(modules=[transformer, pooling], device="cpu").save(path)
+    for part in (encoder, tokenizer):
+        part.save_pretrained(path)
+    modules = [models.Transformer(path), models.Pooling(encoder.config.hidden_size, pooling_mode="mean")]
+    SentenceTransformer(modules=modules, device="cpu").save(path)  # modules.json, 1_Pooling/
     return path
 
 
