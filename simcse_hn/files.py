@@ -225,7 +225,10 @@ class ReportFolder:
                         f"or choose another {self.flag}")  # fmt: skip
 
     def check(self, names: Iterable[str]) -> None:
-        """Refuse (one line) when one of `names` is in the folder and the mark does not list it as it is now."""
+        """Refuse (one line) when one of `names` is in the folder and the mark does not list it as it is now, or
+        when the folder is a file."""
+        if os.path.lexists(self.folder) and not os.path.isdir(self.folder):
+            raise DataError(f"{self.flag} {self.folder}: a file is there, not a folder")
         mark = self.mark()
         for name in names:
             path = os.path.join(self.folder, name)

@@ -166,3 +166,13 @@ def test_a_bad_baseline_is_one_line_before_any_model_loads(tmp_path, capsys):
     data = write_data(tmp_path / "sts")
     assert sts.main(sts_args(data, tmp_path / "out", "--baseline", str(tmp_path / "nowhere"))) == 2
     assert "--baseline" in one_error_line(capsys) and not (tmp_path / "out").exists()
+
+
+def test_an_output_that_is_a_file_is_one_line(tmp_path, capsys):
+    data = write_data(tmp_path / "sts")
+    (tmp_path / "taken").write_text(USER_TEXT)
+    assert sts.main(sts_args(data, tmp_path / "taken")) == 2
+    assert one_error_line(capsys) == f"error: --output {tmp_path / 'taken'}: a file is there, not a folder"
+    assert compare.main([str(tmp_path / "nothing"), "--output", str(tmp_path / "taken")]) == 2
+    assert "a file is there, not a folder" in one_error_line(capsys)
+    assert (tmp_path / "taken").read_text() == USER_TEXT

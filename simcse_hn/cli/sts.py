@@ -216,6 +216,7 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     ReportFolder(args.output).check(REPORT_FILES)  # a user's file in the way: refused before any model loads
     mteb_cache = args.mteb_results or os.path.join(args.output, "mteb")
     mteb_inside = not os.path.relpath(os.path.abspath(mteb_cache), os.path.abspath(args.output)).startswith("..")
+    ReportFolder(mteb_cache, "--mteb_results").check(())  # a file, or a mark that is not ours
 
     # Read and check every task file before the model loads: a bad line fails in seconds.
     tasks = [load_sts_task(name, args.data_dir, sickr_all=args.sickr_all) for name in names]
