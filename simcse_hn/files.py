@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import struct
+import tempfile
+from collections.abc import Iterable
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+from simcse_hn.errors import DataError
 
 SIMCSE_CONFIG = "simcse_config.json"  # pooler, loss, hyper-parameters, training budget (SimCSEModel.save_pretrained)
 HEAD_WEIGHTS = "simcse_head.safetensors"  # SimCSE's MLP head
@@ -18,6 +24,8 @@ STS_RESULTS = "sts_results.json"  # eval/sts.py --save_to_model
 CARD = "README.md"
 # an output folder simcse-hn writes, and its run family's id (simcse_hn.training.checkpoints)
 RUN_MARKER = "simcse_run.json"
+# a folder a report command wrote into (ReportFolder): each file it wrote there, with its sha256
+REPORT_MARK = "simcse_report.json"
 
 
 # Suffixes of the files a user points simcse-hn at: a name ending so is a local file that does not exist (yet), not a
@@ -154,3 +162,105 @@ def safetensors_problem(path: str) -> str | None:
     if size != 8 + header_size + end:
         return f"{os.path.basename(path)} is truncated ({size} of {8 + header_size + end} bytes)"
     return None
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class ReportFolder:
+    """A folder the user names for a report (eval/sts.py, eval/compare.py, eval/curves.py `--output`): nothing in it
+    that a report command did not write is ever replaced, and what one wrote is rewritten by the next run.
+
+    Inside `with ReportFolder(folder) as report:` the command writes into a staging folder (`report.path(name)`);
+    `report.commit()` then moves every file into place, after checking each name against the folder's mark
+    (REPORT_MARK: every file a report wrote there, with its sha256). A file already there is replaced only when the
+    mark lists it with the content it has now; a file the user wrote or changed makes the command refuse in one line
+    (DataError), and nothing moves. `check(names)` is the same check ahead, for the names known before any work.
+    The mark is written before the files move (listing both contents of each replaced file) and after, so a kill
+    in between leaves a folder the next run still recognises as its own."""
+
+    def __init__(self, folder: str, flag: str = "--output"):
+        self.folder, self.flag = folder, flag
+        self.staging: str | None = None
+
+    def __enter__(self) -> ReportFolder:
+        os.makedirs(self.folder, exist_ok=True)
+        self.staging = tempfile.mkdtemp(prefix=".simcse-report-", dir=self.folder)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def path(self, name: str = "") -> str:
+        """Where the command writes `name` (relative to the folder) before commit()."""
+        assert self.staging is not None, "ReportFolder.path outside its `with` block"
+        path = os.path.join(self.staging, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return path
+
+    def staged(self) -> list[str]:
+        """The names (relative, '/'-separated) of the files written so far."""
+        assert self.staging is not None, "ReportFolder used outside its `with` block"
+        return sorted(os.path.relpath(os.path.join(root, f), self.staging).replace(os.sep, "/")
+                      for root, _, files in os.walk(self.staging) for f in files)  # fmt: skip
+
+    def mark(self) -> dict[str, list[str]]:
+        """{file (relative, '/'-separated): [sha256, ...]} of the folder's mark; {} without one."""
+        path = os.path.join(self.folder, REPORT_MARK)
+        if not os.path.lexists(path):
+            return {}
+        try:
+            files = (read_json(path) or {})["files"]
+            if all(isinstance(v, list) for v in files.values()):
+                return files
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        raise DataError(f"{self.flag} {self.folder}: {REPORT_MARK} is not the mark simcse-hn writes; move it away "
+                        f"or choose another {self.flag}")  # fmt: skip
+
+    def check(self, names: Iterable[str]) -> None:
+        """Refuse (one line) when one of `names` is in the folder and the mark does not list it as it is now, or
+        when the folder is a file."""
+        if os.path.lexists(self.folder) and not os.path.isdir(self.folder):
+            raise DataError(f"{self.flag} {self.folder}: a file is there, not a folder")
+        mark = self.mark()
+        for name in names:
+            path = os.path.join(self.folder, name)
+            if not os.path.lexists(path):
+                continue
+            if os.path.isfile(path) and not os.path.islink(path) and file_sha256(path) in mark.get(name, []):
+                continue
+            why = "changed since a report wrote it" if name in mark else "not written by a report of simcse-hn"
+            raise DataError(f"{self.flag} {self.folder}: {name} is there, {why}, and would be replaced; move it "
+                            f"away or choose another {self.flag}")  # fmt: skip
+
+    def commit(self) -> list[str]:
+        """Check every staged file, then move them into place. -> their names"""
+        names = self.staged()
+        self.check(names)
+        old = self.mark()
+        present = {name: hashes for name, hashes in old.items() if os.path.isfile(os.path.join(self.folder, name))}
+        new = {name: file_sha256(os.path.join(self.staging, name)) for name in names}
+        current = {name: file_sha256(os.path.join(self.folder, name)) for name in names if name in present}
+        pending = dict(present)  # until every file has moved, a replaced file is ours with either content
+        for name, digest in new.items():
+            pending[name] = sorted({digest, current[name]}) if name in current else [digest]
+        self._write_mark(pending)
+        for name in names:
+            target = os.path.join(self.folder, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.replace(os.path.join(self.staging, name), target)
+        self._write_mark({**present, **{name: [h] for name, h in new.items()}})
+        return names
+
+    def _write_mark(self, files: dict[str, list[str]]) -> None:
+        assert self.staging is not None
+        staged = os.path.join(self.staging, REPORT_MARK + ".tmp")
+        write_json(staged, {"written_by": "simcse-hn report commands", "files": files})
+        os.replace(staged, os.path.join(self.folder, REPORT_MARK))

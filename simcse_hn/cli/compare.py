@@ -16,7 +16,8 @@ same record (or --seeds). Per group, per task and on the average: mean, standard
 t-interval over seeds, and the number of seeds. Against --baseline: a paired t-test by seed (scipy.stats.ttest_rel)
 and a paired bootstrap over STS pairs (from predictions.npz beside each results.json), per seed and for the mean over
 seeds. Writes comparison.md, comparison.json and comparison.png (plus comparison_delta.png with a baseline and
-alignment_uniformity.png when the runs have it) into --output and prints the tables.
+alignment_uniformity.png when the runs have it) into --output and prints the tables; a file there that no report wrote
+is never replaced (files.ReportFolder: the run refuses in one line).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from simcse_hn.evaluation.comparability import group_names, scored_alike, settin
 from simcse_hn.evaluation.comparison_plots import plot_deltas, plot_geometry, plot_groups
 from simcse_hn.evaluation.reports import model_label, protocol, results_table, training_summary, unique_labels
 from simcse_hn.evaluation.results import PREDICTIONS, load_predictions
-from simcse_hn.files import portable_name
+from simcse_hn.files import ReportFolder, portable_name
 
 RESULT_FILES = ("results.json", "sts_results.json")
+REPORT_FILES = ("comparison.md", "comparison.json", "comparison.png", "comparison_delta.png",
+                "alignment_uniformity.png")
 METHOD = (
     "Mean and standard deviation (ddof 1) over seeds; 95% interval: Student t, mean +- t(0.975, n-1) s/sqrt(n). "
     "Paired t-test: scipy.stats.ttest_rel on the per-seed scores of the seeds both groups have. Paired bootstrap: "
@@ -277,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default=None, help="Chart title.")
     args = parser.parse_args(argv)
     try:
+        ReportFolder(args.output).check(REPORT_FILES)  # a user's file in the way: refused before any work
         if args.bootstrap < 0:
             raise DataError(f"--bootstrap must be >= 0, got {args.bootstrap}")
         loaded = [run for path in args.runs for run in load_runs(path)]
@@ -300,9 +304,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    os.makedirs(args.output, exist_ok=True)
     text = markdown(runs, comparison, args.bootstrap)
-    with open(os.path.join(args.output, "comparison.md"), "w", encoding="utf-8") as f:
+    try:
+        with ReportFolder(args.output) as report:
+            write_report(report, text, runs, comparison, args)
+            report.commit()
+    except DataError as e:  # a file of the user's in the way
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    return 0
+
+
+def write_report(report: ReportFolder, text: str, runs: list[dict], comparison: dict, args) -> None:
+    """comparison.md, comparison.json and the charts, into the report's staging folder."""
+    with open(report.path("comparison.md"), "w", encoding="utf-8") as f:
         f.write(text)
     record = {
         "method": METHOD.format(resamples=args.bootstrap),
@@ -312,15 +328,13 @@ def main(argv: list[str] | None = None) -> int:
                  for r in runs],  # fmt: skip
         **comparison,
     }
-    with open(os.path.join(args.output, "comparison.json"), "w", encoding="utf-8") as f:
+    with open(report.path("comparison.json"), "w", encoding="utf-8") as f:
         json.dump(finite(record), f, indent=2, allow_nan=False)
         f.write("\n")
-    plot_groups(runs, comparison, os.path.join(args.output, "comparison.png"), args.title)
+    plot_groups(runs, comparison, report.path("comparison.png"), args.title)
     if comparison["baseline"] is not None and comparison["tests"]:
-        plot_deltas(comparison, os.path.join(args.output, "comparison_delta.png"))
-    plot_geometry(runs, os.path.join(args.output, "alignment_uniformity.png"))
-    print(text, end="")
-    return 0
+        plot_deltas(comparison, report.path("comparison_delta.png"))
+    plot_geometry(runs, report.path("alignment_uniformity.png"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ folders are gone).
 Writes curves.md (a summary table), curves.json (every series), curves.png (all metrics), curve_<metric>.png (one
 per metric, one paper column wide) and, when the runs logged eval_alignment and eval_uniformity,
 alignment_uniformity.png (the SimCSE chart, one point per evaluation). Metrics that never changed (no fallback,
-no skipped step) are listed in curves.md instead of drawn, unless named in --keys.
+no skipped step) are listed in curves.md instead of drawn, unless named in --keys. A file in --output that no report
+wrote is never replaced (files.ReportFolder: the run refuses in one line).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.curves import load_curves, load_record, write_curves
 from simcse_hn.evaluation.reports import model_label, unique_labels
+from simcse_hn.files import ReportFolder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", default=None, help="Comma-separated metrics to draw (default: every one logged).")
     args = parser.parse_args(argv)
     try:
+        ReportFolder(args.output).check(("curves.md", "curves.json", "curves.png"))  # before any run is read
         folders = [run for run in args.runs if not (run.endswith(".json") and os.path.isfile(run))]
         labels = [label.strip() for label in args.labels.split(",")] if args.labels else None
         if labels is not None and len(labels) != len(folders):
@@ -47,11 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         for run in args.runs:
             runs += load_record(run) if run not in folders else [load_curves(run, name=next(labels))]
         keys = [key.strip() for key in args.keys.split(",")] if args.keys else None
-        written = write_curves(runs, args.output, keys)
+        with ReportFolder(args.output) as report:
+            written = write_curves(runs, report.path(), keys)
+            with open(report.path("curves.md"), encoding="utf-8") as f:
+                text = f.read()
+            report.commit()
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(open(os.path.join(args.output, "curves.md"), encoding="utf-8").read(), end="")
+    print(text, end="")
     print(f"wrote {', '.join(written)} to {args.output}", file=sys.stderr)
     return 0
 

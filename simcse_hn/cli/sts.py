@@ -14,13 +14,17 @@ SimCSE folder's simcse_config.json (the objective, its settings, the seed) is co
 It also writes one MTEB result file per task, in MTEB's layout and schema (simcse_hn.evaluation.mteb_results), into an
 MTEB results cache (default --output/mteb): results/{org}__{model}/{revision}/{Task}.json and model_meta.json, holding
 MTEB's numbers (each task alone, SICK-R's 9,927 pairs), through mteb's own TaskResult when mteb is installed.
+--baseline MODEL[:POOLER] (repeatable) scores another encoder (the one a model was trained from, say) in the same run
+and protocol: a row beside the model's in results.md, results.png and the printed table; results.json "baselines".
 Without --data_dir the tasks come from the Hub (mteb/*-sts, sentence-transformers/stsb) through `datasets`.
+No file in --output (or --mteb_results) that a report did not write is replaced (files.ReportFolder): one line refuses.
 User errors (a missing or malformed task file, a bad flag) print one `error: ...` line and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +39,7 @@ from simcse_hn.evaluation.comparability import data_fingerprint
 from simcse_hn.evaluation.curves import load_curves, write_curves
 from simcse_hn.evaluation.encoding import load_encoder
 from simcse_hn.evaluation.plots import plot_results
-from simcse_hn.evaluation.reports import model_label, results_markdown, results_table
+from simcse_hn.evaluation.reports import model_label, parse_baseline, pooling_name, results_markdown, results_table
 from simcse_hn.evaluation.results import PREDICTIONS, save_predictions, sts_results
 from simcse_hn.evaluation.scoring import (
     AGGREGATION_HELP,
@@ -47,7 +51,7 @@ from simcse_hn.evaluation.scoring import (
 )
 from simcse_hn.export import hub
 from simcse_hn.export.model_card import save_sts_results
-from simcse_hn.files import SIMCSE_CONFIG
+from simcse_hn.files import SIMCSE_CONFIG, ReportFolder, portable_name
 from simcse_hn.modeling.loading import resolve_packaged
 from simcse_hn.modeling.model import POOLERS
 from simcse_hn.provenance import check_own_checkout, code_identity
@@ -76,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Folder for results.json, results.md, results.png and predictions.npz. Default: beside the model, "
         "never inside it: MODEL-sts for a local folder, sts-NAME in the current folder for a Hub id.",
+    )
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="MODEL[:POOLER]",
+        help="Also score this encoder (a folder, Hub id or builtin:NAME; :POOLER picks a pooler, else its own: the "
+        "sentence-transformers modules of such a model) in the same run and protocol, as a row beside --model's, "
+        "e.g. the model it was trained from. Repeatable.",
     )
     parser.add_argument("--tasks", default="all", help="'all' or a comma-separated list, e.g. sts12,stsb,sickr.")
     parser.add_argument(
@@ -168,6 +181,9 @@ def default_output(model: str) -> str:
     return "sts-" + model.rstrip("/").split("/")[-1].split(":")[-1]
 
 
+REPORT_FILES = ("results.json", "results.md", "results.png", PREDICTIONS)  # into --output, whatever else
+
+
 def run(args: argparse.Namespace, script: str | None = None) -> int:
     other_code = check_own_checkout(script, allow_other=args.allow_other_code) if script else None
     if other_code is not None:
@@ -183,9 +199,9 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     hub_repo = args.hub_model_id or (None if local_model else args.model)
     if args.push_to_hub and not hub_repo:
         raise DataError("--push_to_hub needs --hub_model_id when --model is a local folder")
-    if args.pooler is not None:
-        if args.pooler not in POOLERS:
-            raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
+    if args.pooler is not None and args.pooler not in POOLERS:
+        raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
+    baselines = [parse_baseline(spec) for spec in args.baseline]
     if args.device is not None and args.device.startswith("cuda"):
         import torch
 
@@ -197,6 +213,10 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
         names = parse_tasks(args.tasks)
     except ValueError as e:
         raise DataError(f"--tasks: {e}") from None
+    ReportFolder(args.output).check(REPORT_FILES)  # a user's file in the way: refused before any model loads
+    mteb_cache = args.mteb_results or os.path.join(args.output, "mteb")
+    mteb_inside = not os.path.relpath(os.path.abspath(mteb_cache), os.path.abspath(args.output)).startswith("..")
+    ReportFolder(mteb_cache, "--mteb_results").check(())  # a file, or a mark that is not ours
 
     # Read and check every task file before the model loads: a bad line fails in seconds.
     tasks = [load_sts_task(name, args.data_dir, sickr_all=args.sickr_all) for name in names]
@@ -216,28 +236,8 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
             raise DataError(f"--curves needs a local training output folder; {args.model!r} is not one")
         curves = load_curves(args.model)
 
-    try:
-        encode, info = load_encoder(
-            args.model,
-            pooler=args.pooler,
-            device=args.device,
-            batch_size=args.batch_size,
-            max_seq_length=args.max_seq_length,
-            show_progress_bar=not args.no_progress_bar,
-        )
-    except OSError as e:  # missing folder or Hub repo, no network, unreadable weights
-        raise DataError(f"could not load model {args.model!r} ({str(e).splitlines()[0]})") from None
-
-    # one encode call: the suite's sentences, then the STS-B dev sentences it lacks (about a quarter of them)
-    start = time.perf_counter()
-    extra = ((dev.sentence1 + dev.sentence2) if dev else []) + mteb_extra
-    embeddings, index = encode_union(encode, tasks, extra=extra)
-    encode_seconds = time.perf_counter() - start
-    scores, predictions = score_encoded_tasks(embeddings, index, tasks, args.aggregation)
-    geometry = None
-    if dev is not None:
-        geometry = alignment_uniformity_encoded(embeddings, index, dev, device=info["device"])
-        geometry["source"] = dev_source
+    scored = encode_and_score(args, args.model, args.pooler, tasks, (dev, dev_source), extra=mteb_extra)
+    info = scored["info"]
     settings = {
         "tasks": names,
         "data": args.data_dir or "hub",
@@ -252,53 +252,46 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
         "data_sha256": {task.name: data_fingerprint(task) for task in tasks},  # what eval/compare.py checks
         **provenance,
     }
-    results = sts_results(
-        scores,
-        args.model,
-        info["pooler"],
-        sickr_all=args.sickr_all,
-        settings=settings,
-        alignment_uniformity=geometry,
-        training=training_config(args.model),
-    )
-
-    os.makedirs(args.output, exist_ok=True)
-    mteb_record = None
-    if mteb_tasks:
-        similarity = mteb_results.similarity_function(args.model, info["backend"])
-        scored = mteb_results.score_tasks(embeddings, index, mteb_tasks, similarity, encode_seconds)
-        fields = {
-            "name": args.mteb_model_name or mteb_results.model_name(requested_model, args.hub_model_id),
-            "revision": mteb_results.model_revision(args.model),
-            "embed_dim": int(embeddings.shape[1]),
-            "max_tokens": info["max_seq_length"],
-            "similarity_fn_name": similarity,
-            "framework": ["Sentence Transformers", "PyTorch"],
-            "adapted_from": mteb_results.adapted_from(results.get("training")),
-        }
-        cache = args.mteb_results or os.path.join(args.output, "mteb")
-        mteb_record = mteb_results.write_report_folder(cache, args.output, scored, mteb_tasks, fields)
-        results["settings"]["mteb_results"] = mteb_record
-    write_json(os.path.join(args.output, "results.json"), results)
-    save_predictions(os.path.join(args.output, PREDICTIONS), predictions)
-    with open(os.path.join(args.output, "results.md"), "w", encoding="utf-8") as f:
-        f.write(results_markdown(results))
-        if mteb_record is not None:
-            f.write("\n" + mteb_results.markdown_section(mteb_record))
-        if settings["same_code"] is False:
-            f.write("\n**Code differs:** this evaluation ran other code (source_sha256 "
-                    f"{settings['code']['source_sha256'][:12]}) than the model's training "
-                    f"({settings['training_code']['source_sha256'][:12]}).\n")  # fmt: skip
+    results = sts_results(scored["scores"], args.model, info["pooler"], args.sickr_all, settings, scored["geometry"],
+                          training_config(args.model))  # fmt: skip
     label = model_label(args.model)
-    plot_results([(label, results)], os.path.join(args.output, "results.png"), title=label)
-    written = ["results.json", "results.md", "results.png", PREDICTIONS]
-    if mteb_record is not None:
-        written.append(f"MTEB result files ({os.path.join(args.output, mteb_record['folder'])})")
-    if curves is not None:
-        written += [f"curves/{name}" for name in write_curves([curves], os.path.join(args.output, "curves"))]
+    rows = [(label, results)]
+    if baselines:  # the same tasks, protocol and input length as the model's
+        rows = [(f"{label} ({pooling_name(args.model, info)})", results)]
+        for name, path, pooler in baselines:
+            length = info["max_seq_length"]
+            base = encode_and_score(args, path, pooler, tasks, (dev, dev_source), max_seq_length=length)
+            used = {"encoder": base["info"]["backend"], "modules": base["info"]["modules"], "max_seq_length": length}
+            record = sts_results(base["scores"], path, base["info"]["pooler"], args.sickr_all, used, base["geometry"],
+                                 training_config(path))  # fmt: skip
+            record["label"] = f"{model_label(portable_name(name))} ({pooling_name(path, base['info'])})"
+            rows.append((record["label"], record))
+
+    outside = mteb_tasks and not mteb_inside  # an MTEB cache of its own: its own mark
+    with ReportFolder(args.output) as report, (ReportFolder(mteb_cache, "--mteb_results") if outside
+                                               else contextlib.nullcontext()) as cache:  # fmt: skip
+        if mteb_tasks:
+            cache_dir = cache.path() if outside else report.path(os.path.relpath(mteb_cache, args.output))
+            mteb_record = write_mteb_files(args, requested_model, scored, mteb_tasks, results, cache_dir)
+            mteb_record["folder"] = os.path.relpath(os.path.join(mteb_cache, mteb_record["folder"]), args.output)
+            results["settings"]["mteb_results"] = mteb_record  # results.md's MTEB section reads it
+        record = results | ({"baselines": [r for _, r in rows[1:]]} if baselines else {})
+        write_json(report.path("results.json"), record)
+        save_predictions(report.path(PREDICTIONS), scored["predictions"])
+        with open(report.path("results.md"), "w", encoding="utf-8") as f:
+            f.write(results_markdown(results, rows[0][0], baselines=rows[1:]))
+        plot_results(rows, report.path("results.png"), title=label)
+        if curves is not None:
+            write_curves([curves], report.path("curves"))
+        if outside:
+            cache.check(cache.staged())  # before anything moves into either folder
+        written = report.commit()  # the MTEB cache inside --output moves with it
+        if outside:
+            written += [os.path.join(mteb_cache, name) for name in cache.commit()]
     if args.save_to_model:
         save_sts_results(args.model, results)
-    print(results_table([(label, results)]), end="")
+    print(results_table(rows), end="")
+    geometry = scored["geometry"]
     if geometry is not None:
         print(f"alignment {geometry['alignment']:.4f}, uniformity {geometry['uniformity']:.4f} (STS-B dev)")
     logger.info("wrote %s to %s", ", ".join(written), args.output)
@@ -311,6 +304,53 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
             return 2
         logger.info("pushed STS results to %s", hub_repo)
     return 0
+
+
+def encode_and_score(args, model: str, pooler: str | None, tasks, dev, extra=(), max_seq_length=None) -> dict:
+    """Load `model`, encode the suite's sentences once (with those of STS-B dev, `dev` = (pairs or None, their
+    source), and `extra`), score every task.
+    -> {"info", "scores", "predictions", "geometry", "embeddings", "index", "seconds"}"""
+    try:
+        encode, info = load_encoder(
+            model,
+            pooler=pooler,
+            device=args.device,
+            batch_size=args.batch_size,
+            max_seq_length=max_seq_length or args.max_seq_length,
+            show_progress_bar=not args.no_progress_bar,
+        )
+    except OSError as e:  # missing folder or Hub repo, no network, unreadable weights
+        raise DataError(f"could not load model {model!r} ({str(e).splitlines()[0]})") from None
+    # one encode call: the suite's sentences, then the STS-B dev sentences it lacks (about a quarter of them)
+    start = time.perf_counter()
+    pairs, source = dev
+    extra = [*(pairs.sentence1 + pairs.sentence2 if pairs else []), *extra]
+    embeddings, index = encode_union(encode, tasks, extra=extra)
+    seconds = time.perf_counter() - start
+    scores, predictions = score_encoded_tasks(embeddings, index, tasks, args.aggregation)
+    geometry = None
+    if pairs is not None:
+        geometry = alignment_uniformity_encoded(embeddings, index, pairs, device=info["device"]) | {"source": source}
+    return {"info": info, "scores": scores, "predictions": predictions, "geometry": geometry,
+            "embeddings": embeddings, "index": index, "seconds": seconds}  # fmt: skip
+
+
+def write_mteb_files(args, requested_model: str, scored: dict, mteb_tasks, results: dict, cache: str) -> dict:
+    """The MTEB result files into the MTEB cache `cache` (a staging folder). -> results.json's record of them, its
+    folder relative to the cache"""
+    info, embeddings = scored["info"], scored["embeddings"]
+    similarity = mteb_results.similarity_function(args.model, info["backend"])
+    scores = mteb_results.score_tasks(embeddings, scored["index"], mteb_tasks, similarity, scored["seconds"])
+    fields = {
+        "name": args.mteb_model_name or mteb_results.model_name(requested_model, args.hub_model_id),
+        "revision": mteb_results.model_revision(args.model),
+        "embed_dim": int(embeddings.shape[1]),
+        "max_tokens": info["max_seq_length"],
+        "similarity_fn_name": similarity,
+        "framework": ["Sentence Transformers", "PyTorch"],
+        "adapted_from": mteb_results.adapted_from(results.get("training")),
+    }
+    return mteb_results.write_report_folder(cache, cache, scores, mteb_tasks, fields)
 
 
 def code_settings(model: str, other_code: str | None, require_same: bool = False) -> dict:

@@ -24,6 +24,7 @@ from simcse_hn.data.pairs import PairCollator, is_hub_source, load_pairs, num_ne
 from simcse_hn.data.sentences import load_hub_dataset, load_sentence_stream, load_sentences
 from simcse_hn.data.sts import load_sts_pairs
 from simcse_hn.errors import ConfigError, DataError
+from simcse_hn.evaluation.starting_point import own_pooling_start, start_summary
 from simcse_hn.export.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
 from simcse_hn.export.model_card import base_model_license, card_is_ours, write_model_card
 from simcse_hn.files import CARD, source_record
@@ -255,6 +256,10 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         model.add_lora(model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout,
                        model_args.lora_target_modules)  # fmt: skip
     eval_max_length = data_args.eval_max_seq_length or model_max_length(model.config, tokenizer)
+    own_start = None  # a sentence-transformers base model's STS-B dev score through its own modules
+    if eval_pairs is not None and training_args.process_index == 0:
+        own_start = own_pooling_start(model_args.model_name_or_path, base_model, eval_pairs, eval_max_length,
+                                      str(training_args.device), training_args.per_device_eval_batch_size)  # fmt: skip
     inference_length = model_args.inference_max_seq_length or inference_max_length(
         model_args.model_name_or_path, model.config, tokenizer
     )
@@ -289,8 +294,9 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     if dev_spearman is not None:
         before = next((e["eval_stsb_spearman"] for e in trainer.state.log_history if e.get("step") == 0
                        and "eval_stsb_spearman" in e), None)  # fmt: skip  (eval_on_start)
-        logger.info("STS-B dev Spearman x 100 of the saved model: %.2f%s", dev_spearman,
-                    "" if before is None else f" (before training: {before:.2f})")  # fmt: skip
+        for line in start_summary(model_args.pooler, dev_spearman, before, own_start, training_args.output_dir,
+                                  base_model, data_args.eval_file):  # fmt: skip
+            logger.info("%s", line)
     if trainer.is_world_process_zero():
         write_model_card(
             training_args.output_dir,

@@ -3,6 +3,7 @@ model labels that tell runs apart, the scoring protocol in words and the trainin
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -10,8 +11,13 @@ from collections.abc import Callable, Sequence
 from torch import Tensor
 
 from simcse_hn.data.sts import STS_TASKS
+from simcse_hn.errors import DataError
+from simcse_hn.evaluation import mteb_results
 from simcse_hn.evaluation.scoring import AGGREGATION_HELP
-from simcse_hn.files import is_generic_folder
+from simcse_hn.files import is_generic_folder, is_hub_id
+from simcse_hn.modeling.loading import resolve_packaged
+from simcse_hn.modeling.model import POOLERS
+from simcse_hn.testing.models import BUILTIN_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -21,8 +27,6 @@ EncodeFn = Callable[[list[str]], Tensor]
 def task_columns(runs: Sequence[tuple[str, dict]]) -> list[str]:
     present = {name for _, results in runs for name in results["tasks"]}
     return [name for name in STS_TASKS if name in present]
-
-
 
 
 def model_label(name_or_path: str) -> str:
@@ -40,6 +44,37 @@ def model_label(name_or_path: str) -> str:
     if generic and os.path.basename(os.path.dirname(path)):
         return f"{os.path.basename(os.path.dirname(path))}/{name}"
     return name
+
+
+def parse_baseline(spec: str) -> tuple[str, str, str | None]:
+    """'MODEL[:POOLER]' -> (the model as named, its folder or Hub id, the pooler or None); a pip package's model
+    (builtin:all-MiniLM-L6-v2) resolved to its folder. Checked before any model loads."""
+    name, pooler = spec, None
+    head, _, tail = spec.rpartition(":")
+    if head and tail in POOLERS:
+        name, pooler = head, tail
+    path = resolve_packaged(name, field="--baseline") if name.startswith("builtin:") else name
+    if not os.path.isdir(path) and not is_hub_id(path) and path not in BUILTIN_MODELS:
+        raise DataError(f"--baseline {spec}: {name!r} is neither a model folder nor a Hub id (the pooler, after "
+                        f"':', is one of {', '.join(POOLERS)})")  # fmt: skip
+    return name, path, pooler
+
+
+def pooling_name(model: str, info: dict) -> str:
+    """How a row's encoder pools, for its label: the pooler, or a sentence-transformers model's own pooling as its
+    Pooling module's config names it (sentence-transformers 5.x `pooling_mode_mean_tokens: true`, later
+    `pooling_mode: "mean"`)."""
+    if info["pooler"] is not None:
+        return info["pooler"]
+    try:
+        with open(os.path.join(model, "1_Pooling", "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        modes = [config["pooling_mode"]] if isinstance(config.get("pooling_mode"), str) else [
+            key[len("pooling_mode_"):].replace("_tokens", "").replace("_token", "")
+            for key, on in config.items() if key.startswith("pooling_mode_") and on is True]  # fmt: skip
+    except (OSError, ValueError, AttributeError):
+        modes = []
+    return f"own {'+'.join(modes)} pooling" if modes else "own modules"
 
 
 def unique_labels(labels: Sequence[str], paths: Sequence[str]) -> list[str]:
@@ -101,8 +136,10 @@ def training_summary(training: dict | None) -> str:
     return ", ".join(parts)
 
 
-def results_markdown(results: dict, label: str | None = None) -> str:
-    """results.md: the paper-layout table, the protocol, alignment and uniformity, and each task's sub-files."""
+def results_markdown(results: dict, label: str | None = None, baselines: Sequence[tuple[str, dict]] = ()) -> str:
+    """results.md: the paper-layout table (with a row per baseline scored in the same run: (label, results)), the
+    protocol, alignment and uniformity, each task's sub-files, the MTEB files' scores and a note when the model was
+    trained by other code than evaluated it."""
     label = label or model_label(results["model"])
     aggregation = AGGREGATION_HELP[results["aggregation"]]
     pooler = results.get("pooler") or "the model's own sentence-transformers modules"
@@ -114,12 +151,15 @@ def results_markdown(results: dict, label: str | None = None) -> str:
     lines = [
         f"# STS results: {label}",
         "",
-        results_table([(label, results)]),
+        results_table([(label, results), *baselines]),
         f"Spearman x 100 of cosine similarities. Aggregation of STS12-16 sub-files: {aggregation}. "
         f"STS-B: test. SICK-R: {sickr}. Pooler: {pooler}. "
         f"Date: {results['date']}.",
         "",
     ]
+    if baselines:
+        lines += [f"{', '.join(b for b, _ in baselines)}: scored in the same run with the same tasks, protocol and "
+                  "input length; the sections below are the model's.", ""]  # fmt: skip
     if results.get("training"):
         lines += [f"Trained with {training_summary(results['training'])}.", ""]
     geometry = results.get("alignment_uniformity")
@@ -141,4 +181,12 @@ def results_markdown(results: dict, label: str | None = None) -> str:
         lines += ["| Sub-file | Pairs | Spearman |", "|:---|---:|---:|"]
         lines += [f"| {sub} | {s['pairs']:,} | {s['spearman']:.2f} |" for sub, s in task["subsets"].items()]
         lines.append("")
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    settings = results.get("settings") or {}
+    if settings.get("mteb_results"):
+        text += "\n" + mteb_results.markdown_section(settings["mteb_results"])
+    if settings.get("same_code") is False:
+        text += ("\n**Code differs:** this evaluation ran other code (source_sha256 "
+                 f"{settings['code']['source_sha256'][:12]}) than the model's training "
+                 f"({settings['training_code']['source_sha256'][:12]}).\n")  # fmt: skip
+    return text
