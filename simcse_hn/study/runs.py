@@ -23,10 +23,11 @@ import yaml
 
 from simcse_hn.errors import UserError
 from simcse_hn.evaluation.curves import load_curves
-from simcse_hn.files import MANIFEST, RUN_MARKER, checkpoints_by_step
+from simcse_hn.files import MANIFEST, RUN_MARKER
 from simcse_hn.study.files import read_json, text_sha256, write_atomic, write_json
 from simcse_hn.study.lock import check_locked
 from simcse_hn.study.plan import Plan, eval_flags, load_plan
+from simcse_hn.training.checkpoints import last_complete_checkpoint, read_run_id
 
 DIAGNOSTICS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_weight_share", "neg_weight_max",
                "clamp_frac", "est_false_neg_frac", "nonfinite_fallback")  # fmt: skip
@@ -144,9 +145,9 @@ def _train_and_score(plan: Plan, version: dict, arm: str, seed: int, threads: in
     folder = os.path.join(plan.study_dir, "runs", key)
     resumed = None
     if os.path.isfile(os.path.join(folder, RUN_MARKER)) and not os.path.isfile(os.path.join(folder, MANIFEST)):
-        steps = checkpoints_by_step(folder)
-        resumed = os.path.basename(steps[-1][1]) if steps else None
-        train_args += ["--resume_from_checkpoint", "true"] if steps else ["--overwrite_output_dir", "true"]
+        newest = last_complete_checkpoint(folder, read_run_id(folder))  # a checkpoint half-written when killed: not
+        resumed = os.path.basename(newest) if newest else None
+        train_args += ["--resume_from_checkpoint", "true"] if newest else ["--overwrite_output_dir", "true"]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
