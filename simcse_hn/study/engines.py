@@ -21,7 +21,8 @@ def run_submitit(plan: Plan, todo: list[tuple[str, int]], cluster: str | None, p
         raise UserError("--engine submitit: submitit is not installed (pip install 'simcse-hn[study]')") from None
     folder = os.path.join(plan.study_dir, "submitit")
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-    executor.update_parameters(**parameters)
+    # submitit's own default (5 minutes, its timeout signal well before) stops a real run part-way
+    executor.update_parameters(**{"timeout_min": 24 * 60, **parameters})
     arms, seeds = [arm for arm, _ in todo], [seed for _, seed in todo]
     engine = f"submitit:{executor.cluster}"
     paths, counts, devices = [plan.path] * len(todo), [threads] * len(todo), [None] * len(todo)
