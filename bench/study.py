@@ -24,8 +24,8 @@ import numpy as np
 
 from bench import quality
 from bench.common import RESULTS, ROOT, environment, shuffled_corpus, write_report
-from simcse_hn.evaluation import stats
 from simcse_hn.files import portable_name
+from simcse_hn.study import analysis as comparison
 
 OUT = RESULTS / "study"
 BASELINE = "infonce"
@@ -108,24 +108,13 @@ def analysis(runs: dict) -> dict:
     if not out["complete"]:
         return out
     out["per_task"] = per_task(runs)
-    base = [scores[BASELINE][s] for s in SEEDS]
-    tests = {}
-    for arm in ARMS:
-        if arm == BASELINE:
-            continue
-        values = [scores[arm][s] for s in SEEDS]
-        t = stats.paired_t_test(values, base)
-        flip = stats.sign_flip_test(values, base)
-        spread = float(np.std(np.subtract(values, base), ddof=1))
-        tests[arm] = {"difference": t["difference"], "low": t["low"], "high": t["high"], "t": t["t"],
-                      "p_t": t["p"], "p_sign_flip": flip["p"], "sd_of_differences": spread,
-                      "detectable": DETECTABLE_SD * spread}  # fmt: skip
-    for key in ("p_sign_flip", "p_t"):  # Holm leaves out a p that is not finite (a t-test of equal differences)
-        adjusted = stats.holm({arm: v[key] for arm, v in tests.items()})
-        for arm, v in tests.items():
-            v[f"{key}_holm"] = adjusted.get(arm, float("nan"))
-    for v in tests.values():
-        v["differs"] = v["p_sign_flip_holm"] < FAMILY_ALPHA
+    # the tests are the product's (simcse_hn.study.analysis, what `simcse-hn-study report` reads), in this page's
+    # fields; the detectable effect stays the plan's 1.333 sd (plan.md)
+    compared = comparison.compare({arm: [scores[arm][s] for s in SEEDS] for arm in ARMS}, BASELINE, FAMILY_ALPHA,
+                                  smallest_effect=0.0)["tests"]  # fmt: skip
+    fields = ("difference", "low", "high", "t", "p_t", "p_sign_flip", "sd_of_differences")
+    tests = {arm: {k: v[k] for k in fields} | {"detectable": DETECTABLE_SD * v["sd_of_differences"]}
+             | {k: v[k] for k in ("p_sign_flip_holm", "p_t_holm", "differs")} for arm, v in compared.items()}
     out["tests"] = tests
     return out
 

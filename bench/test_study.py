@@ -77,3 +77,13 @@ def test_the_plan_runs_seed_by_seed_with_the_regime_and_the_chosen_settings():
     assert flags[-len(study.REGIME) :] == study.REGIME
     assert flags[len(flags) - 1 - flags[::-1].index("--hcl_beta") + 1] == "0.2"  # the last --hcl_beta wins
     assert study.plan_runs({"infonce-b64-s42": {}})[0][0] == "hcl"
+
+
+def test_the_committed_report_regenerates_byte_for_byte_from_its_runs_through_the_products_tests():
+    """bench/results/study: report.json's analysis recomputed from runs.json and the kept results (the tests now by
+    simcse_hn.study.analysis), and the page from it, equal to what is committed."""
+    committed = json.loads((study.OUT / "report.json").read_text())
+    recomputed = study.analysis(json.loads((study.OUT / "runs.json").read_text())["runs"])
+    assert json.dumps(recomputed, sort_keys=True) == json.dumps(committed["analysis"], sort_keys=True)
+    page = study.markdown({**committed, "analysis": recomputed})
+    assert page == (study.OUT / "report.md").read_text(encoding="utf-8")

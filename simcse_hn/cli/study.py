@@ -1,0 +1,139 @@
+"""A preregistered comparison of objectives: `simcse-hn-study plan | pilot | run | report PLAN.yaml` (docs/studies.md).
+
+    simcse-hn-study plan study.yaml                  # check the plan, print what it can detect, lock it
+    simcse-hn-study plan study.yaml --amend 'why'    # record a changed plan (or code, or data) as a new version
+    simcse-hn-study pilot study.yaml                 # short runs, regime diagnostics, tuning on the dev set
+    simcse-hn-study run study.yaml --jobs 2          # every run the plan lacks, seed by seed; again to resume
+    simcse-hn-study run study.yaml --engine submitit # the same runs through submitit (Slurm, or local)
+    simcse-hn-study report study.yaml                # blind until every run is in; then the plan's tests
+
+A problem prints one `error: ...` line each and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import yaml
+
+from simcse_hn.cli.sts import build_parser as sts_parser
+from simcse_hn.errors import UserError
+from simcse_hn.study import lock as locking
+from simcse_hn.study import pilot as piloting
+from simcse_hn.study.engines import run_submitit
+from simcse_hn.study.plan import Plan, PlanError, load_plan, power_lines
+from simcse_hn.study.report import write_report
+from simcse_hn.study.runs import pending, run_key, run_local
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="simcse-hn-study", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser("plan", help="check the plan, print what it can detect, lock it")
+    plan.add_argument("plan")
+    plan.add_argument("--amend", metavar="REASON", help="lock a changed plan, code or data as a new version")
+    pilot = commands.add_parser("pilot", help="the pilot's runs, diagnostics and tuning; locks its picks")
+    pilot.add_argument("plan")
+    run = commands.add_parser("run", help="every run the plan lacks, seed by seed, every arm within a seed")
+    run.add_argument("plan")
+    for sub in (pilot, run):
+        sub.add_argument("--jobs", type=int, default=1, help="runs at once on this machine")
+        sub.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / jobs)")
+        sub.add_argument("--gpus", default=None, help="comma-separated GPU ids, one per job (e.g. 0,1)")
+    run.add_argument("--engine", choices=("local", "submitit"), default="local")
+    run.add_argument("--cluster", choices=("slurm", "local", "debug"), default=None,
+                     help="submitit's executor (default: Slurm where there is one, else local)")  # fmt: skip
+    run.add_argument("--executor_param", action="append", default=[], metavar="KEY=VALUE",
+                     help="a submitit parameter (timeout_min=60, slurm_partition=gpu, gpus_per_node=1, ...)")
+    run.add_argument("--dry_run", action="store_true", help="list the runs left, and stop")
+    report = commands.add_parser("report", help="the report: blind until every run is in")
+    report.add_argument("plan")
+    return parser
+
+
+def _threads(args: argparse.Namespace) -> int | None:
+    if args.threads is not None:
+        return args.threads
+    return max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+
+
+def _devices(args: argparse.Namespace) -> list[str] | None:
+    if args.gpus is None:
+        return None
+    devices = [d.strip() for d in args.gpus.split(",") if d.strip()]
+    if len(devices) < args.jobs:
+        raise UserError(f"--gpus: {len(devices)} GPU ids for --jobs {args.jobs}; give one per job")
+    return devices
+
+
+def _parameters(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--executor_param: {item!r} is not KEY=VALUE")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def plan_command(args: argparse.Namespace, plan: Plan) -> None:
+    problems = piloting.check(plan)
+    if problems:
+        raise PlanError(problems)
+    measured = piloting.measured_spread(plan)
+    for line in power_lines(plan, measured):
+        print(line)
+    version = locking.lock(plan, reason=args.amend)
+    print(f"locked: version {version['version']} ({version['stage']} stage) in "
+          f"{os.path.relpath(locking.lock_path(plan))}: plan {version['plan_sha256'][:12]}, code "
+          f"{version['code']['sha256'][:12]} (commit {str(version['code']['git_commit'])[:12]}"
+          f"{', dirty' if version['code']['git_dirty'] else ''}), data {version['data']['sha256'][:12]}")
+
+
+def run_command(args: argparse.Namespace, plan: Plan) -> int:
+    if args.jobs < 1:
+        raise UserError(f"--jobs: at least 1, got {args.jobs}")
+    version = locking.check_locked(plan, stage="confirmatory")
+    todo = pending(plan, version)
+    print(f"runs to do: {len(todo)} of {len(plan.arms) * len(plan.seeds)}", flush=True)
+    if args.dry_run:
+        for arm, seed in todo:
+            print(f"  {run_key(arm, seed)}")
+        return 0
+    if args.engine == "submitit":
+        failed = run_submitit(plan, todo, args.cluster, _parameters(args.executor_param), _threads(args))
+    else:
+        failed = run_local(plan, todo, args.jobs, _threads(args), _devices(args), echo=lambda s: print(s, flush=True))
+    for line in failed:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        options = {a.dest for a in sts_parser()._actions if a.dest != "help"}
+        plan = load_plan(args.plan, check_arms=args.command == "plan", eval_options=options)
+        if args.command == "plan":
+            plan_command(args, plan)
+        elif args.command == "pilot":
+            print(piloting.run_pilot(plan, args.jobs, _threads(args), _devices(args)), end="")
+        elif args.command == "run":
+            return run_command(args, plan)
+        else:
+            print(write_report(plan), end="")
+    except UserError as e:
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def console() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console()

@@ -1,0 +1,242 @@
+"""The pilot (`simcse-hn-study pilot PLAN`): short runs of every arm and of a random-batch reference, read against
+the plan's go criteria, and the tuning of one option per arm on a dev set the plan names, never the endpoint's test
+data. Its picks go into a new version of the plan, locked before the first confirmatory run.
+
+    pilot:
+      overrides: {max_steps: 50}            # train.py keys of the pilot's short runs
+      seeds: [1]                            # every arm and every grid point: the same seeds
+      reference: {queue_size: 0}            # the reference: the baseline arm with these keys (random batches)
+      criteria:
+        loss_ratio: 10                      # the baseline's last-window loss >= 10 x the reference's
+        weight_share: {arms: [hcl], ratio: 2}   # share of weight on the nearest 1 % >= 2 x uniform's
+        clamp: {arms: [dcl], below: 0.5}    # DCL's clamped anchors below half
+      dev: {file: dev.jsonl, split: dev, shares_with_test: 0}   # pairs it shares with the endpoint's test files
+      tune:                                 # one option per arm, grids of one size (equal budget)
+        infonce: {temperature: [0.04, 0.05]}
+        focal: {loss_options: [{gamma: 0.5}, {gamma: 2.0}]}
+      untuned: {}                           # {arm: why} for an arm the pilot leaves as it is
+
+`harder_than_positive` is reported, not a criterion. The uniform share of the nearest 1 % over n negatives is
+ceil(n / 100) / n, n = 2B - 2 (+ queue_size) for the symmetric form."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import yaml
+
+from simcse_hn.data.sts import STS_FILES, load_sts_pairs, read_sts_jsonl
+from simcse_hn.errors import UserError
+from simcse_hn.evaluation.encoding import load_encoder
+from simcse_hn.evaluation.scoring import sts_spearman
+from simcse_hn.study.files import read_json, write_atomic, write_json
+from simcse_hn.study.lock import check_locked, grid_points, lock
+from simcse_hn.study.plan import Plan, PlanError
+from simcse_hn.study.runs import last_window, run_module
+
+PILOT_KEYS = ("overrides", "seeds", "reference", "criteria", "dev", "tune", "untuned")
+
+
+def measured_spread(plan: Plan) -> float | None:
+    """The pilot's largest sd of paired dev-score differences against the baseline (two pilot seeds or more)."""
+    path = os.path.join(plan.study_dir, "pilot", "pilot.json")
+    return read_json(path).get("spread") if os.path.isfile(path) else None
+
+
+def check(plan: Plan) -> list[str]:
+    """The pilot section's problems, one line each."""
+    pilot, out = plan.pilot or {}, []
+    out += [f"{plan.path}: pilot.{k}: unknown key; the keys are {', '.join(PILOT_KEYS)}" for k in pilot
+            if k not in PILOT_KEYS]  # fmt: skip
+    tune, untuned = pilot.get("tune") or {}, pilot.get("untuned") or {}
+    sizes = {arm: sum(len(v) for v in grid.values()) for arm, grid in tune.items()}
+    for arm, grid in tune.items():
+        if arm not in plan.arms:
+            out.append(f"{plan.path}: pilot.tune.{arm}: not an arm of the plan")
+        elif not isinstance(grid, dict) or len(grid) != 1 or not isinstance(next(iter(grid.values())), list):
+            out.append(f"{plan.path}: pilot.tune.{arm}: one option and its grid, e.g. {{temperature: [0.04, 0.05]}}")
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{a} {n}" for a, n in sizes.items())
+        out.append(f"{plan.path}: pilot.tune: grids of unequal size ({listed}); every arm gets the same tuning budget")
+    if tune:
+        out += [f"{plan.path}: pilot.tune: arm {arm} is neither tuned nor in pilot.untuned with a reason"
+                for arm in plan.arms if arm not in tune and arm not in untuned]  # fmt: skip
+    dev = pilot.get("dev") or {}
+    if tune and not dev.get("file"):
+        out.append(f"{plan.path}: pilot.dev.file: tuning picks on a dev set; name it (never the endpoint's test data)")
+    if dev.get("file") and not isinstance(dev.get("shares_with_test"), int):
+        out.append(f"{plan.path}: pilot.dev.shares_with_test: state how many sentence pairs the dev set shares with "
+                   "the endpoint's test files")  # fmt: skip
+    return out
+
+
+def _pair(s1: str, s2: str) -> frozenset:
+    return frozenset((" ".join(s1.lower().split()), " ".join(s2.lower().split())))
+
+
+def shared_pairs(plan: Plan) -> int | None:
+    """How many of the dev set's pairs the endpoint's test files also hold (either order, case and spacing aside);
+    None when the test data is on the Hub (no data_dir)."""
+    dev = plan.pilot["dev"]
+    if not plan.evaluation.get("data_dir"):
+        return None
+    tests = set()
+    for task in plan.tasks():
+        path = os.path.join(plan.folder, str(plan.evaluation["data_dir"]), STS_FILES[task])
+        if os.path.isfile(path):
+            tests |= {_pair(r["sentence1"], r["sentence2"]) for r in read_sts_jsonl(path) if r.get("split") == "test"}
+    pairs = load_sts_pairs(os.path.join(plan.folder, dev["file"]), dev.get("split"))
+    return sum(_pair(a, b) in tests for a, b in zip(pairs.sentence1, pairs.sentence2))
+
+
+def pilot_runs(plan: Plan) -> list[dict]:
+    """Every run of the pilot: {name, arm, seed, change, config}; the reference first in each seed."""
+    pilot = plan.pilot or {}
+    overrides, tune = pilot.get("overrides") or {}, pilot.get("tune") or {}
+    runs = []
+    for seed in pilot.get("seeds") or plan.seeds[:1]:
+        if "reference" in pilot:
+            runs.append({"name": f"reference-s{seed}", "arm": "reference", "seed": seed, "change": None,
+                         "config": {**plan.config(plan.baseline), **overrides, **(pilot["reference"] or {})}})
+        for arm in plan.arms:
+            for change in grid_points(tune[arm]) if arm in tune else [None]:
+                label = "" if change is None else "-" + ",".join(f"{k}={json.dumps(v)}" for k, v in change.items())
+                runs.append({"name": f"{arm}{label}-s{seed}".replace(" ", "").replace('"', ""), "arm": arm,
+                             "seed": seed, "change": change,
+                             "config": {**plan.config(arm), **(change or {}), **overrides}})  # fmt: skip
+    return runs
+
+
+def _train(plan: Plan, run: dict, threads: int | None, device: str | None) -> dict:
+    folder = os.path.join(plan.study_dir, "pilot", run["name"])
+    done = os.path.join(folder + ".json")
+    if os.path.isfile(done) and read_json(done)["config"] == run["config"]:
+        return read_json(done)  # trained by an earlier sitting with this config
+    config = os.path.join(plan.study_dir, "pilot", "configs", f"{run['name']}.yaml")
+    write_atomic(config, yaml.safe_dump(run["config"], sort_keys=False))
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    args = ["--config", os.path.relpath(config, plan.folder), "--seed", str(run["seed"]), "--output_dir",
+            os.path.relpath(folder, plan.folder), "--overwrite_output_dir", "true"]  # fmt: skip
+    run_module("simcse_hn.cli.train", args, plan.folder, folder + ".log", env)
+    out = {**run, "last": last_window(folder), "dev": None}
+    dev = (plan.pilot or {}).get("dev")
+    if dev and dev.get("file"):
+        pairs = load_sts_pairs(os.path.join(plan.folder, dev["file"]), dev.get("split"))
+        encode, _ = load_encoder(folder)
+        out["dev"] = sts_spearman(encode, pairs.sentence1, pairs.sentence2, pairs.scores)
+    write_json(done, out)
+    return out
+
+
+def uniform_share(config: dict) -> float:
+    n = 2 * int(config.get("per_device_train_batch_size", 8)) - 2 + int(config.get("queue_size") or 0)
+    return math.ceil(0.01 * n) / n
+
+
+def verdict(plan: Plan, runs: list[dict], picks: dict) -> dict:
+    """The go criteria on the runs that stand for each arm (its pick's, else its own), mean over the pilot seeds."""
+    criteria = (plan.pilot or {}).get("criteria") or {}
+
+    def last(arm: str, key: str) -> float | None:
+        values = [r["last"][key] for r in runs if r["arm"] == arm and key in r["last"]
+                  and (arm == "reference" or r["change"] == (picks.get(arm) or r["change"]))]  # fmt: skip
+        return float(np.mean(values)) if values else None
+
+    checks = {}
+    if "loss_ratio" in criteria:
+        base, ref = last(plan.baseline, "loss"), last("reference", "loss")
+        checks["loss"] = {"value": base, "reference": ref, "needed": None if ref is None else criteria["loss_ratio"]
+                          * ref, "ok": None if base is None or ref is None else base >= criteria["loss_ratio"] * ref}
+    for arm in (criteria.get("weight_share") or {}).get("arms", []):
+        share, needed = last(arm, "top1pct_weight_share"), criteria["weight_share"].get("ratio", 2) * uniform_share(
+            plan.config(arm) | (plan.pilot.get("overrides") or {}))  # fmt: skip
+        checks[f"{arm} weight share"] = {"value": share, "needed": needed, "ok": share is not None and share >= needed}
+    for arm in (criteria.get("clamp") or {}).get("arms", []):
+        clamp, below = last(arm, "clamp_frac"), criteria["clamp"].get("below", 0.5)
+        checks[f"{arm} clamp"] = {"value": clamp, "needed": below, "ok": clamp is not None and clamp < below}
+    harder = {arm: last(arm, "harder_than_positive") for arm in plan.arms}
+    return {"checks": checks, "go": all(c["ok"] for c in checks.values()), "harder_than_positive": harder}
+
+
+def choose(plan: Plan, runs: list[dict]) -> tuple[dict, float | None]:
+    """Each tuned arm's grid point with the best mean dev score over the pilot seeds; the largest sd of paired dev
+    differences against the baseline's pick (None below two seeds)."""
+    picks = {}
+    for arm, grid in ((plan.pilot or {}).get("tune") or {}).items():
+        means = [(float(np.mean([r["dev"] for r in runs if r["arm"] == arm and r["change"] == change])), i, change)
+                 for i, change in enumerate(grid_points(grid))]  # fmt: skip
+        picks[arm] = max(means, key=lambda m: (m[0], -m[1]))[2]  # a tie: the first in the plan's grid
+    seeds = (plan.pilot or {}).get("seeds") or plan.seeds[:1]
+    if len(seeds) < 2 or not all(r["dev"] is not None for r in runs):
+        return picks, None
+
+    def dev(arm: str, seed: int) -> float:
+        return next(r["dev"] for r in runs if r["arm"] == arm and r["seed"] == seed
+                    and r["change"] == picks.get(arm, r["change"]))  # fmt: skip
+
+    spreads = [np.std([dev(a, s) - dev(plan.baseline, s) for s in seeds], ddof=1) for a in plan.comparisons]
+    return picks, float(max(spreads))
+
+
+def run_pilot(plan: Plan, jobs: int, threads: int | None, devices: list[str] | None) -> str:
+    """Train what the pilot lacks, read it, write <study>/pilot/pilot.{json,md}; on go, lock the picks."""
+    problems = check(plan)
+    if problems:
+        raise PlanError(problems)
+    version = check_locked(plan)
+    if version.get("picks") is not None:
+        raise UserError(f"{plan.path}: the pilot's picks are locked in version {version['version']}; a new pilot "
+                        "needs a new plan")  # fmt: skip
+    dev = (plan.pilot or {}).get("dev") or {}
+    shared = shared_pairs(plan) if dev.get("file") else None
+    if shared is not None and shared != dev["shares_with_test"]:
+        raise UserError(f"{plan.path}: pilot.dev.shares_with_test: the plan states {dev['shares_with_test']}, but "
+                        f"{shared} of the dev set's pairs are in the endpoint's test files")  # fmt: skip
+    todo = pilot_runs(plan)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_train, plan, run, threads, (devices or [None] * jobs)[i % jobs])
+                   for i, run in enumerate(todo)]  # fmt: skip
+        runs = [f.result() for f in futures]
+    picks, spread = choose(plan, runs)
+    record = {"study": plan.name, "plan_version": version["version"], "runs": runs, "picks": picks,
+              "spread": spread, "shared_pairs": shared, "dev": dev.get("file"),
+              **verdict(plan, runs, picks)}  # fmt: skip
+    if record["go"]:
+        locked = lock(plan, reason="the pilot's picks", picks=picks, stage="confirmatory")
+        record["locked_version"] = locked["version"]
+    write_json(os.path.join(plan.study_dir, "pilot", "pilot.json"), record)
+    page = markdown(record)
+    write_atomic(os.path.join(plan.study_dir, "pilot", "pilot.md"), page)
+    return page
+
+
+def _show(value) -> str:
+    return "–" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def markdown(record: dict) -> str:
+    lines = [f"# Study {record['study']}: pilot (plan version {record['plan_version']})", "",
+             "| criterion | value | needed | ok |", "|---|---|---|---|",
+             *[f"| {name} | {_show(c['value'])} | {_show(c['needed'])} | {'yes' if c['ok'] else 'no'} |"
+               for name, c in record["checks"].items()],
+             "", f"**{'go' if record['go'] else 'no go'}**"]  # fmt: skip
+    if record.get("dev"):
+        lines += ["", f"Tuned on {record['dev']}, which shares {record['shared_pairs']} sentence pairs with the "
+                  "endpoint's test files. Picks: " + ("; ".join(f"{a} {json.dumps(c)}" for a, c in
+                                                                  record["picks"].items()) or "none") + "."]
+    if record.get("locked_version"):
+        lines += ["", f"The picks are locked as plan version {record['locked_version']} (confirmatory stage)."]
+    lines += ["", "| run | dev | loss | top1pct_weight_share | clamp_frac | harder_than_positive |",
+              "|---|---|---|---|---|---|",
+              *[f"| {r['name']} | {_show(r['dev'])} | " + " | ".join(_show(r["last"].get(k)) for k in (
+                  "loss", "top1pct_weight_share", "clamp_frac", "harder_than_positive")) + " |"
+                for r in record["runs"]]]  # fmt: skip
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,289 @@
+"""A study's plan: the YAML a researcher writes before the first run, read and checked against the real train.py and
+eval/sts.py arguments, one line per problem.
+
+    name: focal-vs-infonce
+    base: {config: base.yaml, max_steps: 100}   # any train.py config; `config:` names a train.py YAML to start from
+    arms:                                       # each arm: overrides of the base
+      infonce: {}
+      focal: {loss: focal.py:FocalLoss, loss_options: {gamma: 1.0}}
+    baseline: infonce
+    seeds: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    evaluation: {data_dir: sts}                 # eval/sts.py flags
+    endpoint: average                           # or one task (STS-B, ...), alignment, uniformity
+    test: sign_flip                             # exact, two-sided; the paired t beside it
+    correction: holm
+    alpha: 0.05
+    smallest_effect: 0.3                        # endpoint points
+    spread: 0.2                                 # assumed sd of the paired differences
+
+Relative paths (the plan's own, and those train.py and eval/sts.py read) are relative to the plan's folder: every run
+starts there. The study's files go to `output_dir` (default: a folder named as the plan, beside it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+
+import yaml
+
+from simcse_hn.configuration.parser import ARGUMENT_CLASSES, load_yaml, parse_args
+from simcse_hn.errors import ConfigError, UserError
+from simcse_hn.evaluation.scoring import parse_tasks
+from simcse_hn.study.analysis import detectable_sd
+from simcse_hn.study.files import working_dir
+
+TOP_KEYS = ("name", "base", "arms", "baseline", "seeds", "evaluation", "endpoint", "test", "correction", "alpha",
+            "smallest_effect", "spread", "output_dir", "pilot")  # fmt: skip
+STUDY_SETS = ("output_dir", "seed", "overwrite_output_dir", "resume_from_checkpoint")  # the study's, per run
+EVAL_SETS = ("model", "output", "push_to_hub", "save_to_model")
+MAX_EXACT_SEEDS = 20  # stats.sign_flip_test: every one of 2^n sign patterns
+
+
+class PlanError(UserError):
+    """Every problem of a plan, one per line."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: str  # the plan file as given
+    name: str
+    base: dict  # train.py keys, `config:` merged in
+    arms: dict[str, dict]
+    baseline: str
+    seeds: list[int]
+    evaluation: dict
+    endpoint: str
+    test: str
+    correction: str
+    alpha: float
+    smallest_effect: float
+    spread: float | None
+    output_dir: str  # the study's folder, relative to the plan's
+    pilot: dict | None
+
+    @property
+    def folder(self) -> str:
+        """The plan's folder: where every run starts and every relative path is read from."""
+        return os.path.dirname(os.path.abspath(self.path))
+
+    @property
+    def study_dir(self) -> str:
+        return os.path.normpath(os.path.join(self.folder, self.output_dir))
+
+    @property
+    def comparisons(self) -> list[str]:
+        return [arm for arm in self.arms if arm != self.baseline]
+
+    def config(self, arm: str, picks: dict | None = None) -> dict:
+        """The train.py config of an arm: the base, the arm's overrides, then what the pilot picked for it."""
+        return {**self.base, **self.arms[arm], **((picks or {}).get(arm) or {})}
+
+    def tasks(self) -> list[str]:
+        return parse_tasks(str(self.evaluation.get("tasks", "all")))
+
+
+def key_lines(text: str) -> dict[tuple, int]:
+    """(key, subkey, ...) -> the line it is on, for messages that name the line."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node, path: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                lines[(*path, key.value)] = key.start_mark.line + 1
+                walk(value, (*path, key.value))
+
+    try:
+        walk(yaml.compose(text), ())
+    except yaml.YAMLError:
+        pass
+    return lines
+
+
+def train_keys() -> set[str]:
+    return {f.name for cls in ARGUMENT_CLASSES for f in cls.__dataclass_fields__.values() if f.init}
+
+
+def eval_flags(evaluation: dict) -> list[str]:
+    """The plan's `evaluation:` mapping as eval/sts.py flags (true: the flag alone; false: left out)."""
+    flags = []
+    for key, value in evaluation.items():
+        if value is True:
+            flags.append(f"--{key}")
+        elif value is not False and value is not None:
+            flags += [f"--{key}", str(value)]
+    return flags
+
+
+def read_plan(path: str) -> tuple[dict, dict[tuple, int]]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: no such plan")
+    text = open(path, encoding="utf-8").read()
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(f"{path}:{mark.line + 1 if mark else '?'}: malformed YAML: {getattr(e, 'problem', e)}") \
+            from None  # fmt: skip
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a plan is a mapping of key: value, got {type(raw).__name__}")
+    return raw, key_lines(text)
+
+
+def load_plan(path: str, check_arms: bool = True, eval_options: set[str] | None = None) -> Plan:
+    """The plan at `path`, checked; PlanError listing every problem (file:line: field: what). `check_arms` parses
+    each arm as train.py would (the slow part: it imports the objectives); `eval_options`, eval/sts.py's flags (the
+command line passes them: the study sits below the command-line layer)."""
+    raw, lines = read_plan(path)
+    problems: list[str] = []
+
+    def problem(where: tuple, message: str) -> None:
+        line = next((lines[where[:k]] for k in range(len(where), 0, -1) if where[:k] in lines), None)
+        problems.append(f"{path}{f':{line}' if line else ''}: {'.'.join(map(str, where))}: {message}")
+
+    for key in raw:
+        if key not in TOP_KEYS:
+            problem((key,), f"unknown plan key; the keys are {', '.join(TOP_KEYS)}")
+    base = _mapping(raw, "base", problem)
+    if "config" in base:
+        config = os.path.join(os.path.dirname(os.path.abspath(path)), str(base.pop("config")))
+        try:
+            base = {**load_yaml(config), **base}
+        except ConfigError as e:
+            problem(("base", "config"), str(e))
+    known = train_keys()
+    for key in base:
+        if key not in known:
+            problem(("base", key), "not a train.py key")
+        elif key in STUDY_SETS:
+            problem(("base", key), "set by the study for each run; leave it out")
+    arms = _mapping(raw, "arms", problem)
+    for arm, overrides in list(arms.items()):
+        arms[arm] = overrides = overrides or {}
+        if not isinstance(overrides, dict):
+            problem(("arms", arm), "an arm is a mapping of train.py keys (or {} for the base as it is)")
+            arms[arm] = {}
+        for key in arms[arm]:
+            if key not in known:
+                problem(("arms", arm, key), "not a train.py key")
+            elif key in STUDY_SETS:
+                problem(("arms", arm, key), "set by the study for each run; leave it out")
+    if len(arms) < 2:
+        problem(("arms",), f"a comparison needs two arms or more, got {len(arms)}")
+    baseline = raw.get("baseline")
+    if baseline not in arms:
+        problem(("baseline",), f"{baseline!r} is not one of the arms ({', '.join(map(str, arms))})")
+    seeds = raw.get("seeds")
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        problem(("seeds",), "a list of integer seeds, one per paired replicate")
+        seeds = []
+    elif len(seeds) < 2:
+        problem(("seeds",), f"a list of one seed cannot show a difference from seed noise; give 2 to "
+                f"{MAX_EXACT_SEEDS}")  # fmt: skip
+    elif len(set(seeds)) != len(seeds):
+        problem(("seeds",), "a seed appears twice; the runs are paired by seed")
+    elif len(seeds) > MAX_EXACT_SEEDS:
+        problem(("seeds",), f"{len(seeds)} seeds; the exact sign-flip test takes at most {MAX_EXACT_SEEDS}")
+    evaluation = _mapping(raw, "evaluation", problem)
+    for key in evaluation:
+        if eval_options is not None and key not in eval_options:
+            problem(("evaluation", key), "not an eval/sts.py flag")
+        elif key in EVAL_SETS:
+            problem(("evaluation", key), "set by the study for each run; leave it out")
+    try:
+        tasks = parse_tasks(str(evaluation.get("tasks", "all")))
+    except ValueError as e:
+        problem(("evaluation", "tasks"), str(e))
+        tasks = []
+    endpoint = raw.get("endpoint", "average")
+    scores = ["average", *tasks, "alignment", "uniformity"]
+    if endpoint not in scores:
+        problem(("endpoint",), f"{endpoint!r} is not a score of the report; choose from {', '.join(scores)}")
+    for key, allowed in (("test", "sign_flip"), ("correction", "holm")):
+        if raw.get(key, allowed) != allowed:
+            problem((key,), f"{raw[key]!r}: the study offers {allowed!r}")
+    alpha = raw.get("alpha", 0.05)
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        problem(("alpha",), f"a level between 0 and 1, got {alpha!r}")
+    effect = raw.get("smallest_effect")
+    if not isinstance(effect, (int, float)) or effect <= 0:
+        problem(("smallest_effect",), f"the smallest effect of interest, in endpoint points (> 0), got {effect!r}")
+    spread = raw.get("spread")
+    if spread is not None and (not isinstance(spread, (int, float)) or spread <= 0):
+        problem(("spread",), f"the assumed sd of the paired differences (> 0), got {spread!r}")
+    pilot = raw.get("pilot")
+    if pilot is not None and not isinstance(pilot, dict):
+        problem(("pilot",), "a mapping (see docs/studies.md)")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    plan = Plan(path=path, name=str(raw.get("name", stem)), base=base, arms=arms, baseline=str(baseline),
+                seeds=list(seeds), evaluation=evaluation, endpoint=str(endpoint), test="sign_flip",
+                correction="holm", alpha=float(alpha) if isinstance(alpha, (int, float)) else 0.05,
+                smallest_effect=float(effect) if isinstance(effect, (int, float)) else 0.0,
+                spread=float(spread) if isinstance(spread, (int, float)) else None,
+                output_dir=str(raw.get("output_dir", stem)), pilot=pilot)  # fmt: skip
+    if check_arms and not problems:
+        parsed = {}
+        for arm in arms:
+            try:
+                parsed[arm] = parse_arm(plan, plan.config(arm))
+            except ConfigError as e:
+                problem(("arms", arm), str(e))
+        seen: dict[str, str] = {}
+        for arm, settings in parsed.items():
+            if settings in seen:
+                problem(("arms", arm), f"trains exactly as arm {seen[settings]!r}: two names for one arm")
+            seen.setdefault(settings, arm)
+    if problems:
+        raise PlanError(problems)
+    return plan
+
+
+def _mapping(raw: dict, key: str, problem) -> dict:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        problem((key,), f"a mapping, got {type(value).__name__}")
+        return {}
+    return dict(value)
+
+
+def parse_arm(plan: Plan, config: dict) -> str:
+    """train.py's own reading of an arm's config (from the plan's folder, where it will run), as a canonical string:
+    a ConfigError names the first bad value; two arms with the same string train the same."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "arm.yaml")
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(config, f)
+        with working_dir(plan.folder):
+            model, data, training = parse_args(["--config", path, "--output_dir", os.path.join(tmp, "out")])
+    settings = [asdict(model), asdict(data), training.to_dict()]
+    for part in settings:  # where the run's files go is not how it trains
+        for key in ("output_dir", "logging_dir"):
+            part.pop(key, None)
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def power_lines(plan: Plan, measured: float | None = None) -> list[str]:
+    """What the plan can detect: at the assumed spread, and at the pilot's measured one when there is one; and the
+    exact test's floor against alpha / m."""
+    n, m = len(plan.seeds), len(plan.comparisons)
+    level = plan.alpha / m
+    factor = detectable_sd(n, level)
+    out = [f"{n} paired seeds, {m} comparison{'s' * (m > 1)} against {plan.baseline}, Holm at {plan.alpha:g}: a "
+           f"two-sided paired t at {level:.4g} (Holm's strictest step) with 80 % power detects {factor:.3f} sd of "
+           "the paired differences"]  # fmt: skip
+    for label, sd in (("assumed", plan.spread), ("pilot-measured", measured)):
+        if sd is not None:
+            effect = factor * sd
+            verdict = "at or below" if effect <= plan.smallest_effect else "ABOVE"
+            out.append(f"at the {label} sd {sd:g}: {effect:.3f} points of {plan.endpoint}, {verdict} the smallest "
+                       f"effect of interest {plan.smallest_effect:g}")  # fmt: skip
+    floor = 2 / 2**n
+    if floor >= level:
+        out.append(f"warning: with {n} seeds the exact sign-flip test's smallest p is 2/{2**n} = {floor:.4g}, not "
+                   f"below alpha/m = {level:.4g}: no arm can be shown to differ, and no interval is bounded")
+    return out

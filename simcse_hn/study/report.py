@@ -1,0 +1,131 @@
+"""The study's report, <study>/report.{json,md}: blind until every run of the plan is in (the runs counted and each
+run's training diagnostics, no score and no arm mean), then the plan's tests (simcse_hn.study.analysis) with the
+per-task differences and the diagnostics as secondary. Runs of other settings, code or data than the locked version
+are refused by name and counted out. The page is `markdown(record)`: it regenerates from the record alone."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from simcse_hn.study.analysis import compare
+from simcse_hn.study.files import read_json, write_atomic, write_json
+from simcse_hn.study.lock import check_locked
+from simcse_hn.study.plan import Plan
+from simcse_hn.study.runs import DIAGNOSTICS, endpoint_value, mismatch, record_path, run_key
+
+
+def gather(plan: Plan, version: dict) -> tuple[dict[str, dict], dict[str, str]]:
+    """-> (the plan's finished runs of this version {key: record}, refused runs {key: why})."""
+    accepted, refused = {}, {}
+    for seed in plan.seeds:
+        for arm in plan.arms:
+            key = run_key(arm, seed)
+            if not os.path.isfile(record_path(plan, key)):
+                continue
+            record = read_json(record_path(plan, key))
+            problem = mismatch(record, version, plan)
+            if problem is None and record["trained"]["source_sha256"] != record["trained"]["scored_by_source_sha256"]:
+                problem = "scored by other code than trained it"
+            if problem:
+                refused[key] = problem
+            else:
+                accepted[key] = record
+    return accepted, refused
+
+
+def analyse(plan: Plan, version: dict, runs: dict[str, dict], refused: dict[str, str]) -> dict:
+    expected = len(plan.arms) * len(plan.seeds)
+    out = {"study": plan.name, "plan_version": version["version"], "plan_sha256": version["plan_sha256"],
+           "code_sha256": version["code"]["sha256"], "data_sha256": version["data"]["sha256"],
+           "endpoint": plan.endpoint, "baseline": plan.baseline, "arms": list(plan.arms), "seeds": plan.seeds,
+           "alpha": plan.alpha, "smallest_effect": plan.smallest_effect, "expected": expected, "in": len(runs),
+           "complete": len(runs) == expected, "refused": refused,
+           "counts": {arm: sum(r["arm"] == arm for r in runs.values()) for arm in plan.arms},
+           "runs": [{"run": key, "diagnostics": r["diagnostics"]} for key, r in runs.items()]}  # fmt: skip
+    if not out["complete"]:
+        return out
+    values = {arm: [endpoint_value(runs[run_key(arm, s)], plan.endpoint) for s in plan.seeds] for arm in plan.arms}
+    out["summary"] = {arm: {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1))} for arm, v in values.items()}
+    out["comparison"] = compare(values, plan.baseline, plan.alpha, plan.smallest_effect)
+    tasks = list(runs[run_key(plan.baseline, plan.seeds[0])]["scores"]["tasks"])
+    out["per_task"] = {arm: {t: float(np.mean([runs[run_key(arm, s)]["scores"]["tasks"][t] -
+                                               runs[run_key(plan.baseline, s)]["scores"]["tasks"][t]
+                                               for s in plan.seeds])) for t in tasks}
+                       for arm in plan.comparisons}  # fmt: skip
+    out["diagnostics_by_arm"] = {arm: _means([runs[run_key(arm, s)]["diagnostics"] for s in plan.seeds])
+                                 for arm in plan.arms}  # fmt: skip
+    return out
+
+
+def _means(windows: list[dict]) -> dict:
+    keys = [k for k in DIAGNOSTICS if any(k in w for w in windows)]
+    return {k: float(np.mean([w[k] for w in windows if k in w])) for k in keys}
+
+
+def write_report(plan: Plan) -> str:
+    """Rebuild <study>/report.{json,md} from the run records; -> the page."""
+    version = check_locked(plan)
+    runs, refused = gather(plan, version)
+    record = analyse(plan, version, runs, refused)
+    write_json(os.path.join(plan.study_dir, "report.json"), record)
+    page = markdown(record)
+    write_atomic(os.path.join(plan.study_dir, "report.md"), page)
+    return page
+
+
+def _cell(value: float | None, digits: str = ".4g") -> str:
+    return "–" if value is None else format(value, digits)
+
+
+def markdown(record: dict) -> str:
+    lines = [f"# Study {record['study']}: report", "",
+             f"Plan version {record['plan_version']} (plan {record['plan_sha256'][:12]}, code "
+             f"{record['code_sha256'][:12]}, data {record['data_sha256'][:12]}). {record['in']} of "
+             f"{record['expected']} runs in. Endpoint: {record['endpoint']}; baseline {record['baseline']}; exact "
+             f"sign-flip test, two-sided, Holm at {record['alpha']:g}.", "",
+             "| arm | runs in |", "|---|---|",
+             *[f"| {arm} | {n} of {len(record['seeds'])} |" for arm, n in record["counts"].items()]]  # fmt: skip
+    if record["refused"]:
+        lines += ["", "Refused (not runs of this version; counted out):", "",
+                  *[f"* {key}: {why}" for key, why in record["refused"].items()]]  # fmt: skip
+    if not record["complete"]:
+        keys = [k for k in DIAGNOSTICS if any(k in r["diagnostics"] for r in record["runs"])]
+        lines += ["", "Blind: no arm is compared and no score is shown before every run of the plan is in. Each run's "
+                  "last logging window of training:", "", "| run | " + " | ".join(keys) + " |",
+                  "|---|" + "---|" * len(keys),
+                  *[f"| {r['run']} | " + " | ".join(_cell(r["diagnostics"].get(k)) for k in keys) + " |"
+                    for r in record["runs"]]]  # fmt: skip
+        return "\n".join(lines) + "\n"
+    c = record["comparison"]
+    lines += ["", f"| arm | mean {record['endpoint']} | sd |", "|---|---|---|",
+              *[f"| {arm} | {v['mean']:.2f} | {v['sd']:.2f} |" for arm, v in record["summary"].items()],
+              "", f"## Against {record['baseline']} ({c['n']} paired seeds; Holm over {c['m']} comparisons, "
+              f"family-wise {c['alpha']:g}; simultaneous intervals at {c['alpha']:g}/{c['m']} = {c['level']:.4g})",
+              "", "| arm | difference | 95 % t-interval | simultaneous interval | sign-flip p | Holm | paired t p | "
+              "Holm | sd of differences | detectable at that sd | reading |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for arm, v in c["tests"].items():
+        s = v["simultaneous"]
+        floor = " (floor)" if v["at_floor"] else ""
+        lines.append(f"| {arm} | {v['difference']:+.3f} | [{v['low']:+.3f}, {v['high']:+.3f}] | "
+                     f"[{s['low']:+.3f}, {s['high']:+.3f}] | {v['p_sign_flip']:.4f}{floor} | "
+                     f"{v['p_sign_flip_holm']:.4f} | {v['p_t']:.4f} | {v['p_t_holm']:.4f} | "
+                     f"{v['sd_of_differences']:.3f} | {c['detectable_at_observed_sd'][arm]:.3f} | {v['reading']} |")
+    lines += ["", f"The simultaneous intervals invert the exact sign-flip test at {c['level']:.4g} (Bonferroni). With "
+              f"{c['n']} seeds the test's smallest p is 2/{2 ** c['n']} = {c['floor']:.4g}" +
+              ("; a p marked (floor) sits there: more seeds could show a smaller one." if any(
+                  v["at_floor"] for v in c["tests"].values()) else ".")]  # fmt: skip
+    tasks = list(next(iter(record["per_task"].values())))
+    lines += ["", f"## Per task (secondary, no test): mean difference against {record['baseline']}", "",
+              "| arm | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks),
+              *[f"| {arm} | " + " | ".join(f"{v[t]:+.2f}" for t in tasks) + " |"
+                for arm, v in record["per_task"].items()]]  # fmt: skip
+    by_arm = record["diagnostics_by_arm"]
+    keys = [k for k in DIAGNOSTICS if any(k in v for v in by_arm.values())]
+    if keys:
+        lines += ["", "## Training, last logging window, mean over the arm's seeds (secondary, no test)", "",
+                  "| arm | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys),
+                  *[f"| {arm} | " + " | ".join(_cell(v.get(k)) for k in keys) + " |" for arm, v in by_arm.items()]]
+    return "\n".join(lines) + "\n"

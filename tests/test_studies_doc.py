@@ -1,0 +1,139 @@
+"""docs/studies.md as a user runs it: the objective file and the plan written from scratch, `plan`, `run` with two
+workers (one run killed part-way and resumed), a report at 3 of 4 runs (blind) and at 4 of 4; the plan edited after
+its runs (refused, then amended); the same runs through submitit's local executor, with the same records as the
+local workers' (but for machine and times) and, for the killed run, the same as a run never killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from simcse_hn.files import MANIFEST
+from simcse_hn.training.checkpoints import last_complete_checkpoint, read_run_id
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "studies.md"
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def block(language: str, index: int = 0) -> str:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)[index]
+
+
+def write_example(folder: Path) -> None:
+    """The doc's objective and plan as written, with a tiny corpus and a tiny STS-B test file beside them."""
+    (folder / "margin.py").write_text(block("python"), encoding="utf-8")
+    (folder / "study.yaml").write_text(block("yaml"), encoding="utf-8")
+    shutil.copyfile(FIXTURES / "tiny_corpus.txt", folder / "corpus.txt")
+    (folder / "sts").mkdir()
+    rows = FIXTURES.joinpath("sts_tiny.jsonl").read_text(encoding="utf-8").replace('"split": "dev"', '"split": "test"')
+    (folder / "sts" / "stsb.jsonl").write_text(rows, encoding="utf-8")
+
+
+def env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def study(folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """A line of the doc's bash block (simcse-hn-study ...), run from the plan's folder."""
+    done = subprocess.run([sys.executable, "-m", "simcse_hn.cli.study", *args], cwd=folder, env=env(),
+                          capture_output=True, text=True)  # fmt: skip
+    if check and done.returncode != 0:
+        raise AssertionError(f"{args}: {done.returncode}\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def records(folder: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted((folder / "study" / "runs").glob("*.json"))}
+
+
+def checkpointed(folder: Path) -> list[str]:
+    """The runs with a complete checkpoint and no final save (still training)."""
+    return [p.name for p in sorted((folder / "study" / "runs").glob("*-s?")) if not (p / MANIFEST).is_file()
+            and last_complete_checkpoint(str(p), read_run_id(str(p))) is not None]  # fmt: skip
+
+
+def without_machine_and_times(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k not in ("where", "times", "resumed_from")}
+
+
+@pytest.mark.slow
+def test_the_docs_study_from_scratch_killed_resumed_blind_refused_and_through_submitit(tmp_path):
+    pytest.importorskip("submitit")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    write_example(folder)
+    commands = [line.split()[1:] for line in block("bash").splitlines() if line.strip()]
+    assert [c[0] for c in commands] == ["plan", "run", "report"]
+
+    done = study(folder, *commands[0])
+    assert "locked: version 1" in done.stdout and "smallest p is 2/4 = 0.5" in done.stdout
+
+    # two workers; killed once a run has its first checkpoint, then started again
+    worker = subprocess.Popen([sys.executable, "-m", "simcse_hn.cli.study", *commands[1]], cwd=folder, env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)  # fmt: skip
+    deadline = time.time() + 300
+    while not checkpointed(folder) and time.time() < deadline:
+        time.sleep(0.1)
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait()
+    killed = checkpointed(folder)
+    assert killed and not records(folder), "killed before any run finished"
+    blind = study(folder, *commands[2]).stdout
+    assert "0 of 4 runs in" in blind and "Blind" in blind
+    done = study(folder, *commands[1])
+    finished = records(folder)
+    resumed = [k for k in killed if finished[k]["resumed_from"] == "checkpoint-2"]
+    assert len(finished) == 4 and resumed
+    assert [(r["arm"], r["seed"]) for r in finished.values()] == sorted(
+        [(a, s) for a in ("infonce", "margin") for s in (1, 2)], key=lambda x: (x[0], x[1])
+    )
+
+    # 3 of 4: counts and diagnostics, no arm compared, no score
+    last = folder / "study" / "runs" / "margin-s2.json"
+    last.rename(tmp_path / "held.json")
+    page = study(folder, "report", "study.yaml").stdout
+    report = json.loads((folder / "study" / "report.json").read_text())
+    assert "3 of 4 runs in" in page and "Blind" in page and "mean average" not in page
+    assert "summary" not in report and "comparison" not in report and "scores" not in json.dumps(report)
+    (tmp_path / "held.json").rename(last)
+    page = study(folder, "report", "study.yaml").stdout
+    assert "4 of 4 runs in" in page and "| margin | " in page and "nothing is bounded" in page
+
+    # the same runs again through submitit's local executor, in a copy without two of the records
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    again = sorted({resumed[0], "infonce-s1" if resumed[0] != "infonce-s1" else "margin-s1"})
+    for key in again:
+        for path in (copy / "study" / "runs").glob(f"{key}*"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    study(copy, "run", "study.yaml", "--engine", "submitit", "--cluster", "local", "--threads",
+          str(finished[again[0]]["where"]["threads"]))  # fmt: skip
+    redone = records(copy)
+    for key in again:
+        assert redone[key]["where"]["engine"] == "submitit:local"
+        assert without_machine_and_times(redone[key]) == without_machine_and_times(finished[key])
+
+    # an edited plan: refused in one line; amended, the runs stay (same settings); a changed setting refuses them
+    plan = folder / "study.yaml"
+    plan.write_text(plan.read_text() + "# a note\n")
+    done = study(folder, "run", "study.yaml", check=False)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "the plan changed since version 1" in done.stderr
+    study(folder, "plan", "study.yaml", "--amend", "a note")
+    assert "4 of 4 runs in" in study(folder, "report", "study.yaml").stdout
+    plan.write_text(plan.read_text().replace("{margin: 0.1}", "{margin: 0.2}"))
+    study(folder, "plan", "study.yaml", "--amend", "a larger margin")
+    page = study(folder, "report", "study.yaml").stdout
+    assert "2 of 4 runs in" in page and "margin-s1: trained under other settings (plan version 1)" in page
+    done = study(folder, "run", "study.yaml", check=False)
+    assert done.returncode == 2 and "move runs/margin-s1* away" in done.stderr

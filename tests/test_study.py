@@ -1,0 +1,172 @@
+"""simcse_hn.study without training: a plan's problems one line each, the lock and its versions, the inverted exact
+test against a scan of the test itself, and a report that stays blind until every run is in."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simcse_hn.evaluation.stats import sign_flip_test
+from simcse_hn.study import analysis, lock, report, runs
+from simcse_hn.study.plan import PlanError, load_plan, power_lines
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PLAN = """\
+name: tiny
+base:
+  model_name_or_path: builtin:tiny-bert
+  train_file: corpus.txt
+  max_steps: 4
+arms:
+  infonce: {}
+  hcl: {loss: hcl, hcl_beta: 0.5}
+baseline: infonce
+seeds: [1, 2, 3, 4, 5, 6]
+evaluation: {data_dir: sts, tasks: stsb}
+smallest_effect: 0.5
+spread: 0.2
+"""
+
+
+def write_plan(folder: Path, text: str = PLAN) -> Path:
+    shutil.copyfile(FIXTURES / "tiny_corpus.txt", folder / "corpus.txt")
+    (folder / "sts").mkdir(exist_ok=True)
+    shutil.copyfile(FIXTURES / "sts_tiny.jsonl", folder / "sts" / "stsb.jsonl")
+    (folder / "study.yaml").write_text(text)
+    return folder / "study.yaml"
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(PlanError) as e:
+        load_plan(str(path), eval_options={"data_dir", "tasks", "aggregation"})
+    return e.value.problems
+
+
+def test_each_problem_of_a_plan_is_one_line_naming_its_line(tmp_path):
+    bad = PLAN.replace("hcl_beta: 0.5", "hcl_bta: 0.5").replace("[1, 2, 3, 4, 5, 6]", "[7]")
+    bad = bad.replace("smallest_effect", "endpoint: STS13\nsmallest_effect").replace("max_steps: 4", "seed: 3")
+    found = problems(write_plan(tmp_path, bad))
+    assert found == [
+        f"{tmp_path / 'study.yaml'}:5: base.seed: set by the study for each run; leave it out",
+        f"{tmp_path / 'study.yaml'}:8: arms.hcl.hcl_bta: not a train.py key",
+        f"{tmp_path / 'study.yaml'}:10: seeds: a list of one seed cannot show a difference from seed noise; give 2 "
+        "to 20",
+        f"{tmp_path / 'study.yaml'}:12: endpoint: 'STS13' is not a score of the report; choose from average, STS-B, "
+        "alignment, uniformity",
+    ]
+
+
+def test_arms_that_train_alike_and_values_train_py_refuses_are_named(tmp_path):
+    same = PLAN.replace("hcl: {loss: hcl, hcl_beta: 0.5}", "again: {loss: infonce, temperature: 0.05}")
+    assert problems(write_plan(tmp_path, same)) == [
+        f"{tmp_path / 'study.yaml'}:8: arms.again: trains exactly as arm 'infonce': two names for one arm"
+    ]
+    negative = PLAN.replace("hcl_beta: 0.5", "hcl_beta: -1")
+    (found,) = problems(write_plan(tmp_path, negative))
+    assert found.startswith(f"{tmp_path / 'study.yaml'}:8: arms.hcl: hcl_beta") and "-1" in found
+
+
+def test_the_detectable_effect_matches_the_noncentral_t_and_the_floor_is_said():
+    assert analysis.detectable_sd(10, 0.01) == pytest.approx(1.332, abs=1e-3)  # the lab's plan: 1.333 sd
+    rng = np.random.default_rng(0)  # a simulation of the same power at that effect
+    hits = [abs(np.mean(d)) / (np.std(d, ddof=1) / np.sqrt(10)) > 3.2498 for d in rng.normal(1.332, 1, (20000, 10))]
+    assert np.mean(hits) == pytest.approx(0.8, abs=0.01)
+
+
+def test_the_plan_says_what_it_can_detect_and_when_the_exact_test_cannot_reject(tmp_path):
+    plan = load_plan(str(write_plan(tmp_path)), check_arms=False)
+    lines = power_lines(plan)
+    assert "at the assumed sd 0.2: " in lines[1] and "smallest p" not in " ".join(lines)  # 2/64 < 0.05
+    few = load_plan(str(write_plan(tmp_path, PLAN.replace("[1, 2, 3, 4, 5, 6]", "[1, 2, 3, 4]"))), check_arms=False)
+    assert power_lines(few)[-1].startswith("warning: with 4 seeds the exact sign-flip test's smallest p is 2/16")
+
+
+def scan(d: list[float], level: float) -> tuple[float, float]:
+    """The shifts not rejected, by the test itself on a fine grid."""
+    grid = np.linspace(min(d) - 0.2, max(d) + 0.2, 4001)
+    kept = [s for s in grid if sign_flip_test(np.subtract(d, s), np.zeros(len(d)))["p"] >= level]
+    return min(kept), max(kept)
+
+
+@pytest.mark.parametrize("n, level", [(6, 0.05), (8, 0.01), (10, 0.01)])
+def test_the_simultaneous_interval_is_the_exact_test_inverted(n, level):
+    d = list(np.random.default_rng(n).normal(0.3, 0.2, n))
+    low, high = analysis.sign_flip_interval(d, level)
+    step = (max(d) - min(d) + 0.4) / 4000
+    assert scan(d, level) == pytest.approx((low, high), abs=step)
+    assert analysis.sign_flip_interval(d[:4], 0.05) == (float("-inf"), float("inf"))  # floor 2/16 >= 0.05
+
+
+def test_the_labs_study_read_again_dcl_is_bounded_by_an_interval_that_holds_zero():
+    """bench/results/study: DCL's raw sign-flip p 0.029 beside Holm's 0.088 ("no difference shown"); its unadjusted
+    t-interval [+0.001, +0.013] excludes 0, the simultaneous interval at 0.05 / 5 must not."""
+    recorded = json.loads((Path(__file__).resolve().parents[1] / "bench/results/study/runs.json").read_text())["runs"]
+    arms = ("infonce", "hcl", "dcl", "progcl", "progcl_mix", "unremix")
+    values = {arm: [recorded[f"{arm}-b64-s{seed}"]["average"] for seed in range(42, 52)] for arm in arms}
+    result = analysis.compare(values, "infonce", 0.05, 0.1)
+    tests = result["tests"]
+    assert tests["dcl"]["p_sign_flip_holm"] == pytest.approx(0.0879, abs=1e-4) and tests["dcl"]["low"] > 0
+    dcl = tests["dcl"]["simultaneous"]
+    assert not tests["dcl"]["differs"] and dcl["low"] <= 0 <= dcl["high"]
+    assert tests["dcl"]["reading"].startswith("no difference shown; the simultaneous interval bounds it to [")
+    for arm in ("hcl", "unremix"):
+        assert tests[arm]["differs"] and tests[arm]["at_floor"] and tests[arm]["p_sign_flip_holm"] == pytest.approx(
+            5 * 2 / 1024)  # fmt: skip
+        assert tests[arm]["simultaneous"]["low"] > 0
+    for v in tests.values():  # an interval that excludes 0 goes with "differs", always
+        assert v["differs"] or v["simultaneous"]["low"] <= 0 <= v["simultaneous"]["high"]
+
+
+def fake_records(plan, version, keys, value) -> None:
+    """Records of finished runs as runs.run_one writes them, with made-up scores (the report reads only these)."""
+    for arm in plan.arms:
+        for seed in plan.seeds:
+            key = runs.run_key(arm, seed)
+            if key not in keys:
+                continue
+            score = value(arm, seed)
+            record = {"arm": arm, "seed": seed, "plan_version": version["version"],
+                      "spec_sha256": runs.spec_sha256(runs.spec(plan, version, arm)),
+                      "code_sha256": version["code"]["sha256"], "data_sha256": version["data"]["sha256"],
+                      "trained": {"source_sha256": "s", "scored_by_source_sha256": "s"},
+                      "scores": {"average": score, "tasks": {"STS-B": score}}, "diagnostics": {"loss": 0.1 * seed}}
+            path = Path(runs.record_path(plan, key))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record))
+
+
+def test_a_report_before_the_last_run_compares_nothing_then_tests_every_arm(tmp_path):
+    plan = load_plan(str(write_plan(tmp_path)), check_arms=False)
+    version = lock.lock(plan)
+    keys = [runs.run_key(a, s) for s in plan.seeds for a in plan.arms]
+    fake_records(plan, version, keys[:-1], lambda arm, seed: 71.777 + (arm == "hcl") + 0.1 * (seed % 3))
+    page = report.write_report(plan)
+    record = json.loads((tmp_path / "study" / "report.json").read_text())
+    assert "11 of 12 runs in" in page and "Blind" in page and "| hcl | 5 of 6 |" in page
+    assert "71.8" not in page and "72.8" not in page and set(record) & {"summary", "comparison", "per_task"} == set()
+    fake_records(plan, version, keys[-1:], lambda arm, seed: 72.777 + 0.1 * (seed % 3))
+    page = report.write_report(plan)
+    assert "12 of 12 runs in" in page and "| hcl | +1.000 |" in page and "0.0312 (floor)" in page
+    assert report.markdown(json.loads((tmp_path / "study" / "report.json").read_text())) == page
+
+
+def test_a_changed_plan_or_objective_is_refused_until_amended(tmp_path):
+    path = write_plan(tmp_path, PLAN.replace("{loss: hcl, hcl_beta: 0.5}", "{loss: mine.py:Mine}"))
+    (tmp_path / "mine.py").write_text("# an objective\n")
+    plan = load_plan(str(path), check_arms=False)
+    first = lock.lock(plan)
+    assert first["code"]["objectives"] == {"mine.py": lock.file_sha256(str(tmp_path / "mine.py"))}
+    assert lock.lock(plan) == first  # nothing changed: nothing new
+    (tmp_path / "mine.py").write_text("# an objective, edited\n")
+    with pytest.raises(lock.LockError, match=r"the code \(mine.py\) changed since version 1 was locked"):
+        lock.check_locked(plan)
+    path.write_text(path.read_text() + "# more\n")
+    with pytest.raises(lock.LockError, match="the plan, the code"):
+        lock.lock(plan)
+    second = lock.lock(plan, reason="the objective's fix")
+    assert (second["version"], second["reason"]) == (2, "the objective's fix") and lock.check_locked(plan) == second
+    assert (tmp_path / "study" / "versions" / "v1.yaml").read_text() + "# more\n" == path.read_text()
