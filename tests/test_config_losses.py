@@ -51,8 +51,7 @@ def test_config_defaults_are_the_loss_classes_defaults(loss, tmp_path):
     fit, UnReMix's entropy bonus): build_loss with loss_kwargs() equals build_loss with nothing but the name."""
     args = parse_args(["--loss", loss, "--output_dir", str(tmp_path)])[2]
     configured, default = build_loss(loss, **args.loss_kwargs()), build_loss(loss)
-    names = {k for k in vars(default) if not k.startswith("_") and not k.startswith("training")}
-    assert names and {k: vars(configured)[k] for k in names} == {k: vars(default)[k] for k in names}
+    assert configured.options == default.options and configured.temperature == default.temperature
     if loss == "dcl":
         assert configured.options.tau_plus == 1e-3
     if loss == "progcl":

@@ -155,7 +155,7 @@ def test_symmetric_infonce_is_the_mean_of_mnrl_query_to_doc_and_query_to_query_o
 
 def test_hardness_strength_flag(tmp_path):
     args = parse_args(["--loss", "hardness", "--hardness_strength", "2", "--output_dir", str(tmp_path)])[2]
-    assert build_loss("hardness", **args.loss_kwargs()).strength == 2.0
+    assert build_loss("hardness", **args.loss_kwargs()).options.strength == 2.0
     for value, message in (("-1", "hardness_strength: must be >= 0"), ("0", "hardness_strength: 0 makes hardness")):
         with pytest.raises(ConfigError) as error:
             parse_args(["--loss", "hardness", "--hardness_strength", value, "--output_dir", str(tmp_path)])

@@ -218,7 +218,7 @@ def test_edge_cases_are_finite(name, case):
         assert torch.isfinite(out.weights).all() and (out.weights >= 0).all()
     if case == "collapsed":
         n = negative_mask.sum(dim=1)[0].item()
-        raised = getattr(loss_fn, "strength", 0.0)  # hardness: every negative's logit + strength x cosine 1
+        raised = getattr(loss_fn.options, "strength", 0.0)  # hardness: every negative's logit + strength x cosine 1
         assert out.loss.item() == pytest.approx(math.log(1 + n * math.exp(raised)), rel=1e-5)
 
 

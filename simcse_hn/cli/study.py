@@ -114,7 +114,7 @@ def run_command(args: argparse.Namespace, plan: Plan) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        options = {a.dest for a in sts_parser()._actions if a.dest != "help"}
+        options = set(vars(sts_parser().parse_args(["--model", "-"])))  # eval/sts.py's every option, by its defaults
         plan = load_plan(args.plan, check_arms=args.command == "plan", eval_options=options)
         if args.command == "plan":
             plan_command(args, plan)

@@ -33,12 +33,15 @@ from torch import Tensor, nn
 
 from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler, cluster_corpus
 from simcse_hn.errors import ConfigError
+from simcse_hn.losses.targets import RowLayout
 from simcse_hn.training import distributed
 from simcse_hn.training.checkpoints import CheckpointCommit, checkpoint_path, manifest_problem
 from simcse_hn.training.queue import QUEUE_FILE, MomentumEncoder, QueueEntries, QueueRun, resume_queue
 from simcse_hn.training.step import window_means
 
 logger = logging.getLogger(__name__)
+# a loss call's rows [a_0, p_0, a_1, p_1, ...]: the anchor column beside the positive column, one pair an example
+ST_LAYOUT = RowLayout(group_size=2)
 
 
 def token_text_ids(features: dict[str, Tensor]) -> Tensor:
@@ -94,8 +97,8 @@ class SentenceQueue(QueueRun):
             assert self.encoder is not None
             queued, _ = self.encoder.embed(self.anchor_inputs, False)
         else:
-            queued = rows.detach()[0::2]
-        self.add_pending(QueueEntries(queued, self.text_ids.to(queued.device)[0::2]))
+            queued = ST_LAYOUT.anchors_of(rows.detach())
+        self.add_pending(QueueEntries(queued, ST_LAYOUT.anchors_of(self.text_ids.to(queued.device))))
 
 
 class TopicBatchesSampler:

@@ -410,7 +410,7 @@ class ContrastiveLoss(nn.Module):
 
     Writing one (docs/writing-an-objective.md): subclass `ReweightingLoss` and write `log_weights` when the
     objective reweights the negatives (the common case), else override `per_anchor` (the general case). Options are
-    a frozen dataclass (`Options`, made with `options.option`); each is also an attribute of the loss (`loss.beta`).
+    a frozen dataclass (`Options`, made with `options.option`), read inside the objective as `self.options.beta`.
 
     Two calls, one computation:
     * `loss_fn(anchors, candidates, positive_index, negative_mask=None, context=None)`: the plain call. A mask is
@@ -441,8 +441,6 @@ class ContrastiveLoss(nn.Module):
     forms: ClassVar[tuple[str, ...]] = ("symmetric",)  # the contrast forms it is defined on
     variants: ClassVar[dict[str, dict[str, Any]]] = {}  # named settings the benches and tests run ({"mix": {...}})
     sentence_transformers_options: ClassVar[dict[str, Any]] = {}  # defaults in a SentenceTransformer (no MLP head)
-    timing_options: ClassVar[dict[str, Any]] = {}  # what a bench adds so every timed step is the objective's own
-    cost_target: ClassVar[float] = 2.5  # bench/loss_overhead.py: its time at most this many times the floor
     # --- what it needs from the step ---
     needs_cosines: ClassVar[bool] = False  # ObjectiveInput.cosines (one (M, N) pass; the logits are always there)
     uses_schedule: ClassVar[bool] = False  # reads context.step and context.max_steps
@@ -456,8 +454,6 @@ class ContrastiveLoss(nn.Module):
         self.temperature = float(temperature)
         self.nonfinite_grads = NonFiniteGradients()  # what the gradient guards dropped, read when the trainer logs
         self.options = self.Options.from_mapping(options, where=f"{self.display_name()}'s options")
-        for key, value in self.options.as_dict().items():
-            setattr(self, key, value)
 
     @classmethod
     def display_name(cls) -> str:

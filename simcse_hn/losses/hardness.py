@@ -38,6 +38,7 @@ class HardnessLoss(ContrastiveLoss):
     name = "hardness"
     title = "Hardness"
     Options = HardnessOptions
+    options: HardnessOptions
     summary = (
         "InfoNCE with hardness-weighted negatives (Lan et al., arXiv:2503.04812; sentence-transformers' "
         "MultipleNegativesRankingLoss hardness): every negative's logit gains `strength * s_ij` without gradient, "
@@ -53,11 +54,10 @@ class HardnessLoss(ContrastiveLoss):
     setting = ("strength",)
     forms = ("symmetric", "simcse")
 
-    strength: float
 
     def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
         plain = batch.plain
-        log_weights = batch.logits.detach() * (self.strength * batch.temperature)  # (M, N) alpha s_ij
+        log_weights = batch.logits.detach() * (self.options.strength * batch.temperature)  # (M, N) alpha s_ij
         lse = masked_logsumexp(plain.masked + log_weights)  # (M,) log sum_{N(i)} e^{l_ij + alpha s_ij}
         loss = torch.logaddexp(plain.pos, lse) - plain.pos
         with torch.no_grad():  # the diagnostics' weights: mean one over N(i)

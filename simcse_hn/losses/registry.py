@@ -196,17 +196,16 @@ def build_loss(name: str | type[ContrastiveLoss], temperature: float = 0.05, **o
     return cls(temperature, **options)
 
 
-def benchmark_settings(timed: bool = False) -> dict[str, tuple[str, dict[str, Any]]]:
+def benchmark_settings() -> dict[str, tuple[str, dict[str, Any]]]:
     """Every built-in objective and its named variants, as the benches and tests run them: {"progcl-mix":
-    ("progcl", {"mode": "mix"}), "hcl": ("hcl", {}), ...}; InfoNCE, the baseline, first. `timed`: with each
-    objective's `timing_options` (ProGCL without its warm-up)."""
+    ("progcl", {"mode": "mix"}), "hcl": ("hcl", {}), ...}; InfoNCE, the baseline, first (bench.common.timed_settings
+    adds what timed runs need)."""
     settings: dict[str, tuple[str, dict[str, Any]]] = {}
     for name, cls in BUILTIN.items():
-        extra = dict(cls.timing_options) if timed else {}
         if not cls.variants:
-            settings[name] = (name, extra)
+            settings[name] = (name, {})
         for variant, options in cls.variants.items():
-            settings[f"{name}-{variant}"] = (name, {**options, **extra})
+            settings[f"{name}-{variant}"] = (name, dict(options))
     return settings
 
 

@@ -55,6 +55,10 @@ class RowLayout:
         """Something given per text (T, ...), in the batch's text order, as rows (R, ...): each sentence's twice."""
         return per_text if self.rows_per_text == 1 else per_text.repeat_interleave(self.rows_per_text, dim=0)
 
+    def anchors_of(self, rows: Tensor) -> Tensor:
+        """Each example's first row (its anchor, or a sentence's first view) of rows (R, ...) in this layout."""
+        return rows[0 :: self.rows_per_example]
+
     def negative_rows(self, num_rows: int, device: torch.device | str | None = None) -> Tensor:
         """(R',) int64: one row of each text that can be another anchor's negative: each sentence's first view, or each
         paired example's positive and explicit negatives (anchors never are, in SimCSE's supervised targets)."""
