@@ -44,8 +44,8 @@ class SimCSETrainer(Trainer):
       unchanged, and its backward replays the mini-batches (same loss and gradient, one mini-batch's memory).
     * STS-B dev through the Trainer's evaluation loop (DevSentences: `prediction_step` returns embeddings,
       `compute_metrics` the Spearman x 100 `eval_stsb_spearman`): logging and best-model selection are the Trainer's.
-    * The Trainer never pushes: train.py pushes the finished folder itself (simcse_hn.hub).
-    * Paired data: `group_size` (default: the collator's, simcse_hn.pairs.PairCollator) says that rows come as
+    * The Trainer never pushes: train.py pushes the finished folder itself (simcse_hn.export.hub).
+    * Paired data: `group_size` (default: the collator's, simcse_hn.data.pairs.PairCollator) says that rows come as
       [a, p, n_1..n_k] per example; `args.hard_negative_weight` applies. `args.guide_model` ("self", or a model that
       `guide` holds, loaded from the id when not given) removes the guide's false negatives each step.
     * `args.no_duplicates` (default: on for paired data): batches drawn by data.sampling.NoDuplicatesSampler, no
