@@ -225,7 +225,7 @@ def run_sentence_transformers(spec: dict, corpus: Path, output_dir: str, callbac
         output_dir=output_dir, per_device_train_batch_size=spec["batch"], max_steps=spec["steps"],
         learning_rate=LEARNING_RATE, seed=SEED, logging_steps=1000, report_to="none", save_strategy="no",
         disable_tqdm=True, dataloader_drop_last=True, use_cpu=not torch.cuda.is_available(),
-        bf16=bool(spec.get("bf16")),
+        bf16=bool(spec.get("bf16")), **spec.get("st_arguments", {}),
     )  # fmt: skip
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=dataset, loss=losses.MultipleNegativesRankingLoss(model, scale=20.0),
