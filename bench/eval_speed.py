@@ -24,9 +24,12 @@ batches and ranks them apart; `theirs_ties` averages its cosines within each suc
 changes; `tie_spread` the largest distance of one of its cosines from its group's mean). (3) What remains is the
 encoding: |ours - theirs_ties| <= 1e-4 in float32. In bfloat16 the same sentence's embedding depends on its batch
 (the padded width and rows change the kernels' blocking, and bf16 rounds each layer's output: about 3e-3 per entry
-on all-MiniLM-L6-v2 on a CPU), so the tolerance is the evaluator's own change when only its batch size changes
-(its embeddings at a quarter of the batch, `batch_noise`, the largest over the sub-files), with the largest
-embedding differences ours-theirs and theirs-theirs recorded side by side.
+on all-MiniLM-L6-v2 on a CPU), and the ranks with it. There the check is on the embeddings: the largest entry
+difference ours-theirs must not exceed the evaluator's own when only its batch size changes (its embeddings at a
+quarter of the batch); the scores are reported beside the evaluator's own change (`batch_noise`, the largest over the
+sub-files), a one-sample estimate that a different batching (ours sorts by token count, it by characters) can exceed:
+on the CPU the full suite's FNWN differed by 0.14 against a largest own change of 0.046, with the embeddings' largest
+differences equal (2.9e-3 both). bench/gpu.py therefore also runs the check in float32 on the same weights.
 
 The limit: the suite's work is its distinct sentences x their tokens without padding (common.encoder_flops over the
 distinct sentences' token counts at the model's length, forward only), at the machine's matmul rate measured in the
@@ -250,9 +253,15 @@ def same_scores(ours: dict, theirs: dict, their_embeddings: dict, tasks, noise_e
                     largest["theirs_vs_theirs_other_batch"],
                     *(float(np.abs(o - t).max()) for o, t in zip(other, (first, second))))
             subfiles[f"{task.name}/{name}"] = entry
-    tolerance = max(SAME_SCORE, noise)
-    over = {k: v["abs_diff"] for k, v in subfiles.items() if v["abs_diff"] > tolerance}
+    if noise_embeddings is None:  # float32: the scores themselves
+        tolerance, over = SAME_SCORE, {k: v["abs_diff"] for k, v in subfiles.items() if v["abs_diff"] > SAME_SCORE}
+    else:  # bfloat16: the embeddings, within the evaluator's own batch dependence; the scores are reported beside
+        tolerance = noise
+        over = {} if largest["ours_vs_theirs"] <= largest["theirs_vs_theirs_other_batch"] else {
+            "embeddings": largest["ours_vs_theirs"]}
+    beyond = {k: v["abs_diff"] for k, v in subfiles.items() if v["abs_diff"] > max(SAME_SCORE, noise)}
     return {"tolerance": tolerance, "batch_noise": noise if noise_embeddings is not None else None,
+            "scores_beyond_batch_noise": beyond if noise_embeddings is not None else None,
             "compared": len(subfiles), "over_tolerance": over,
             "max_abs_diff": max((v["abs_diff"] for v in subfiles.values()), default=0.0),
             "max_abs_diff_raw": max((v["abs_diff_raw"] for v in subfiles.values()), default=0.0),
@@ -266,10 +275,12 @@ def same_scores_sentence(check: dict) -> str:
                  if abs(v["float32_cosine_effect"]) > SAME_SCORE or abs(v["tie_effect"]) > SAME_SCORE]  # fmt: skip
     noise = check.get("batch_noise")
     largest = check["largest_embedding_difference"]
-    return (f"Same scores (per sub-file |ours - the evaluator's embeddings scored in float64 with exact ties| <= "
-            f"{check['tolerance']:.1e}, Spearman x 100"
-            + (f"; the tolerance is the evaluator's own change at a quarter of its batch, {noise:.1e}" if noise
-               is not None else "") + f"): {'passed' if check['passed'] else 'FAILED'} on {check['compared']} "
+    what = (f"per sub-file |ours - the evaluator's embeddings scored in float64 with exact ties| <= "
+            f"{check['tolerance']:.1e}, Spearman x 100" if noise is None else
+            "bfloat16: the largest embedding entry difference ours-theirs <= the evaluator's own at a quarter of its "
+            f"batch; scores beside its own change there, up to {noise:.1e}"
+            + (f", exceeded by {check['scores_beyond_batch_noise']}" if check["scores_beyond_batch_noise"] else ""))
+    return (f"Same scores ({what}): {'passed' if check['passed'] else 'FAILED'} on {check['compared']} "
             f"sub-files (largest difference {check['max_abs_diff']:.2e}; against its raw score "
             f"{check['max_abs_diff_raw']:.2e})" + (f"; over: {check['over_tolerance']}" if check["over_tolerance"]
                                                    else "")

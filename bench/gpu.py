@@ -122,6 +122,7 @@ def training(model: str, corpus: Path, cpu_check: bool, threads: int, label: str
     return {"settings": {**base, "model": label}, **summary}, compiled
 
 
+MINILM = "all-MiniLM-L6-v2 (bf16 copy)"
 SIDE_CONFIGS = ("st-mnrl", "st-mnrl-fast", "ours-avg", "ours-cls")
 # sentence-transformers' own fast settings (6.3's docs): bf16 (as every run here), its default batch sampler (the
 # NO_DUPLICATES sampler it recommends for in-batch negatives costs time: our corpus lines are distinct anyway), no
@@ -203,7 +204,7 @@ def two_devices(model: str, corpus: Path, cpu_check: bool, threads: int, one_pro
             "run": result}  # fmt: skip
 
 
-def sts_suite(out_dir: Path, cpu_check: bool, work_dir: Path) -> dict:
+def sts_suite(out_dir: Path, cpu_check: bool, work_dir: Path, float32_model: str | None = None) -> dict:
     """Section 3: bench/eval_speed.py in bfloat16 on the bf16 copy of all-MiniLM-L6-v2 (bench/minilm_bf16.py) where
     it is here, else the pip package's, else a MiniLM-shaped encoder with random weights; --cpu_check: the tiny
     encoder of --quick, in bfloat16 too (the same path)."""
@@ -231,8 +232,18 @@ def sts_suite(out_dir: Path, cpu_check: bool, work_dir: Path) -> dict:
     import json
 
     record = json.loads((out_dir / "eval_speed_gpu.json").read_text())
-    return {key: record[key] for key in ("model_name", "suite", "batch_size", "timings", "ratio", "work",
-                                         "same_scores", "dtype")}  # fmt: skip
+    out = {key: record[key] for key in ("model_name", "suite", "batch_size", "timings", "ratio", "work",
+                                        "same_scores", "dtype")}  # fmt: skip
+    # the same weights in float32 (the bf16 copy's values): scores equal to 1e-4, not only within bf16's batch noise
+    stem = out_dir / "eval_speed_gpu_float32"
+    fp32 = [a for a in args if a not in ("bfloat16",)]
+    fp32[fp32.index("--dtype") + 1 : fp32.index("--dtype") + 1] = ["float32"]
+    fp32[fp32.index("--output") + 1] = str(stem)
+    if float32_model:
+        fp32[fp32.index("--model") + 1] = float32_model
+    eval_speed.main([*fp32, "--skip_simcse"])
+    out["same_scores_float32"] = json.loads(stem.with_suffix(".json").read_text())["same_scores"]
+    return out
 
 
 def side_by_side_lines(section: dict, cpu_check: bool) -> list[str]:
@@ -293,6 +304,9 @@ def markdown(report: dict) -> str:
             lines.append(f"| {key} | {value['wall_s']:.2f} | {value['fraction_of_limit']:.1%} |")
         lines += ["", f"Speed-up over sentence-transformers' evaluator: {sts['ratio']['wall']:.2f}x "
                   f"({sts.get('dtype', 'float32')}).", "", eval_speed.same_scores_sentence(sts["same_scores"]), ""]
+        if "same_scores_float32" in sts:
+            lines += ["The same weights in float32 (eval_speed_gpu_float32.md): "
+                      + eval_speed.same_scores_sentence(sts["same_scores_float32"]), ""]
     if "side_by_side" in report:
         lines += side_by_side_lines(report["side_by_side"], report["cpu_check"])
     if "two_devices" in report:
@@ -357,11 +371,11 @@ def main(argv: list[str] | None = None) -> int:
             encoders = {"BERT-base shape, random weights": model}
             minilm = bf16_minilm(work_dir)
             if minilm:
-                encoders["all-MiniLM-L6-v2 (bf16 copy)"] = minilm
+                encoders[MINILM] = minilm
         if not args.skip_side_by_side:
             report["side_by_side"] = side_by_side(encoders, corpus, args.cpu_check, threads)
             save()
-        report["sts"] = sts_suite(out_dir, args.cpu_check, work_dir)
+        report["sts"] = sts_suite(out_dir, args.cpu_check, work_dir, encoders.get(MINILM))
         save()
         if time.time() - start > BUDGET_S - 150:
             report["objectives_note"] = f"skipped: {time.time() - start:.0f} s of the {BUDGET_S} s budget used"
