@@ -25,9 +25,13 @@
    master weights as both trainers do): sentences/s, peak CUDA memory, and the fraction of the bf16 matmul rate
    measured in the same process.
 
-Order on the card: 1, 6, 3, 2, 4, 5; 2 and 5 are skipped when the time budget is short (each section is saved as it
-ends, so a run cut short keeps what finished). --cpu_check runs every part on the CPU at tiny sizes (float32
-training, bf16 STS), to rehearse the script; its timings mean nothing.
+7. *host reads in a whole step*: ours-cls and st-mnrl at batch 64 on the first encoder, in section 6's process, 3
+   steps under set_sync_debug_mode("warn"), each host read counted by where it happens (`sync_specs`): what keeps
+   the card waiting at batch 64, beyond section 1's loss path.
+
+Order on the card: 1, 3, 6 (with 7), 2, 4, 5; 2 and 5 are skipped when the time budget is short (each section is
+saved as it ends, so a run cut short keeps what finished). --cpu_check runs every part on the CPU at tiny sizes
+(float32 training, bf16 and float32 STS), to rehearse the script; its timings mean nothing.
 
     bash bench/gpu.sh                                      # results in $OUT, else bench/results/gpu/
     python -m bench.gpu --cpu_check --out /tmp/gpu_check   # every part on the CPU with tiny sizes
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -155,12 +160,37 @@ def side_by_side_specs(model: str, cpu_check: bool, threads: int, batches=(64, 5
     return specs
 
 
-def side_by_side(models: dict[str, str], corpus: Path, cpu_check: bool, threads: int) -> dict:
-    """Section 6 per encoder (label -> folder): tt.summarise_versus over the runs of each batch size."""
+def sync_specs(specs: list[dict]) -> list[dict]:
+    """Section 7: ours-cls and st-mnrl at the first batch size, 6 steps, the last 3 under set_sync_debug_mode("warn")
+    (CUDA): every host read in a whole step (the loop, the collator, the optimizer, the Trainer's own), counted by
+    where it happens. On a CPU nothing is counted."""
+    first = specs[0]["batch"]
+    picked = [s for s in specs if s["batch"] == first and s["round"] == 0 and s["name"].split("-b")[0] in
+              ("ours-cls", "st-mnrl")]  # fmt: skip
+    return [{**s, "name": f"syncs/{s['name']}", "steps": 6, "warmup": 3, "sync_warn_from": 3} for s in picked]
+
+
+def side_by_side(models: dict[str, str], corpus: Path, cpu_check: bool, threads: int, start: float) -> dict:
+    """Section 6 per encoder (label -> folder): tt.summarise_versus over the runs of each batch size. An encoder's
+    process is stopped at the budget's end (BUDGET_S from `start`, less a minute for the sections after); a later
+    encoder is then left out, with a note."""
     out = {}
     for label, model in models.items():
         specs = side_by_side_specs(model, cpu_check, threads)
-        result = tt.launch(specs, corpus, threads)
+        if not out:  # the first encoder: section 7's runs in the same process
+            specs += sync_specs(specs)
+        left = BUDGET_S - 60 - (time.time() - start)
+        if left < 60 and not cpu_check:
+            out[label] = {"note": f"left out: {time.time() - start:.0f} s of the {BUDGET_S} s budget used"}
+            continue
+        try:
+            result = tt.launch(specs, corpus, threads, timeout=None if cpu_check else left)
+        except subprocess.TimeoutExpired:
+            out[label] = {"note": f"stopped after {left:.0f} s: the budget's end"}
+            continue
+        out.setdefault("host_syncs", {}).update({r["name"]: r.get("memory", {}).get("host_syncs", {})
+                                                 for r in result["results"] if r["name"].startswith("syncs/")})
+        result["results"] = [r for r in result["results"] if not r["name"].startswith("syncs/")]
         runs = [{**r, "section": "versus"} for r in result["results"] if "error" not in r]
         failed = {r["name"]: r["error"] for r in result["results"] if "error" in r}
         per_batch = {}
@@ -255,6 +285,11 @@ def side_by_side_lines(section: dict, cpu_check: bool) -> list[str]:
              "bf16 autocast") + ", the Trainer's AdamW, lr 3e-5. Peak memory: torch.cuda.max_memory_allocated "
              "(the resident set's growth on a CPU).", ""]  # fmt: skip
     for label, entry in section.items():
+        if label == "host_syncs":
+            continue
+        if "note" in entry:
+            lines += [f"**{label}**: {entry['note']}", ""]
+            continue
         for batch, summary in entry["batches"].items():
             lines += [f"**{label}, batch {batch}**", "",
                       "| configuration | sentences/s | vs st-mnrl | of the matmul rate | peak MiB |",
@@ -267,7 +302,12 @@ def side_by_side_lines(section: dict, cpu_check: bool) -> list[str]:
             lines.append("")
         if entry["failed"]:
             lines += [f"Did not run: {entry['failed']}", ""]
-    return lines
+    lines += ["## 7. Host reads in a whole training step (set_sync_debug_mode('warn'), 3 steps, first encoder)", ""]
+    for name, syncs in section.get("host_syncs", {}).items():
+        where = "; ".join(f"{k} x{v}" for k, v in sorted(syncs.items(), key=lambda x: -x[1])[:12])
+        lines.append(f"* {name.removeprefix('syncs/')}: {sum(syncs.values())} in 3 steps" + (f": {where}" if where
+                     else (" (not counted on a CPU)" if cpu_check else "")))  # fmt: skip
+    return lines + [""]
 
 
 def markdown(report: dict) -> str:
@@ -372,11 +412,11 @@ def main(argv: list[str] | None = None) -> int:
             minilm = bf16_minilm(work_dir)
             if minilm:
                 encoders[MINILM] = minilm
-        if not args.skip_side_by_side:
-            report["side_by_side"] = side_by_side(encoders, corpus, args.cpu_check, threads)
-            save()
         report["sts"] = sts_suite(out_dir, args.cpu_check, work_dir, encoders.get(MINILM))
         save()
+        if not args.skip_side_by_side:
+            report["side_by_side"] = side_by_side(encoders, corpus, args.cpu_check, threads, start)
+            save()
         if time.time() - start > BUDGET_S - 150:
             report["objectives_note"] = f"skipped: {time.time() - start:.0f} s of the {BUDGET_S} s budget used"
             compiled = []
