@@ -17,9 +17,10 @@ Same scores, per sub-file (Spearman x 100), from the evaluator's own embeddings 
 in three. (1) Its scoring: it takes cosines in float32 (pairwise_cos_sim), ours in float64; scored in float64 its
 embeddings give `theirs_float64`, and `float32_cosine_effect` is the rest: near-equal cosines (random weights put
 every cosine of a sub-file within a few hundredths, neighbours 1e-8 apart) that float32's rounding (about 1e-7)
-orders at random or ties. (2) Ties: pairs whose cosine is equal in exact arithmetic (the same two sentences, in
-either order; every pair of a sentence with itself, cosine 1) tie in ours (each distinct sentence is encoded once,
-and scoring.tie_equal merges float64's last-bit differences), while the evaluator encodes the copies in different
+orders at random or ties. (2) Ties: pairs whose cosine is equal in exact arithmetic (the same two inputs in either
+order, inputs being token ids: an uncased tokenizer makes "The" and "the" one; every pair of an input with itself,
+cosine 1) tie in ours (each distinct sentence is encoded once, and scoring.tie_equal merges float64's last-bit
+differences), while the evaluator encodes the copies in different
 batches and ranks them apart; `theirs_ties` averages its cosines within each such group (`tie_effect` is what that
 changes; `tie_spread` the largest distance of one of its cosines from its group's mean). (3) What remains is the
 encoding: |ours - theirs_ties| <= 1e-4 in float32. In bfloat16 the same sentence's embedding depends on its batch
@@ -206,11 +207,23 @@ def suite_work(tasks, tokenizer, max_length: int | None, shape: EncoderShape) ->
             "useful_flops": flops["useful"]}  # fmt: skip
 
 
-def tie_groups(pairs: STSPairs) -> np.ndarray:
-    """A group id per pair; pairs whose cosine is equal in exact arithmetic share one: the same two sentences (in
-    either order), and every pair of a sentence with itself (cosine 1). -> (n,) int"""
-    keys = ["=" if a == b else "\0".join(sorted((a, b))) for a, b in zip(pairs.sentence1, pairs.sentence2)]
-    return np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1]
+def tie_groups(pairs: STSPairs, tokens: dict[str, str] | None = None) -> np.ndarray:
+    """A group id per pair; pairs whose cosine is equal in exact arithmetic share one: the same two inputs (in either
+    order), and every pair of an input with itself (cosine 1). The inputs are `tokens[sentence]` (the token ids the
+    model sees: an uncased tokenizer makes "The" and "the" one input), else the sentences. -> (n,) int"""
+    tokens = tokens or {}
+    keys = []
+    for a, b in zip(pairs.sentence1, pairs.sentence2):
+        a, b = tokens.get(a, a), tokens.get(b, b)
+        keys.append("=" if a == b else "\0".join(sorted((a, b))))
+    return np.unique(np.asarray(keys, dtype=str), return_inverse=True)[1]
+
+
+def token_keys(tokenizer, tasks, max_length: int | None) -> dict[str, str]:
+    """{sentence: its token ids as text}, truncated as the model's `preprocess` truncates."""
+    distinct = list(dict.fromkeys(s for t in tasks for p in t.subsets.values() for s in p.sentence1 + p.sentence2))
+    ids = tokenizer(distinct, truncation=True, max_length=max_length)["input_ids"]
+    return {s: " ".join(map(str, i)) for s, i in zip(distinct, ids)}
 
 
 def tied_reference(first: np.ndarray, second: np.ndarray, groups: np.ndarray, gold) -> tuple[float, float, float]:
@@ -224,7 +237,7 @@ def tied_reference(first: np.ndarray, second: np.ndarray, groups: np.ndarray, go
 
 
 def same_scores(ours: dict, theirs: dict, their_embeddings: dict, tasks, noise_embeddings: dict | None,
-                our_embeddings: tuple[torch.Tensor, dict]) -> dict:
+                our_embeddings: tuple[torch.Tensor, dict], tokens: dict[str, str] | None = None) -> dict:
     """Per sub-file, ours against the evaluator, its difference split into what the evaluator's scoring adds and what
     the encoding does (the module docstring)."""
     embeddings, index = our_embeddings
@@ -234,7 +247,7 @@ def same_scores(ours: dict, theirs: dict, their_embeddings: dict, tasks, noise_e
         for name, pairs in task.subsets.items():
             key = (task.name, name)
             first, second = (np.asarray(e, dtype=np.float32) for e in their_embeddings[key])
-            groups = tie_groups(pairs)
+            groups = tie_groups(pairs, tokens)
             f64, reference, spread = tied_reference(first, second, groups, pairs.scores)
             ours_score = ours["tasks"][task.name]["subsets"][name]["spearman"]
             entry = {"ours": ours_score, "theirs": theirs[key], "theirs_float64": f64, "theirs_ties": reference,
@@ -446,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         "data_dir": portable_name(str(data_dir)),
         "pairs": sum(task.pairs for task in tasks), "batch_size": args.batch_size, "our_batch_size": our_batch,
         "device": args.device, "timings": timings, "ratio": ratio, "work": work, "rates": rate,
-        "same_scores": same_scores(ours, theirs, their_embeddings, tasks, noise, our_embeddings), "scores": scores,
+        "same_scores": same_scores(ours, theirs, their_embeddings, tasks, noise, our_embeddings,
+                                   token_keys(model.tokenizer, tasks, model.max_seq_length)), "scores": scores,
         "dtype": args.dtype,
         "average_ours_all": ours["average"], "environment": env,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
