@@ -67,3 +67,22 @@ def test_tie_equal_makes_exact_arithmetic_ties_equal():
     assert np.array_equal(swapped[:20], swapped[20:])
     spread = np.array([0.5, 0.5 + 1e-9, 0.2])
     assert np.array_equal(tie_equal(spread), spread)  # values apart by more than float64's rounding stay apart
+
+
+def test_texts_tokenised_alike_share_one_embedding(tmp_path):
+    """An uncased tokenizer makes "Red cat" and "red cat" one input: ours encodes it once, so their cosines with any
+    third sentence tie exactly, as in exact arithmetic."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(base_shaped_model(tmp_path / "m", layers=2, hidden=64, heads=2, intermediate=128),
+                                device="cpu")  # fmt: skip
+    sentences = ["red cat sat", "a dog", "Red cat sat", "the old mat", "RED CAT SAT", "a dog"]
+    assert len(set(map(str, model.tokenizer(sentences)["input_ids"]))) == 3
+    rows = []
+    model.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0]["input_ids"].shape[0]))
+    embeddings = sentence_transformers_encode_fn(model, 2, side_by_side=False)(sentences)
+    assert sum(rows) == 3  # each input once, whichever batch its copies would have fallen in
+    assert torch.equal(embeddings[0], embeddings[2]) and torch.equal(embeddings[0], embeddings[4])
+    assert torch.equal(embeddings[1], embeddings[5])
+    alone = model.encode(sentences[3:4], convert_to_tensor=True)[0]
+    assert torch.allclose(embeddings[3], alone, atol=1e-5)  # the others are still computed
