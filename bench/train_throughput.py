@@ -134,15 +134,26 @@ class RecordingCollator:
         return getattr(self._collate, name)
 
 
-def recording_callback(marks: list[float], memory: dict):
+def recording_callback(marks: list[float], memory: dict, sync_warn_from: int | None = None):
+    """Step-end times and memory; with `sync_warn_from` (CUDA) each step from that one on runs under
+    set_sync_debug_mode("warn") and memory["host_syncs"] counts the warnings per "file:line: message" of the caller."""
     import resource
+    import warnings
 
     import torch
     from transformers import TrainerCallback
 
     cuda = torch.cuda.is_available()
+    watch = {"on": cuda and sync_warn_from is not None, "context": None}
 
     class Record(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if watch["on"] and state.global_step >= sync_warn_from:
+                watch["context"] = warnings.catch_warnings(record=True)
+                watch["caught"] = watch["context"].__enter__()
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+
         def on_train_begin(self, args, state, control, **kwargs):
             if cuda:
                 torch.cuda.synchronize()
@@ -151,6 +162,14 @@ def recording_callback(marks: list[float], memory: dict):
             memory["peak_reset"] = reset_peak_rss()
 
         def on_step_end(self, args, state, control, **kwargs):
+            if watch["context"] is not None:
+                torch.cuda.set_sync_debug_mode("default")
+                watch["context"].__exit__(None, None, None)
+                watch["context"] = None
+                syncs = memory.setdefault("host_syncs", {})
+                for w in watch["caught"]:
+                    key = f"{os.path.basename(w.filename)}:{w.lineno}: {str(w.message).splitlines()[0][:80]}"
+                    syncs[key] = syncs.get(key, 0) + 1
             if cuda:
                 torch.cuda.synchronize()
             marks.append(time.perf_counter())
@@ -225,7 +244,7 @@ def run_sentence_transformers(spec: dict, corpus: Path, output_dir: str, callbac
         output_dir=output_dir, per_device_train_batch_size=spec["batch"], max_steps=spec["steps"],
         learning_rate=LEARNING_RATE, seed=SEED, logging_steps=1000, report_to="none", save_strategy="no",
         disable_tqdm=True, dataloader_drop_last=True, use_cpu=not torch.cuda.is_available(),
-        bf16=bool(spec.get("bf16")),
+        bf16=bool(spec.get("bf16")), **spec.get("st_arguments", {}),
     )  # fmt: skip
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=dataset, loss=losses.MultipleNegativesRankingLoss(model, scale=20.0),
@@ -272,7 +291,7 @@ def run_spec(spec: dict, corpus: Path, shape: EncoderShape, states: dict) -> dic
     from torch._dynamo.utils import counters
 
     marks, batches, losses, memory = [], [], [], {}
-    callback = recording_callback(marks, memory)
+    callback = recording_callback(marks, memory, spec.get("sync_warn_from"))
     counters.clear()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as output_dir:

@@ -96,7 +96,11 @@ def _padding_side(mask: Tensor, lengths: Tensor) -> str | None:
 
 
 def iter_prepared_batches(
-    prepare: Callable[[list[str]], dict], sentences: list[str], batch_size: int, group_size: int = 4096
+    prepare: Callable[[list[str]], dict],
+    sentences: list[str],
+    batch_size: int,
+    group_size: int = 4096,
+    copies: dict[int, int] | None = None,
 ) -> Iterator[tuple[list[int], dict]]:
     """Features for batches of equal token length, each text tokenised once by the model's own `prepare` (e.g. a
     SentenceTransformer's `preprocess`), one batch at a time. -> (the sentence index of each row, features) per batch
@@ -111,6 +115,11 @@ def iter_prepared_batches(
     token-count pass followed by `preprocess` per batch, and computes 0.9 % more tokens than the exact token-count
     order (padding +0.9 % against +0.4 %); groups of 256 would leave +6.7 %, one group of everything +0.4 % at a
     1.5x slower tokenisation.
+
+    With `copies` (a dict the caller passes and reads after), a text whose token ids equal an earlier one's in its
+    group (e.g. "The cat" and "the cat" under an uncased tokenizer) is not batched again: copies[its index] = the
+    index of the text it equals, so that both get one embedding and their cosines tie exactly, as they do in exact
+    arithmetic (bench/eval_speed.py's same-scores check).
     """
     by_chars = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
     group_size = max(group_size // batch_size, 1) * batch_size
@@ -127,11 +136,29 @@ def iter_prepared_batches(
                 yield indices[k : k + batch_size], prepare([sentences[i] for i in indices[k : k + batch_size]])
             continue
         rows = torch.sort(lengths, descending=True, stable=True).indices  # (g,)
-        for k in range(0, len(indices), batch_size):
+        if copies is not None and isinstance(features.get("input_ids"), Tensor):
+            rows = _first_of_equal_rows(features["input_ids"], rows, indices, copies)
+        for k in range(0, len(rows), batch_size):
             batch = rows[k : k + batch_size]
             width = int(lengths[batch].max())
             yield [indices[r] for r in batch.tolist()], trim_padding(features, batch, width, side, len(indices),
                                                                       mask.shape[1])  # fmt: skip
+
+
+def _first_of_equal_rows(input_ids: Tensor, rows: Tensor, indices: list[int], copies: dict[int, int]) -> Tensor:
+    """`rows` without those whose padded token ids (g, T) repeat an earlier kept row's; each dropped row's sentence
+    index is mapped to the kept one's in `copies`. -> the kept rows, in order"""
+    first: dict[tuple, int] = {}
+    kept = []
+    ids = input_ids.tolist()
+    for row in rows.tolist():
+        key = tuple(ids[row])
+        if key in first:
+            copies[indices[row]] = indices[first[key]]
+        else:
+            first[key] = row
+            kept.append(row)
+    return torch.tensor(kept, dtype=torch.long)
 
 
 def simcse_encode_fn(
@@ -200,16 +227,22 @@ def sentence_transformers_encode_fn(
             return encode_batch(sentences)
         model.eval()
         order: list[int] = []
+        copies: dict[int, int] = {}  # a text tokenised as an earlier one: that one's embedding
 
         def batches():  # tokenised in this thread while the first batches already run (map_batches)
-            for indices, features in iter_prepared_batches(prepare, sentences, batch_size):
+            for indices, features in iter_prepared_batches(prepare, sentences, batch_size, copies=copies):
                 order.extend(indices)
                 yield features
 
         device = model.device if side_by_side else None
-        total = -(-len(sentences) // batch_size)  # every group but the last is whole batches
+        total = -(-len(sentences) // batch_size)  # at most: every group but the last is whole batches
         pieces = map_batches(forward, batches(), device, show_progress_bar, total=total)
-        return restore_order(torch.cat(pieces), order)
+        computed = torch.cat(pieces)  # (n - len(copies), D)
+        out = computed.new_empty(len(sentences), computed.shape[1])
+        out[torch.as_tensor(order, dtype=torch.long)] = computed
+        if copies:
+            out[list(copies)] = out[list(copies.values())]
+        return out
 
     return encode
 

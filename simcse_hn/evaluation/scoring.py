@@ -57,7 +57,7 @@ def encode_unique(encode: EncodeFn, sentences: list[str]) -> dict[str, Tensor]:
 def cosine_scores(lookup: dict[str, Tensor], sentence1: list[str], sentence2: list[str]) -> Tensor:
     a = torch.stack([lookup[s] for s in sentence1]).double()
     b = torch.stack([lookup[s] for s in sentence2]).double()
-    return F.cosine_similarity(a, b, dim=-1, eps=1e-12)
+    return torch.from_numpy(tie_equal(F.cosine_similarity(a, b, dim=-1, eps=1e-12).numpy()))
 
 
 STS_METRIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sts_metric.py")
@@ -149,11 +149,28 @@ def encode_union(
     return embeddings, index
 
 
+TIE_TOLERANCE = 1e-12  # cosines closer than this are one value: float64's rounding, far below float32 embeddings'
+
+
+def tie_equal(values: np.ndarray, tolerance: float = TIE_TOLERANCE) -> np.ndarray:
+    """`values` with each run of sorted neighbours closer than `tolerance` set to the run's first value, so that
+    cosines equal in exact arithmetic rank as ties: a pair of one sentence with itself is 1 up to float64's last bit,
+    which differs from embedding to embedding, and (a, b) and (b, a) may differ there too. -> (n,) float64"""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.concatenate([[True], np.diff(ordered) > tolerance])  # (n,) a run begins
+    out = np.empty_like(values)
+    out[order] = ordered[np.flatnonzero(starts)[np.cumsum(starts) - 1]]
+    return out
+
+
 def pair_cosines(embeddings: Tensor, index: dict[str, int], pairs: STSPairs) -> np.ndarray:
-    """Cosine similarity of each pair, in float64 so that near-ties rank as the exact values do. -> (n,)"""
+    """Cosine similarity of each pair, in float64 so that near-ties rank as the exact values do, with values equal up
+    to float64's rounding made equal (`tie_equal`). -> (n,)"""
     a = embeddings[[index[s] for s in pairs.sentence1]].double()  # (n, D)
     b = embeddings[[index[s] for s in pairs.sentence2]].double()  # (n, D)
-    return F.cosine_similarity(a, b, dim=-1, eps=1e-12).numpy()
+    return tie_equal(F.cosine_similarity(a, b, dim=-1, eps=1e-12).numpy())
 
 
 def score_sts_tasks(encode: EncodeFn, tasks: Sequence[STSTask], aggregation: str = "all") -> dict:
