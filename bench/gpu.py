@@ -58,15 +58,16 @@ from bench.common import (
     environment_line,
     limit_sentence,
     shuffled_corpus,
+    timed_settings,
     write_report,
 )
-from simcse_hn.losses import BASELINE, benchmark_settings, build_loss
+from simcse_hn.losses import BASELINE, build_loss
 from simcse_hn.testing.recorder import HostTensorRecorder
 from simcse_hn.training.step import contrastive_loss
 
 BUDGET_S = 420  # gpu.sh kills the run at 470 s; the optional compile section needs what is left
 # objective -> build_loss arguments, from the registry (without warm-ups: every timed call is the objective's own)
-SYNC_LOSSES = benchmark_settings(timed=True)
+SYNC_LOSSES = timed_settings()
 
 
 def sync_check(device: torch.device, rows: int = 126, dim: int = 768) -> dict:
