@@ -186,7 +186,7 @@ def test_gradcheck_with_detached_scores_and_learned_mixture(monkeypatch):
     (plain,) = torch.autograd.grad(func(fixed, z, z, theta), theta)
     lam = torch.softmax(theta, dim=0)
     (entropy,) = torch.autograd.grad(-(lam * lam.log()).sum(), theta)
-    torch.testing.assert_close(got, -plain - learned.mixture_entropy * entropy, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got, -plain - learned.options.mixture_entropy * entropy, rtol=1e-10, atol=1e-12)
     assert plain.abs().max() > 1e-3 and entropy.abs().max() > 1e-3
     torch.testing.assert_close(func(learned, z, z, theta), func(fixed, z, z, theta), rtol=0, atol=0)  # same value
 

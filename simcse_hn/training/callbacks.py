@@ -182,4 +182,5 @@ class RotateCheckpoints(TrainerCallback):
 
     def keep_only_the_best(self, args, state) -> None:
         if args.should_save and self.limit == 1 and state.best_model_checkpoint is not None:
-            rotate_checkpoints(args.output_dir, self.run_id, 1, {state.best_model_checkpoint})
+            # training is over: the best (whole, as every checkpoint it names) is what a resume finishes from
+            rotate_checkpoints(args.output_dir, self.run_id, 1, {state.best_model_checkpoint}, keep_newest_whole=False)

@@ -292,15 +292,18 @@ def claim_output_dir(output_dir: str, run_id: str) -> None:
         raise ConfigError(f"output_dir: cannot write {output_dir} ({type(e).__name__}: {e.strerror or e})") from None
 
 
-def rotate_checkpoints(output_dir: str, run_id: str | None, limit: int | None, keep: set[str | None]) -> list[str]:
+def rotate_checkpoints(
+    output_dir: str, run_id: str | None, limit: int | None, keep: set[str | None], keep_newest_whole: bool = True
+) -> list[str]:
     """Delete the oldest checkpoints of family `run_id` beyond `limit`, never those in `keep` (the one just written,
-    the best) nor the newest whole one (until the next is whole, it is the resume's); returns the deleted paths.
-    Checkpoints of other families are not counted and not touched."""
+    the best) nor, during training, the newest whole one (until the next is whole, it is the resume's); returns the
+    deleted paths. Checkpoints of other families are not counted and not touched."""
     if limit is None or limit <= 0:
         return []
     ours = family_checkpoints(output_dir, run_id)
     whole = (path for path in reversed(ours) if checkpoint_problem(path, run_id, verify_hashes=False) is None)
-    keep = {os.path.abspath(path) for path in (*keep, next(whole, None)) if path is not None}
+    newest_whole = next(whole, None) if keep_newest_whole else None
+    keep = {os.path.abspath(path) for path in (*keep, newest_whole) if path is not None}
     kept = max(limit, sum(os.path.abspath(path) in keep for path in ours))
     deleted = []
     for path in ours:
