@@ -175,10 +175,13 @@ def test_the_static_task_table_is_mtebs_own_metadata():
 @pytest.mark.slow
 def test_mteb_check_agrees_with_mtebs_evaluator(suite, capsys):
     """MTEB's own evaluator (its STS tasks pointed at the local files, its sentence-transformers wrapper) on the
-    tiny model agrees with the report's numbers to 1e-6 on every score of every task."""
+    tiny model agrees with the report's numbers to 1e-6 on every score of every task. MTEB encodes one sentence at a
+    time here: the fixture's SICK-R repeats pairs, whose cosines are ties in exact arithmetic (and in ours, which
+    encodes each text once); at MTEB's batch of 5 padding noise (~1e-7) split them and moved SICK-R's Spearman by
+    3.9e-2 on its 11 pairs."""
     check = load_script("mteb_check")
     argv = ["--report", str(suite["report"]), "--model", str(suite["model"]), "--data_dir", str(suite["data"]),
-            "--batch_size", "5"]  # fmt: skip
+            "--batch_size", "1"]  # fmt: skip
     assert check.main(argv) == 0, capsys.readouterr().out
     out = json.loads((suite["report"] / "mteb_check.json").read_text())
     assert set(out["tasks"]) == set(STS_TASKS) and out["max_difference"] <= 1e-6
