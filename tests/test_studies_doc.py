@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from simcse_hn.files import MANIFEST
-from simcse_hn.training.checkpoints import last_complete_checkpoint, read_run_id
+from simcse_hn.training.checkpoints import CHECKPOINT_MANIFEST, last_complete_checkpoint, read_run_id
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "studies.md"
@@ -78,19 +78,26 @@ def test_the_docs_study_from_scratch_killed_resumed_blind_refused_and_through_su
     done = study(folder, *commands[0])
     assert "locked: version 1" in done.stdout and "smallest p is 2/4 = 0.5" in done.stdout
 
-    # two workers; killed once a run has its first checkpoint, then started again
+    # two workers; killed once a run has its first whole checkpoint and no final save. The window is two tiny
+    # training steps, so the poll is a file test every 2 ms that stops the workers (SIGSTOP) before the full check
     worker = subprocess.Popen([sys.executable, "-m", "simcse_hn.cli.study", *commands[1]], cwd=folder, env=env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)  # fmt: skip
-    deadline = time.time() + 300
-    while not checkpointed(folder) and time.time() < deadline:
-        time.sleep(0.1)
+    runs, deadline, killed = folder / "study" / "runs", time.time() + 300, []
+    while not killed and worker.poll() is None and time.time() < deadline:
+        whole = runs.glob(f"*-s?/checkpoint-*/{CHECKPOINT_MANIFEST}")
+        if any(not (p.parent.parent / MANIFEST).is_file() for p in whole):
+            os.killpg(worker.pid, signal.SIGSTOP)
+            killed = checkpointed(folder)
+            if not killed:
+                os.killpg(worker.pid, signal.SIGCONT)
+        time.sleep(0.002)
     os.killpg(worker.pid, signal.SIGKILL)
     worker.wait()
-    killed = checkpointed(folder)
-    assert killed and not records(folder), "killed before any run finished"
+    finished_before = len(records(folder))
+    assert killed, "no run was caught between its first checkpoint and its end"
     blind = study(folder, *commands[2]).stdout
-    assert "0 of 4 runs in" in blind and "Blind" in blind
+    assert f"{finished_before} of 4 runs in" in blind and "Blind" in blind
     done = study(folder, *commands[1])
     finished = records(folder)
     resumed = [k for k in killed if finished[k]["resumed_from"] == "checkpoint-2"]
