@@ -74,7 +74,8 @@ def check(plan: Plan) -> list[str]:
     return out
 
 
-def _pair(s1: str, s2: str) -> frozenset:
+def pair_key(s1: str, s2: str) -> frozenset:
+    """A sentence pair as the dev-test overlap counts it: either order, case and spacing aside."""
     return frozenset((" ".join(s1.lower().split()), " ".join(s2.lower().split())))
 
 
@@ -88,9 +89,10 @@ def shared_pairs(plan: Plan) -> int | None:
     for task in plan.tasks():
         path = os.path.join(plan.folder, str(plan.evaluation["data_dir"]), STS_FILES[task])
         if os.path.isfile(path):
-            tests |= {_pair(r["sentence1"], r["sentence2"]) for r in read_sts_jsonl(path) if r.get("split") == "test"}
+            rows = [r for r in read_sts_jsonl(path) if r.get("split") == "test"]
+            tests |= {pair_key(r["sentence1"], r["sentence2"]) for r in rows}
     pairs = load_sts_pairs(os.path.join(plan.folder, dev["file"]), dev.get("split"))
-    return sum(_pair(a, b) in tests for a, b in zip(pairs.sentence1, pairs.sentence2))
+    return sum(pair_key(a, b) in tests for a, b in zip(pairs.sentence1, pairs.sentence2))
 
 
 def pilot_runs(plan: Plan) -> list[dict]:

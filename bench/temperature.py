@@ -1,0 +1,44 @@
+"""The data of the temperature study (issue 56, bench/results/temperature/plan.md), written beside its plan.
+
+    python -m bench.temperature        # corpus.txt and stsb_dev_disjoint.jsonl in bench/results/temperature/
+
+* corpus.txt: the first 6,400 sentences of the shuffled wiki slice (bench.common.shuffled_corpus, seed 0), the last
+  study's training data (bench/study.py), byte for byte;
+* stsb_dev_disjoint.jsonl: STS-B's dev pairs that no test file of the endpoint holds (STS12-16, STS-B test, SICK-R
+  test; either order, case and spacing aside, as `simcse-hn-study pilot` counts them), the pilot's tuning set.
+
+Both are derived from ../shared/data, so they are not committed; the plan's lock holds their sha256, and the study
+refuses to go on when a regenerated file differs.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from bench.common import RESULTS, SHARED_DATA, shuffled_corpus
+from simcse_hn.data.sts import STS_FILES, read_sts_jsonl
+from simcse_hn.study.pilot import pair_key
+
+FOLDER = RESULTS / "temperature"
+CORPUS_LINES = 6400  # bench/study.py's
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as work:
+        lines = shuffled_corpus(Path(work) / "wiki_shuffled.txt").read_text(encoding="utf-8").splitlines()
+    (FOLDER / "corpus.txt").write_text("\n".join(lines[:CORPUS_LINES]) + "\n", encoding="utf-8")
+    sts = SHARED_DATA / "sts"
+    rows = [r for name in STS_FILES.values() for r in read_sts_jsonl(str(sts / name))]
+    tests = {pair_key(r["sentence1"], r["sentence2"]) for r in rows if r["split"] == "test"}
+    dev = [r for r in read_sts_jsonl(str(sts / STS_FILES["STS-B"])) if r["split"] == "dev"]
+    kept = [r for r in dev if pair_key(r["sentence1"], r["sentence2"]) not in tests]
+    text = "".join(json.dumps({k: r[k] for k in ("sentence1", "sentence2", "score", "split")}) + "\n" for r in kept)
+    (FOLDER / "stsb_dev_disjoint.jsonl").write_text(text, encoding="utf-8")
+    print(f"{FOLDER}: corpus.txt ({CORPUS_LINES} sentences), stsb_dev_disjoint.jsonl ({len(kept)} of {len(dev)} "
+          "STS-B dev pairs)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
