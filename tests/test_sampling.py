@@ -119,7 +119,7 @@ def test_the_trainer_samples_without_duplicates_for_pairs_by_default(tmp_path):
     rows = nli_like(64, premises=12)
     tokenizer = build_tiny_bert()[1]
     trainer = make_trainer(tmp_path, pair_dataset(rows), PairCollator(tokenizer, 64, negatives=1))
-    assert trainer.batches.no_duplicates and trainer.group_size == 3
+    assert trainer.batches.no_duplicates and trainer.layout.group_size == 3
     loader = trainer.get_train_dataloader()
     assert isinstance(trainer.batches.sampler, NoDuplicatesSampler)
     for batch in loader:
@@ -129,7 +129,7 @@ def test_the_trainer_samples_without_duplicates_for_pairs_by_default(tmp_path):
     from simcse_hn.data.collator import SimCSECollator
 
     plain = make_trainer(tmp_path, sentences, SimCSECollator(tokenizer, 16))
-    assert not plain.batches.no_duplicates and plain.group_size is None
+    assert not plain.batches.no_duplicates and plain.layout.group_size is None
     plain.get_train_dataloader()
     assert plain.batches.sampler is None  # single sentences: the Trainer's own sampler, unchanged
     forced = make_trainer(tmp_path, sentences, SimCSECollator(tokenizer, 16), no_duplicates=True)

@@ -206,7 +206,7 @@ def test_train_paired_data_with_topic_batches_grad_cache_and_re_clustering(tiny_
              "--per_device_train_batch_size", "8", "--max_steps", "4", "--logging_steps", "1", "--eval_steps", "4",
              "--save_steps", "4"]  # fmt: skip
     trainer = train.run(tiny_args + extra)
-    assert trainer.args.no_duplicates is not False and trainer.group_size == 3
+    assert trainer.args.no_duplicates is not False and trainer.layout.group_size == 3
     assert sum("loss" in entry for entry in trainer.state.log_history) == 4
     saved = torch.load(Path(trainer.args.output_dir) / "checkpoint-4" / TOPIC_CLUSTERS_FILE)
     assert [(e["epoch"], e["window"], e["step"]) for e in saved] == [(0, 0, 0), (0, 3, 2)]

@@ -22,6 +22,7 @@ from simcse_hn.data.sts import STSPairs
 from simcse_hn.evaluation.dev_sentences import DevSentences
 from simcse_hn.evaluation.encoding import simcse_encode_fn
 from simcse_hn.losses import ContrastiveLoss, LossOutput
+from simcse_hn.losses.targets import RowLayout
 from simcse_hn.training import callbacks, checkpoints, grad_cache
 from simcse_hn.training.batches import TrainingBatches
 from simcse_hn.training.queue import QueueCallback, QueueRun, resume_queue
@@ -68,7 +69,7 @@ class SimCSETrainer(Trainer):
         collated = getattr(kwargs.get("data_collator"), "group_size", None)
         if group_size is not None and collated is not None and group_size != collated:
             raise ValueError(f"group_size {group_size} differs from the collator's {collated}")
-        self.group_size = group_size if group_size is not None else collated
+        self.layout = RowLayout(group_size if group_size is not None else collated)  # how the batches' rows go
         self.eval_pairs, self.eval_max_length = eval_pairs, eval_max_length
         if eval_pairs is not None:
             self._dev = DevSentences(eval_pairs, kwargs["processing_class"], eval_max_length)
@@ -85,14 +86,14 @@ class SimCSETrainer(Trainer):
         self._metric_count = 0
         scaler = getattr(self.accelerator, "scaler", None) is not None
         self.gradient_guard = callbacks.NonFiniteGradientGuard(sharded=self.is_fsdp_enabled, scaler_skips=scaler)
-        self.batches = TrainingBatches(args, self.group_size is not None, self._encode_with_model)
+        self.batches = TrainingBatches(args, self.layout.paired, self._encode_with_model)
         # the run family every checkpoint records (simcse_config.json); train.py passes the output folder's
         run_id = self.simcse_config.setdefault("run_id", checkpoints.new_run_id())
         self.rotation = callbacks.RotateCheckpoints(limit, run_id)
         self.simcse_config["checkpoint_manifest"] = checkpoints.CHECKPOINT_MANIFEST  # whole with one, written last
         for callback in (self.gradient_guard, callbacks.ClampWarningCallback(), self.batches):
             self.add_callback(callback)
-        self.queue = QueueRun.for_run(args, self.group_size)  # earlier steps' embeddings as negatives, or None
+        self.queue = QueueRun.for_run(args, self.layout.group_size)  # earlier steps' embeddings as negatives, or None
         if self.queue is not None:
             self.add_callback(QueueCallback(self.queue))
         # each checkpoint's parts, then its manifest, written last; rotation (and train.py's push) after it
@@ -124,15 +125,15 @@ class SimCSETrainer(Trainer):
             guide_embeddings = embeddings.detach()
         return contrastive_loss(
             self.accelerator.unwrap_model(model).loss_fn, embeddings, form=args.contrast_form,
-            group_size=self.group_size, hard_negative_weight=args.hard_negative_weight,
+            group_size=self.layout.group_size, hard_negative_weight=args.hard_negative_weight,
             guide_embeddings=guide_embeddings, guide_margin=args.guide_margin, head_inputs=head_inputs,
             gather=self.args.gathers, step=self.state.global_step, max_steps=self.state.max_steps,
             text_ids=text_ids, queue=queue,
         )  # fmt: skip
 
-    def _guide_embeddings(self, guide_inputs: dict[str, Tensor], rows: int) -> Tensor | None:
+    def _guide_embeddings(self, guide_inputs: dict[str, Tensor]) -> Tensor | None:
         """The external guide's embeddings (R, E) of the batch's rows (guide_row_embeddings); None without one."""
-        return None if self.guide is None else guide_row_embeddings(self.guide, guide_inputs, rows)
+        return None if self.guide is None else guide_row_embeddings(self.guide, guide_inputs, self.layout)
 
     def _embed(self, model, inputs):
         """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""
@@ -146,21 +147,16 @@ class SimCSETrainer(Trainer):
         self.gradient_guard.total_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
         return self.gradient_guard.total_norm
 
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped for non-finite gradients (resumed runs: since resuming)."""
-        return self.gradient_guard.skipped_steps
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         truncated = inputs.pop("num_truncated", 0)  # the collator's count for this batch (an int: no host sync)
         text_ids = inputs.pop("text_ids", None)  # (R,) for the duplicate diagnostics
         guide_inputs = {key: inputs[key] for key in inputs if key.startswith(GUIDE_PREFIX)}
         inputs = {key: value for key, value in inputs.items() if key not in guide_inputs}
-        rows, group = inputs["input_ids"].shape[0], self.group_size or 2
-        if model.training:  # texts: a sentence is two rows [a, a'], a paired example's rows are its texts
-            self.trained_sentences += rows // 2 if self.group_size is None else rows
+        rows, group = inputs["input_ids"].shape[0], self.layout.rows_per_example
+        if model.training:
+            self.trained_sentences += self.layout.texts(rows)
             self.truncated_sentences += truncated
-        guide_embeddings = self._guide_embeddings(guide_inputs, rows) if model.training else None
+        guide_embeddings = self._guide_embeddings(guide_inputs) if model.training else None
         sentences = self.args.cache_minibatch_size  # examples (sentences, or groups of paired rows) per mini-batch
         if model.training and sentences is not None and group * sentences < rows:
             result = grad_cache.cached_loss(
@@ -183,7 +179,8 @@ class SimCSETrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._metric_count:  # a training log: the window's diagnostics join it
-            logs.update(window_means(self._metric_sums, self._metric_count), skipped_steps=self.skipped_steps)
+            logs.update(window_means(self._metric_sums, self._metric_count))
+            logs["skipped_steps"] = self.gradient_guard.skipped_steps  # resumed runs: since resuming
             logs.update(take_nonfinite_grads(self.model.loss_fn, self.state.global_step))
             self._metric_sums.clear()
             self._metric_count = 0
