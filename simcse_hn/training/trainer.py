@@ -1,6 +1,7 @@
 """SimCSETrainer: a `transformers.Trainer` whose step is one SimCSE forward over [a, a', b, b', ...] and a contrastive
 loss (training.step), on the Trainer's public hooks and callbacks; the private methods it still overrides are listed,
-each with its reason, in training.trainer_internals. It, step.py, the guard and distributed.py know about ranks."""
+each with its reason, in training.trainer_internals. Its batches are training.batches'; the modules that ask for
+ranks are listed in training.distributed."""
 
 from __future__ import annotations
 
