@@ -13,12 +13,28 @@
    plus (the loss's time - InfoNCE's loss time), over InfoNCE's step.
 3. For every loss over its target: a torch.profiler table of where its time goes.
 
+The plain call has two measures, side by side in section 1 (issue 53). `plain mask` / `floor` (the 1.52x of
+UnReMix's embedding gradient at 2N = 1024, d = 768 in bench/results/loss_overhead.md, 1 thread) is the plain call
+given `z` itself as the anchors: the loss compares the mask once with the standard one and takes the training loop's
+shortcuts, 4 matrix products for UnReMix (the loss's self-similarities and their gradient; the anchors' pseudo-label
+gradients, which serve the candidates too; U), against the floor's 3 (`z @ z.T` and its two gradients; R needs no
+product). Issue 53's 3.24x is `plain gathered` / `floor gathered`, at 2 threads: anchors `z[a]` gathered from `z`, a
+tensor of their own, so the loss cannot know they are the candidates' rows (it would have to read the data, and
+their gradient must reach the anchors' tensor) and reads the mask as given: the general path. There UnReMix makes 8
+products (counted with torch.profiler at 2N = 1024, d = 768): the loss's similarities and both their gradients, the
+candidates' similarities and their own pseudo-label gradients, the anchors', U, and R's mask product (2N x 2N x 2N,
+4/3 of a floor product): about 2.8x the floor's matrix work before any elementwise pass, so that call cannot reach
+2.5x of its floor without skipping work that its structure, unknown to the loss, would make redundant. A caller whose
+anchors are the candidates' rows passes the same tensor (or `loss_fn.compute` with the targets' `anchor_index`) and
+gets the shortcut path.
+
 Repetitions are interleaved (every loss once per round, the order rotated each round) and reported as medians of
 wall time (thread CPU time is recorded too: on a shared machine it is the less disturbed of the two).
 
     python -m bench.loss_overhead                 # results: bench/results/loss_overhead.{json,md}
     python -m bench.loss_overhead --quick         # a smoke run (small sizes), results under loss_overhead_quick
     python -m bench.loss_overhead --malloc tuned  # glibc malloc keeping freed blocks (common.MALLOC_TUNED)
+    python -m bench.loss_overhead --threads 2 --skip_train_step --name loss_overhead_2threads  # issue 53's threads
 """
 
 from __future__ import annotations
@@ -64,6 +80,8 @@ TARGETS = {setting: COST_TARGETS.get(name, COST_TARGET) for setting, (name, _) i
 PLAIN = " plain"  # suffix of a loss's plain-call run (`loss_runs`), held to the same target
 PLAIN_MASK = " plain mask"  # the plain call given the same negatives as a mask
 TARGETS.update({name + suffix: target for name, target in list(TARGETS.items()) for suffix in (PLAIN, PLAIN_MASK)})
+PLAIN_GATHERED = " plain gathered"  # the plain call with anchors z[a] of their own and the mask: issue 53's call
+GATHERED_FLOOR = "floor gathered"  # gathered_floor_loss: the independent floor of issue 53, for that call
 TARGET_ROWS = (1024, 4096)  # the sizes the loss-alone targets hold at
 STEP_ROWS = 128  # a training step's 2N (64 sentences): section 2's estimate from the loss alone
 TRAIN_STEP_TARGET = 1.03
@@ -131,23 +149,40 @@ def floor_loss(z: torch.Tensor, temperature: float = 0.05) -> torch.Tensor:
     return F.cross_entropy(logits, torch.arange(z.shape[0], device=z.device) ^ 1)
 
 
+def gathered_floor_loss(z: torch.Tensor, anchor_rows: torch.Tensor, positive_index: torch.Tensor,
+                        excluded: torch.Tensor, temperature: float = 0.05) -> torch.Tensor:
+    """The independent floor of issue 53, in a few lines, independent of simcse_hn: anchors z[a] gathered from the
+    rows z, one normalised matmul, the targets' mask (`excluded` (M, N): neither the positive nor a negative, made
+    once from contrastive_targets' negative_mask), one cross-entropy."""
+    logits = F.normalize(z[anchor_rows], dim=-1) @ F.normalize(z, dim=-1).T / temperature  # (M, N)
+    return F.cross_entropy(logits.masked_fill(excluded, float("-inf")), positive_index)
+
+
 def loss_runs(rows: int, dim: int, names=tuple(LOSSES), plain: bool = False) -> dict[str, Callable[[], None]]:
     """One closure per loss: forward + backward on fixed random embeddings through
     simcse_hn.training.step.contrastive_loss (symmetric form: the embeddings tensor itself is passed as the
     anchors). `plain`: also the plain call as a user of the loss outside the trainer makes it, the embeddings as both
     anchors and candidates (every row an anchor: the symmetric form's call): `name plain`, loss_fn(z, z,
     positive_index, context=context), the standard negatives stated by leaving out the mask, and `name plain mask`,
-    the same negatives given as negative_mask (compared once with the standard mask: one read from the device)."""
+    the same negatives given as negative_mask (compared once with the standard mask: one read from the device); and
+    `name plain gathered`, loss_fn(z[a], z, positive_index, negative_mask, context): the anchors gathered from z, a
+    tensor of their own, so the mask is read as given (no structure known: the general path), timed against
+    `floor gathered` (gathered_floor_loss), which does the same work by hand."""
     generator = torch.Generator().manual_seed(rows * 7 + dim)
     h = torch.randn(rows, dim, generator=generator)  # (2N, d) head inputs
     weight = torch.randn(dim, dim, generator=generator) / dim**0.5
     bias = 0.1 * torch.randn(dim, generator=generator)
     z = torch.tanh(h @ weight + bias).requires_grad_()  # (2N, d) leaf: only the loss is timed
-    _, positive_index, negative_mask = contrastive_targets(rows, "symmetric")
+    anchor_rows, positive_index, negative_mask = contrastive_targets(rows, "symmetric")
+    excluded = ~negative_mask.clone().index_put_((anchor_rows, positive_index), torch.tensor(True))
 
     def floor():
         z.grad = None
         floor_loss(z).backward()
+
+    def floor_gathered():
+        z.grad = None
+        gathered_floor_loss(z, anchor_rows, positive_index, excluded).backward()
 
     def timed(call, head_inputs):
         def run():
@@ -156,7 +191,7 @@ def loss_runs(rows: int, dim: int, names=tuple(LOSSES), plain: bool = False) -> 
 
         return run
 
-    runs = {"floor": floor}
+    runs = {"floor": floor, **({GATHERED_FLOOR: floor_gathered} if plain else {})}
     for name in names:
         loss_name, kwargs = LOSSES[name]
         loss_fn = build_loss(loss_name, temperature=0.05, **kwargs)
@@ -172,6 +207,13 @@ def loss_runs(rows: int, dim: int, names=tuple(LOSSES), plain: bool = False) -> 
                 return loss_fn(embeddings, embeddings, positive_index, mask, context)
 
             runs[name + suffix] = timed(call, head_inputs)
+        gathered = {} if head_inputs is None else {"anchor_features": h[anchor_rows], "candidate_features": h}
+        gathered_context = LossContext(step=MAX_STEPS, max_steps=MAX_STEPS, **gathered)
+
+        def call_gathered(embeddings, head_inputs, loss_fn=loss_fn, context=gathered_context):
+            return loss_fn(embeddings[anchor_rows], embeddings, positive_index, negative_mask, context)
+
+        runs[name + PLAIN_GATHERED] = timed(call_gathered, head_inputs)
     return runs
 
 
@@ -195,6 +237,10 @@ def measure_losses(rows_list, dims, rounds: dict[int, int]) -> list[dict]:
             limit = max(before, floor_limit(rows, dim))
             entry = {"rows": rows, "dim": dim, "rounds": rounds[rows], "losses": summarise(times, "floor"),
                      "matmul_limit_gflops": limit}
+            if GATHERED_FLOOR in times:  # the same medians, over the gathered floor too
+                for name, value in summarise(times, GATHERED_FLOOR).items():
+                    entry["losses"][name].update(gathered_ratio=value["ratio"],
+                                                 gathered_paired_ratio_median=value["paired_ratio_median"])
             useful = 6 * rows * rows * dim  # the floor's three products: the useful work of every loss
             for value in entry["losses"].values():
                 value["fraction_of_limit"] = useful / (value["median_ms"] / 1000) / 1e9 / limit
@@ -344,6 +390,7 @@ def markdown(report: dict) -> str:
                       "| 2N | d | rounds | floor ms (of limit) | " + " | ".join(columns) + " |",
                       "|---|---|---|---|" + "---|" * len(columns)]  # fmt: skip
             lines += _ratio_rows(with_plain, columns)
+    lines += _gathered_lines([e for e in report["loss_alone"] if GATHERED_FLOOR in e["losses"]], names)
     sized = target_sizes(report["loss_alone"])
     lines += ["", f"Targets, worst over 2N = {', '.join(str(r) for r in sorted({e['rows'] for e in sized}))}:", ""]
     for name, worst in worst_ratios(report["loss_alone"]).items():
@@ -363,6 +410,33 @@ def _ratio_rows(entries: list[dict], names: list[str]) -> list[str]:
         cells = [f"{losses[n]['ratio']:.2f} ({losses[n]['paired_ratio_median']:.2f})" for n in names]
         lines.append(f"| {entry['rows']} | {entry['dim']} | {entry['rounds']} | {floor['median_ms']:.1f} "
                      f"({floor['fraction_of_limit']:.0%}) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _gathered_lines(entries: list[dict], names: list[str]) -> list[str]:
+    """Issue 53's measure beside this bench's: the plain call with the mask, over `floor`, and the plain call with
+    anchors gathered from z (the general path), over the floor that gathers them too."""
+    if not entries:
+        return []
+    lines = ["", "### The plain call against the independent floor of issue 53", "",
+             f"`{GATHERED_FLOOR}` (bench/loss_overhead.py `gathered_floor_loss`, independent of simcse_hn): anchors "
+             "`z[a]` gathered from the same rows `z`, one normalised matmul `a @ c.T / t`, the mask of "
+             "`contrastive_targets(2N, form=\"symmetric\")` (positive or negative; made once), one "
+             "`F.cross_entropy`. `plain gathered`: `loss_fn(z[a], z, positive_index, negative_mask, context)`, the "
+             "anchors a tensor of their own, so the mask is read as given (no structure known: the general path, "
+             "no shortcuts). `plain mask` (above) passes `z` itself as the anchors: the mask is compared once with "
+             "the standard one and the call takes the training loop's shortcuts (one self-similarity product). "
+             f"Issue 53's target: the plain call <= {COST_TARGET}x of its floor.", "",
+             "| 2N | d | loss | plain mask / floor | plain gathered / floor gathered | plain gathered / floor | "
+             "floor gathered / floor |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for entry in entries:
+        losses = entry["losses"]
+        between = losses[GATHERED_FLOOR]["ratio"]
+        for name in names:
+            mask, gathered = losses[name + PLAIN_MASK], losses[name + PLAIN_GATHERED]
+            lines.append(f"| {entry['rows']} | {entry['dim']} | {name} | {mask['ratio']:.2f} | "
+                         f"{gathered['gathered_ratio']:.2f} ({gathered['gathered_paired_ratio_median']:.2f}) | "
+                         f"{gathered['ratio']:.2f} | {between:.2f} |")
     return lines
 
 

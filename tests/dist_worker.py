@@ -42,7 +42,6 @@ from dist_worker_common import (  # noqa: E402
 )
 
 from simcse_hn.data.collator import SimCSECollator  # noqa: E402
-from simcse_hn.losses.targets import RowLayout  # noqa: E402
 from simcse_hn.testing.models import build_tiny_bert  # noqa: E402
 from simcse_hn.training import distributed, grad_cache  # noqa: E402
 
@@ -75,8 +74,8 @@ def _same_masks_step(case, loss, form, out_dir, inputs, seed, trainer=None) -> d
     torch.manual_seed(seed)
     guide_inputs = {k: v for k, v in inputs.items() if k.startswith("guide_")}
     inputs = {k: v for k, v in inputs.items() if k not in guide_inputs}
-    guide_embeddings = trainer._guide_embeddings(guide_inputs, inputs["input_ids"].shape[0])
-    chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, RowLayout(trainer.group_size).rows_per_example)
+    guide_embeddings = trainer._guide_embeddings(guide_inputs)
+    chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, trainer.layout.rows_per_example)
     outputs = [trainer._embed(model, chunk) for chunk in chunks]
     embeddings = torch.cat([z for z, _ in outputs])
     head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])

@@ -49,9 +49,9 @@ def main(out: str) -> None:
         if step == 1:  # re-clustered after step 1 by process 0's model, its word embeddings redrawn: other clusters
             words = trainer.model.encoder.embeddings.word_embeddings.weight
             words.data.normal_(generator=torch.Generator().manual_seed(7))
-            trainer.recluster_topics(1)
-    schedule = [entry.as_dict() for entry in trainer._topic_sampler.schedule]
-    torch.save({"rank": rank, "assignment": trainer._topic_assignment, "batches": collator.batches,
+            trainer.batches.recluster(1)
+    schedule = [entry.as_dict() for entry in trainer.batches.sampler.schedule]
+    torch.save({"rank": rank, "assignment": trainer.batches.assignment, "batches": collator.batches,
                 "schedule": schedule}, f"{out}/topic_rank{rank}.pt")  # fmt: skip
 
 

@@ -1,8 +1,8 @@
 """The package's shape, drawn from its own source (ast, nothing of it imported): no import circle, each subpackage
 imports only the layers below it, no import of the package hidden in a function, no module over 400 lines outside
-losses/; the row layout worked out in one place (losses.targets.RowLayout); every private member of another library
-it uses listed in simcse_hn.private_api. The checks run on the real package and, to show they can fail, on small
-packages written here with each fault."""
+losses/ (the trainer: 300); the row layout worked out in one place (losses.targets.RowLayout); every private member
+of another library it uses listed in simcse_hn.private_api. The checks run on the real package and, to show they can
+fail, on small packages written here with each fault."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ LAYERS = ("", "testing", "losses", "data", "modeling", "configuration", "evaluat
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 # Modules allowed over MAX_LINES for now, each with its reason.
 KNOWN_LONG: dict[str, str] = {}
+# Modules held to a lower cap than MAX_LINES, each with its reason.
+CAPS: dict[str, int] = {
+    "simcse_hn.training.trainer": 300,  # adapters for loss, evaluation and saving; the batches are training.batches'
+}
 # Where a function-level import of the package is allowed: entry points, which nothing in the package imports.
 LAZY_ALLOWED = ("cli",)
 
@@ -120,8 +124,9 @@ def problems(root: Path, known_upward=None, known_long=None) -> list[str]:
             if layer(root, target) > layer(root, module) and not known:
                 found.append(f"upward import: {module} -> {target}")
         sub = subpackage(root, module)
-        if sub != "losses" and lines[module] > MAX_LINES and module not in known_long:
-            found.append(f"{module}: {lines[module]} lines (> {MAX_LINES})")
+        cap = CAPS.get(module.replace(root.name, "simcse_hn", 1), MAX_LINES)
+        if sub != "losses" and lines[module] > cap and module not in known_long:
+            found.append(f"{module}: {lines[module]} lines (> {cap})")
         if sub not in LAZY_ALLOWED:
             found += [f"{module}:{line}: function-level import of {target}" for target, line in lazy[module]]
     return found
@@ -157,6 +162,7 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
         ({"data/a.py": "def f():\n    from simcse_hn.losses.b import x\n", "losses/b.py": ""},
          "simcse_hn.data.a:2: function-level import of simcse_hn.losses.b"),
         ({"data/a.py": "x = 1\n" * 401}, "simcse_hn.data.a: 401 lines (> 400)"),
+        ({"training/trainer.py": "x = 1\n" * 301}, "simcse_hn.training.trainer: 301 lines (> 300)"),
         ({"stray/a.py": ""}, "simcse_hn.stray.a: in no layer of LAYERS"),
     ],
 )
@@ -207,12 +213,7 @@ def test_bench_and_tests_never_import_each_other(tmp_path):
 # targets it builds).
 LAYOUT_HOME = "simcse_hn.losses.targets"
 # Modules that still re-derive it, each with its reason; a new one fails the check, and a mended one must leave here.
-KNOWN_LAYOUT: dict[str, str] = {
-    "simcse_hn.training.trainer": "group_size or 2, rows // 2 (compute_loss): the trainer takes a RowLayout when the "
-    "batches move out of it",
-    "simcse_hn.data.guide": "guide_row_embeddings repeats the guide's per-text embeddings when their count is not "
-    "the rows': it takes the trainer's row count until the trainer passes its RowLayout",
-}
+KNOWN_LAYOUT: dict[str, str] = {}
 
 
 def _named(node: ast.AST, name: str) -> bool:

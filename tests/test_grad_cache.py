@@ -150,8 +150,8 @@ def _paired_same_masks_step(trainer, inputs):
     model.train()
     guide_inputs = {k: v for k, v in inputs.items() if k.startswith("guide_")}
     inputs = {k: v for k, v in inputs.items() if k not in guide_inputs}
-    guide = trainer._guide_embeddings(guide_inputs, inputs["input_ids"].shape[0])
-    chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, RowLayout(trainer.group_size).rows_per_example)
+    guide = trainer._guide_embeddings(guide_inputs)
+    chunks = grad_cache.split_groups(inputs, CACHE_SENTENCES, trainer.layout.rows_per_example)
     outputs = [trainer._embed(model, chunk) for chunk in chunks]
     head_inputs = None if outputs[0][1] is None else torch.cat([h for _, h in outputs])
     result = trainer.contrastive_loss(model, torch.cat([z for z, _ in outputs]), head_inputs, guide_embeddings=guide)

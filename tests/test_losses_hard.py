@@ -16,11 +16,12 @@ from simcse_hn.losses import (
     InfoNCELoss,
     LossContext,
     ObjectiveOutput,
-    base,
     build_loss,
+    fast_paths,
     progcl,
 )
-from simcse_hn.losses.base import weighted_loss
+from simcse_hn.losses.base import plain_infonce, weighted_loss
+from simcse_hn.losses.targets import contrastive_targets
 
 
 def leaves(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,8 +310,8 @@ def test_plain_infonce_is_computed_once_per_call(name, reductions, monkeypatch):
     autograd node of their own (hcl.tilted_log_ratio, not a logsumexp)."""
     loss_fn = build_loss("infonce", temperature=0.05) if name == "infonce" else EDGE_LOSSES[name]()
     counter = CountCalls(torch.logsumexp)
-    masked_calls = []  # base.masked_logsumexp (a log-sum-exp with a cheaper backward) and weighted_lse (its reuse)
-    for function in (base._MaskedLogSumExp, base._WeightedLogSumExp, progcl._MixedLogSumExp):
+    masked_calls = []  # fast_paths.masked_logsumexp (a log-sum-exp, a cheaper backward) and weighted_lse (its reuse)
+    for function in (fast_paths.MaskedLogSumExp, fast_paths.WeightedLogSumExp, progcl._MixedLogSumExp):
         original = function.apply
         monkeypatch.setattr(function, "apply", staticmethod(lambda *a, f=original: masked_calls.append(1) or f(*a)))
     with counter:
@@ -340,3 +341,27 @@ def test_shared_reductions_keep_infonce_gradient_on_fallback(name, monkeypatch):
     InfoNCELoss(0.05).compute(r, square_targets(8)).loss.backward()
     assert out.metrics["nonfinite_fallback"].item() == 1
     torch.testing.assert_close(a.grad, r.grad)
+
+
+@pytest.mark.parametrize("call", ["standard", "same mask", "gathered", "random mask"])
+def test_plain_infonce_as_a_reader_writes_it_equals_the_fast_paths(call):
+    """base.plain_infonce (normalise, matmul / t, mask, cross-entropy) and InfoNCELoss through the fast paths
+    (losses/fast_paths.py): the same loss and gradient on each path of the plain call: no mask (the standard
+    negatives, stated), the standard mask with the anchors as candidates (compared, then the shortcuts), anchors
+    gathered from the rows (the general path), and a random mask (some anchors left without negatives)."""
+    generator = torch.Generator().manual_seed(3)
+    z = torch.randn(16, 8, dtype=torch.float64, generator=generator).requires_grad_()
+    anchor_rows, positive_index, mask = contrastive_targets(16, "symmetric")
+    if call == "random mask":
+        mask = mask & (torch.rand(mask.shape, generator=generator) < 0.3)
+        mask[:3] = False
+    results = []
+    for loss in (lambda a, m: InfoNCELoss(0.05)(a, z, positive_index, m).loss,
+                 lambda a, m: plain_infonce(a, z, positive_index, mask, 0.05)):  # fmt: skip
+        anchors = z[anchor_rows] if call in ("gathered", "random mask") else z
+        value = loss(anchors, None if call == "standard" else mask)
+        results.append((value, *torch.autograd.grad(value, z)))
+    (got, got_grad), (want, want_grad) = results
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+    assert got_grad.abs().sum() > 0

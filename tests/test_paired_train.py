@@ -96,7 +96,7 @@ def test_train_on_mined_pairs_with_a_guide_model(encoder, pairs, tmp_path, tiny_
              "--logging_steps", "1", "--eval_steps", "3", "--save_steps", "3", "--guide_model", encoder,
              "--guide_margin", "0.01", "--hard_negative_weight", "0.5", "--loss", "hcl"]  # fmt: skip
     trainer = train.run(tiny_args + extra)
-    assert trainer.group_size == 3 and trainer.no_duplicates and trainer.guide is not None
+    assert trainer.layout.group_size == 3 and trainer.batches.no_duplicates and trainer.guide is not None
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(logged) == 3 and all("guide_removed" in entry for entry in logged)
     assert all(entry["nonfinite_fallback"] == 0 for entry in logged)

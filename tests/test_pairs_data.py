@@ -188,7 +188,7 @@ def test_single_sentence_batches_carry_each_sentence_once_for_the_guide(tmp_path
     assert batch["input_ids"].shape[0] == 6 and batch["guide_input_ids"].shape[0] == 3
     trainer = make_trainer(make_model(), make_loss("infonce", "infonce"), tmp_path, guide=guide,
                            guide_model="tiny-guide")  # fmt: skip
-    rows = trainer._guide_embeddings({k: v for k, v in batch.items() if k.startswith("guide_")}, 6)
+    rows = trainer._guide_embeddings({k: v for k, v in batch.items() if k.startswith("guide_")})
     features = {k.removeprefix("guide_"): v for k, v in batch.items() if k.startswith("guide_")}
     torch.testing.assert_close(rows, guide(features).repeat_interleave(2, dim=0), rtol=0, atol=0)
     trainer.training_step(trainer.model, batch)  # the step runs with the guide (and pops its features)

@@ -32,7 +32,7 @@ def test_nan_embeddings_skip_the_step_and_training_continues(tiny_args, monkeypa
         tiny_args + ["--max_steps", "6", "--logging_steps", "1", "--eval_steps", "3", "--save_steps", "3"]
     )
     assert trainer.state.global_step == 6
-    assert trainer.skipped_steps == 1
+    assert trainer.gradient_guard.skipped_steps == 1
     logged = [entry for entry in trainer.state.log_history if "skipped_steps" in entry]
     assert [entry["skipped_steps"] for entry in logged] == [0, 0, 1, 1, 1, 1]
     assert logged[2]["nonfinite_fallback"] == 1.0  # the loss saw it too, and could not fall back on NaN inputs
@@ -97,6 +97,6 @@ def test_a_finite_total_grad_norm_spares_the_guard_its_pass_and_a_nonfinite_one_
     monkeypatch.setattr(torch, "_foreach_norm", counting)
     nan_embeddings_at(monkeypatch, 2)
     trainer = train.run(tiny_args + ["--max_steps", "3", "--eval_strategy", "no", "--load_best_model_at_end", "false"])
-    assert trainer.state.global_step == 3 and trainer.skipped_steps == 1
+    assert trainer.state.global_step == 3 and trainer.gradient_guard.skipped_steps == 1
     assert len(passes) == 1  # the NaN step only: the two finite steps took the Trainer's norm
     assert trainer.gradient_guard.total_norm is None  # consumed by each step's guard

@@ -119,9 +119,9 @@ def test_the_trainer_samples_without_duplicates_for_pairs_by_default(tmp_path):
     rows = nli_like(64, premises=12)
     tokenizer = build_tiny_bert()[1]
     trainer = make_trainer(tmp_path, pair_dataset(rows), PairCollator(tokenizer, 64, negatives=1))
-    assert trainer.no_duplicates and trainer.group_size == 3
+    assert trainer.batches.no_duplicates and trainer.layout.group_size == 3
     loader = trainer.get_train_dataloader()
-    assert isinstance(trainer._no_duplicates_sampler, NoDuplicatesSampler)
+    assert isinstance(trainer.batches.sampler, NoDuplicatesSampler)
     for batch in loader:
         ids = [tuple(row[row != 0].tolist()) for row in batch["input_ids"]]
         assert len(ids) == 24 and len(set(ids)) == 24  # 8 examples x 3 texts, none twice
@@ -129,15 +129,15 @@ def test_the_trainer_samples_without_duplicates_for_pairs_by_default(tmp_path):
     from simcse_hn.data.collator import SimCSECollator
 
     plain = make_trainer(tmp_path, sentences, SimCSECollator(tokenizer, 16))
-    assert not plain.no_duplicates and plain.group_size is None
+    assert not plain.batches.no_duplicates and plain.layout.group_size is None
     plain.get_train_dataloader()
-    assert plain._no_duplicates_sampler is None  # single sentences: the Trainer's own sampler, unchanged
+    assert plain.batches.sampler is None  # single sentences: the Trainer's own sampler, unchanged
     forced = make_trainer(tmp_path, sentences, SimCSECollator(tokenizer, 16), no_duplicates=True)
     forced.get_train_dataloader()
-    assert forced._no_duplicates_sampler is not None
-    windows = [[rows[i][0] for i in list(forced._no_duplicates_sampler)[s : s + 8]] for s in range(0, 8, 8)]
+    assert forced.batches.sampler is not None
+    windows = [[rows[i][0] for i in list(forced.batches.sampler)[s : s + 8]] for s in range(0, 8, 8)]
     assert all(len(w) == len(set(w)) for w in windows)
-    assert not isinstance(forced.train_sampler(), RandomSampler)
+    assert not isinstance(forced.batches.make_sampler(sentences), RandomSampler)
 
 
 def test_a_run_resumed_in_its_second_epoch_draws_the_same_batches(tmp_path):
@@ -156,7 +156,7 @@ def test_a_run_resumed_in_its_second_epoch_draws_the_same_batches(tmp_path):
     assert first.batches[:7] == whole.batches[:7]
     assert resumed.batches[:2] == whole.batches[7:9]
     assert whole.batches[6:9] != whole.batches[:3]  # epoch 1 is not epoch 0's order again
-    assert trainer._no_duplicates_sampler.epoch == 1
+    assert trainer.batches.sampler.epoch == 1
 
 
 def test_the_epoch_reaches_the_sampler_from_the_trainer_state(tmp_path):
@@ -167,7 +167,7 @@ def test_the_epoch_reaches_the_sampler_from_the_trainer_state(tmp_path):
     trainer = make_trainer(tmp_path, pair_dataset(nli_like(32, premises=16)),
                            PairCollator(build_tiny_bert()[1], 64, negatives=1))  # fmt: skip
     trainer.get_train_dataloader()
-    sampler = trainer._no_duplicates_sampler
+    sampler = trainer.batches.sampler
     for epoch, want in ((1.5, 1), (2.0 - 1e-9, 2), (0.0, 0), (None, 0)):
         trainer.callback_handler.on_epoch_begin(trainer.args, TrainerState(epoch=epoch), TrainerControl())
         assert sampler.epoch == want, epoch

@@ -86,7 +86,7 @@ def test_the_loss_per_step_is_simcse_hns_own_trainers(momentum, accumulation, st
     tokenizer = SentenceTransformer(str(st_folder), device="cpu").tokenizer
     own = SimCSETrainer(model=model, args=args, loss_fn=build_loss("hcl", temperature=0.05, beta=0.5),
                         train_dataset=dataset, data_collator=SimCSECollator(tokenizer, 128))  # fmt: skip
-    own.train_sampler = lambda *a, **k: Sequential(dataset)  # the same batch order as below
+    own.batches.make_sampler = lambda *a, **k: Sequential(dataset)  # the same batch order as below
     own.train()
     theirs, loss = st_run(st_folder, tmp_path / "st", momentum, **steps)
     want, got = losses(own), losses(theirs)

@@ -145,7 +145,7 @@ def test_the_trainer_clusters_paired_anchors_and_a_resumed_run_reads_the_checkpo
     whole = AnchorCollator(tokenizer, 32)
     trainer = make_trainer(tmp_path / "whole", pairs(), whole, max_steps=12)  # 8 batches an epoch: into epoch 1
     trainer.train()
-    sampler, assignment = trainer._topic_sampler, trainer._topic_assignment
+    sampler, assignment = trainer.batches.sampler, trainer.batches.assignment
     anchors = pairs()["anchor"]
     cluster = {text: int(c) for text, c in zip(anchors, assignment)}
     pure = sum(len({cluster[t] for t in batch}) == 1 for batch in whole.batches[:8])
@@ -156,7 +156,7 @@ def test_the_trainer_clusters_paired_anchors_and_a_resumed_run_reads_the_checkpo
     resumed = AnchorCollator(tokenizer, 32)
     again = make_trainer(tmp_path / "cut", pairs(), resumed, max_steps=12)
     again.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-10"))
-    assert torch.equal(again._topic_assignment, assignment)
+    assert torch.equal(again.batches.assignment, assignment)
     assert first.batches[:10] == whole.batches[:10] and resumed.batches[:2] == whole.batches[10:12]
 
 
@@ -189,7 +189,7 @@ def test_train_with_topic_batches_and_grad_cache(tiny_args, tmp_path):
              "--per_device_train_batch_size", "8", "--max_steps", "3", "--logging_steps", "1", "--eval_steps", "3",
              "--save_steps", "3"]  # fmt: skip
     trainer = train.run(tiny_args + extra)
-    assert trainer._topic_sampler is not None and len(trainer._topic_assignment) == 400
+    assert trainer.batches.sampler is not None and len(trainer.batches.assignment) == 400
     assert sum("loss" in entry for entry in trainer.state.log_history) == 3
     assert os.path.isfile(Path(trainer.args.output_dir) / "checkpoint-3" / TOPIC_CLUSTERS_FILE)
 
@@ -206,7 +206,7 @@ def test_train_paired_data_with_topic_batches_grad_cache_and_re_clustering(tiny_
              "--per_device_train_batch_size", "8", "--max_steps", "4", "--logging_steps", "1", "--eval_steps", "4",
              "--save_steps", "4"]  # fmt: skip
     trainer = train.run(tiny_args + extra)
-    assert trainer.args.no_duplicates is not False and trainer.group_size == 3
+    assert trainer.args.no_duplicates is not False and trainer.layout.group_size == 3
     assert sum("loss" in entry for entry in trainer.state.log_history) == 4
     saved = torch.load(Path(trainer.args.output_dir) / "checkpoint-4" / TOPIC_CLUSTERS_FILE)
     assert [(e["epoch"], e["window"], e["step"]) for e in saved] == [(0, 0, 0), (0, 3, 2)]
@@ -280,14 +280,14 @@ def test_the_trainer_re_clusters_every_k_steps_and_a_resume_across_it_draws_the_
     moving = {"topic_recluster_steps": 3, "learning_rate": 1e-2}
     trainer = make_trainer(tmp_path / "whole", pairs(), whole, max_steps=12, **moving)
     trainer.train()
-    schedule = trainer._topic_sampler.schedule
+    schedule = trainer.batches.sampler.schedule
     # made after step 9 (epoch 1, one step done): from window 2 of epoch 1; steps 3 and 6 were epoch 0's
     assert [(e.epoch, e.window, e.step) for e in schedule] == [(0, 7, 6), (1, 2, 9)]
     anchors = pairs()["anchor"]
     late = {text: int(c) for text, c in zip(anchors, schedule[-1].assignment)}
-    assert not torch.equal(schedule[-1].assignment, trainer._topic_assignment)  # re-encoded by the model as trained
+    assert not torch.equal(schedule[-1].assignment, trainer.batches.assignment)  # re-encoded by the model as trained
     pure = sum(len({late[t] for t in batch}) == 1 for batch in whole.batches[10:12])
-    assert pure >= 2 - trainer._topic_sampler.mixed_windows
+    assert pure >= 2 - trainer.batches.sampler.mixed_windows
     cut = AnchorCollator(tokenizer, 32)
     interrupted = make_trainer(tmp_path / "cut", pairs(), cut, max_steps=12, save_strategy="steps", save_steps=7,
                                **moving)  # fmt: skip

@@ -245,6 +245,14 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
             return "FSDP"
         return None
 
+    def forward_length_groups(self) -> int:
+        """Length groups of the training forward (SimCSEModel.length_groups): `length_groups`, or by default 8 on a
+        CPU without sharding or compilation, else 1 (bench/results/train_throughput_versus.md measures it)."""
+        if self.length_groups is not None:
+            return self.length_groups
+        plain = not (self.sharding_engine() or self.torch_compile)
+        return 8 if plain and self.device.type == "cpu" else 1
+
     @property
     def gathers(self) -> bool:
         """Whether every process's rows are candidates (gather_across_devices, default on with > 1 process)."""

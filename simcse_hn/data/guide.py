@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from simcse_hn.data.collator import GUIDE_PREFIX
 from simcse_hn.errors import ConfigError
+from simcse_hn.losses.targets import RowLayout
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +41,13 @@ class Guide(nn.Module):
         return self.model(dict(features))["sentence_embedding"]
 
 
-def guide_row_embeddings(guide: nn.Module, batch: dict[str, Tensor], rows: int) -> Tensor:
-    """The guide's embeddings (R, E) of a batch's `rows`, without gradient: the collator tokenised each text once for
-    the guide (the batch's `guide_*` keys), and single-sentence rows [a, a', ...] repeat each text twice."""
+def guide_row_embeddings(guide: nn.Module, batch: dict[str, Tensor], layout: RowLayout) -> Tensor:
+    """The guide's embeddings (R, E) of a batch's rows in `layout`, without gradient: the collator tokenised each text
+    once for the guide (the batch's `guide_*` keys); the layout says how texts become rows (a sentence's twice)."""
     features = {key[len(GUIDE_PREFIX) :]: value for key, value in batch.items() if key.startswith(GUIDE_PREFIX)}
     if not features:
         raise ValueError("guide_model: the batch has no guide_* features; give the collator guide_tokenize")
-    embeddings = guide(features)  # (texts, E)
-    return embeddings if embeddings.shape[0] == rows else embeddings.repeat_interleave(2, dim=0)
+    return layout.rows_of_texts(guide(features))  # (texts, E) -> (R, E)
 
 
 def load_guide(name_or_path: str) -> Guide:

@@ -1,5 +1,9 @@
 """Shared machinery of the contrastive losses (docs/losses.md sections 1, 2 and 6).
 
+It opens with plain InfoNCE as a reader writes it (`plain_infonce`: normalise, matmul / temperature, mask,
+cross-entropy). `ContrastiveLoss` computes that loss, and every objective's, from plain InfoNCE's reductions shared
+with the objective, through the fast paths of losses/fast_paths.py (the same values, fewer (M, N) passes).
+
 Every loss sees embeddings and index tensors only: `anchors` (M, D), `candidates` (N, D), `positive_index` (M,)
 into the candidates, `negative_mask` (M, N) bool. Similarities and everything after them are computed in float32
 or wider. Nothing here synchronises with the host: no `.item()`, no numpy, no Python branch on tensor values,
@@ -13,13 +17,35 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, NamedTuple, cast, overload
+from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from simcse_hn.losses.fast_paths import MaskedLogSumExp, SelfLogits, WeightedLogSumExp, masked_logsumexp
 from simcse_hn.losses.options import NoOptions, ObjectiveOptions
 from simcse_hn.losses.targets import NEG_INF, ContrastiveTargets, LossContext
+
+
+def plain_infonce(
+    anchors: Tensor, candidates: Tensor, positive_index: Tensor, negative_mask: Tensor, temperature: float
+) -> Tensor:
+    """Plain InfoNCE (arXiv:1807.03748; SimCSE's loss, arXiv:2104.08821), as a reader writes it: the mean over the
+    anchors of the cross-entropy of each anchor's positive among its positive and its negatives N(i), on cosine
+    similarities / temperature. anchors (M, D), candidates (N, D), positive_index (M,), negative_mask (M, N) bool
+    (N(i), without the positive). -> () in the embeddings' dtype. `ContrastiveLoss` below computes the same loss and
+    gradients (tests/test_losses_hard.py holds them equal) through the fast paths (losses/fast_paths.py)."""
+    a = F.normalize(anchors, dim=-1)  # (M, D)
+    c = F.normalize(candidates, dim=-1)  # (N, D)
+    logits = a @ c.T / temperature  # (M, N)
+    candidates_of = negative_mask.clone()
+    rows = torch.arange(len(positive_index), device=positive_index.device)  # (M,)
+    candidates_of[rows, positive_index] = True  # the positive and N(i); no other candidate
+    return F.cross_entropy(logits.masked_fill(~candidates_of, NEG_INF), positive_index)
+
+
+# --- the machinery every objective shares: the fast paths (losses/fast_paths.py) are called from here ---
 
 # `NegativeWeights.make` and `LossOutput.weights_fn`: (rows, a slice; all by default) -> the weights of those rows
 WeightsMaker = Callable[..., Tensor]
@@ -108,7 +134,7 @@ class PlainReductions(NamedTuple):
         logits and, when they need it, to the weights); e is 0 outside N(i), so the logits' gradient is too."""
         if self.exp is None:
             return torch.logsumexp(self.masked + weights.log(), dim=1)
-        return cast(Tensor, _WeightedLogSumExp.apply(self.logits, weights, self.exp, self.shift))
+        return cast(Tensor, WeightedLogSumExp.apply(self.logits, weights, self.exp, self.shift))
 
 
 def plain_reductions(
@@ -126,71 +152,11 @@ def plain_reductions(
     pos = positive_logits(logits, positive_index) if pos is None else pos
     if bias is None:
         masked = torch.where(negative_mask, logits, NEG_INF)  # (M, N)
-        lse, e, shift = _MaskedLogSumExp.apply(masked, None)
+        lse, e, shift = MaskedLogSumExp.apply(masked, None)
         return PlainReductions(pos, lse, count, logits, None, e, shift, negative_mask)
     bias = bias if bias.dtype == logits.dtype else bias.to(logits.dtype)
-    lse, e, shift = _MaskedLogSumExp.apply(logits, bias)  # logits + bias is made inside, in e's memory
+    lse, e, shift = MaskedLogSumExp.apply(logits, bias)  # logits + bias is made inside, in e's memory
     return PlainReductions(pos, lse, count, logits, bias, e, shift, negative_mask)
-
-
-class _MaskedLogSumExp(torch.autograd.Function):
-    """logsumexp over dim 1 of (M, N) masked logits x + offset (-inf outside N(i); offset None: x is masked) -> (M,),
-    and without gradient e^{x + offset - max} (M, N) and the max (M, 1). The sum, the shift and the exponential are
-    made in place in one (M, N) buffer, and e is kept for the backward, softmax = e / sum: one (M, N) pass there,
-    where torch.logsumexp's backward makes three (x - result, exp, times grad) and allocates each. The gradient of
-    the offset (a constant) is not computed; the non-differentiable outputs' zero gradients are not made
-    (`set_materialize_grads(False)`: an (M, N) fill per call)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, offset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        ctx.set_materialize_grads(False)
-        masked = x if offset is None else x + offset  # (M, N); with an offset, a fresh buffer: e is made in it
-        shift = masked.amax(dim=1, keepdim=True)  # (M, 1)
-        shift = torch.where(torch.isfinite(shift), shift, 0.0)  # a row without negatives: -inf, as logsumexp
-        e = (x - shift if offset is None else masked.sub_(shift)).exp_()  # (M, N)
-        total = e.sum(dim=1)  # (M,)
-        ctx.save_for_backward(e, total)
-        ctx.mark_non_differentiable(e, shift)
-        return total.log() + shift.squeeze(1), e, shift
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor | None, *_: Tensor | None) -> tuple[Tensor | None, None]:
-        if grad is None:
-            return None, None
-        e, total = ctx.saved_tensors
-        # a row without any finite entry (e = 0) gets 0, not 0 * inf = NaN
-        return e * torch.where(total > 0, grad / total, 0.0)[:, None], None
-
-
-@overload
-def masked_logsumexp(masked: Tensor, keep_exp: Literal[False] = False) -> Tensor: ...
-@overload
-def masked_logsumexp(masked: Tensor, keep_exp: Literal[True]) -> tuple[Tensor, Tensor, Tensor]: ...
-def masked_logsumexp(masked: Tensor, keep_exp: bool = False) -> Tensor | tuple[Tensor, Tensor, Tensor]:
-    """log sum_j e^{masked_ij} (M,) of (M, N) logits that are -inf outside each row's set: torch.logsumexp's value,
-    with a cheaper backward (`_MaskedLogSumExp`). `keep_exp`: -> (lse, e^{masked - shift} (M, N), shift (M, 1))."""
-    lse, e, shift = _MaskedLogSumExp.apply(masked, None)
-    return (lse, e, shift) if keep_exp else lse
-
-
-class _WeightedLogSumExp(torch.autograd.Function):
-    """log sum_j w_ij e^{m_ij} = log(sum_j w_ij e_ij) + shift_i from e = e^{m - shift} (`_MaskedLogSumExp`'s), m the
-    masked logits. Gradient: to the logits (those of m; e is 0 outside N(i)), w e / S; to w, e / S."""
-
-    @staticmethod
-    def forward(ctx: Any, logits: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> Tensor:
-        total = torch.linalg.vecdot(e, weights.to(e.dtype))  # (M,)
-        ctx.save_for_backward(e, weights, total)
-        return cast(Tensor, total.log() + shift.squeeze(1))
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        e, weights, total = ctx.saved_tensors
-        # an anchor without negatives (a guide removed them all, e = 0): 0, not 0 * inf = NaN
-        scale = torch.where(total > 0, grad / total, 0.0)[:, None]  # (M, 1)
-        grad_masked = torch.mul(e, weights).mul_(scale) if ctx.needs_input_grad[0] else None
-        grad_weights = (e * scale).to(weights.dtype) if ctx.needs_input_grad[1] else None
-        return grad_masked, grad_weights, None, None
 
 
 def weighted_loss(
@@ -267,30 +233,6 @@ def _masked_weight_stats(
     total = w.sum(dim=1)  # (M,)
     entropy = mean_over_anchors_with_negatives(total.log() - torch.xlogy(w, w).sum(dim=1) / total, count)
     return w, {"neg_weight_max": w.max().float(), "neg_weight_entropy": entropy}
-
-
-class _SelfLogits(torch.autograd.Function):
-    """The logits of unit rows against themselves, x (N, D) -> (x / t) x^T (N, N), and x / t (N, D) (for the
-    positives' logits). Backward: (G + G^T)(x / t) (+ the second output's gradient / t): one (N, N, D) matrix product
-    where autograd through the two factors makes two; G + G^T costs a transposed copy and an addition (N, N)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-        ctx.set_materialize_grads(False)
-        scaled = x / temperature  # (N, D)
-        ctx.temperature = temperature
-        ctx.save_for_backward(scaled)
-        return scaled @ x.T, scaled
-
-    @staticmethod
-    def backward(ctx: Any, grad_logits: Tensor | None, grad_scaled: Tensor | None) -> tuple[Tensor | None, None]:
-        (scaled,) = ctx.saved_tensors
-        grad = None
-        if grad_logits is not None:
-            grad = grad_logits.T.contiguous().add_(grad_logits) @ scaled  # (N, D)
-        if grad_scaled is not None:
-            grad = grad_scaled / ctx.temperature if grad is None else grad.add_(grad_scaled, alpha=1 / ctx.temperature)
-        return grad, None
 
 
 class NonFiniteGradients:
@@ -532,7 +474,7 @@ class ContrastiveLoss(nn.Module):
         c_hat = unit_rows(candidates, dtype)  # (N, D)
         if anchors is candidates:
             a_hat = c_hat
-            logits, scaled = _SelfLogits.apply(c_hat, self.temperature)  # (N, N), (N, D)
+            logits, scaled = SelfLogits.apply(c_hat, self.temperature)  # (N, N), (N, D)
         else:
             a_hat = unit_rows(anchors, dtype)  # (M, D)
             scaled = a_hat / self.temperature  # (M, D): logits = scaled c^T, no (M, N) division

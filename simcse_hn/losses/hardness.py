@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from simcse_hn.losses.base import ContrastiveLoss, ObjectiveInput, ObjectiveOutput, masked_logsumexp
+from simcse_hn.losses.base import ContrastiveLoss, ObjectiveInput, ObjectiveOutput
+from simcse_hn.losses.fast_paths import masked_logsumexp
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
 
 

@@ -16,9 +16,9 @@ from simcse_hn.losses.base import (
     ObjectiveInput,
     ObjectiveOutput,
     drop_nonfinite_grad,
-    masked_logsumexp,
     mean_over_anchors_with_negatives,
 )
+from simcse_hn.losses.fast_paths import masked_logsumexp
 from simcse_hn.losses.options import ObjectiveOptions, TrainingShape, option
 from simcse_hn.losses.targets import NEG_INF, ContrastiveTargets, LossContext
 

@@ -26,7 +26,8 @@ class RowLayout:
     """How a training batch's rows are laid out, said in this one place: single sentences as rows [a, a', b, b', ...],
     each text twice (two dropout views; `group_size` None: SimCSECollator), or paired examples as rows
     [a, p, n_1..n_k] per example, each text once (`group_size` = 2 + k: PairCollator). The collators make batches in
-    it; the step's targets, the queue's entries, GradCache's mini-batches and the counts of trained texts ask it."""
+    it; the step's targets, the queue's entries, GradCache's mini-batches, the guide's rows and the counts of trained
+    texts ask it."""
 
     group_size: int | None = None
 

@@ -1,21 +1,16 @@
 """SimCSETrainer's callbacks, each standing on its own (what it needs is given to it, not read from the trainer):
-the loss diagnostics' clamp warning (docs/losses.md section 2), the non-finite gradient guard, the training sampler's
-epoch and saved schedule, topic re-clustering, and checkpoint rotation over this run's checkpoints only."""
+the loss diagnostics' clamp warning (docs/losses.md section 2), the non-finite gradient guard, and checkpoint rotation
+over this run's checkpoints only. The training sampler's callback is training.batches'."""
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from transformers import TrainerCallback
 
-from simcse_hn.data.sampling import NoDuplicatesSampler
-from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler
-from simcse_hn.errors import ConfigError
 from simcse_hn.losses.registry import flag_prefix
 from simcse_hn.training import distributed
 from simcse_hn.training.checkpoints import checkpoint_path, rotate_checkpoints
@@ -109,56 +104,6 @@ class NonFiniteGradientGuard(TrainerCallback):
             self.skipped_steps += 1
             logger.warning("step %d: non-finite gradients, optimizer step skipped (%d so far)",
                            state.global_step + 1, self.skipped_steps)  # fmt: skip
-
-
-class SamplerState(TrainerCallback):
-    """Keeps the training sampler (`sampler`, set by whoever builds it) in step with the run. At each epoch's start it
-    sets the sampler's epoch: accelerate's `set_epoch` does not reach a sampler under the batch-skipping wrapper of a
-    resumed multi-process run, and the Trainer's state says the epoch in every case (a resumed run's state.epoch is
-    the checkpoint's, e.g. 1.5 -> epoch 1). A topic sampler's assignments in force are a part of each checkpoint
-    (TOPIC_CLUSTERS_FILE, written by training.checkpoints.CheckpointCommit), so a resumed run draws the batches of the
-    uninterrupted one."""
-
-    def __init__(self):
-        self.sampler: NoDuplicatesSampler | TopicBatchSampler | None = None
-
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        if self.sampler is not None:
-            self.sampler.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
-
-    def checkpoint_files(self) -> list[str]:
-        return [TOPIC_CLUSTERS_FILE] if isinstance(self.sampler, TopicBatchSampler) else []
-
-    def save_checkpoint(self, folder: str) -> None:
-        if isinstance(self.sampler, TopicBatchSampler):
-            torch.save([entry.as_dict() for entry in self.sampler.schedule], os.path.join(folder, TOPIC_CLUSTERS_FILE))
-
-
-def resumed_topic_schedule(checkpoint, topic_batches: bool) -> list[InForce] | None:
-    """The topic assignments in force that `checkpoint` (a folder; anything else: not resuming) saved, for a run with
-    `topic_batches`; None for a run without. A checkpoint and a run that disagree on topic batches are refused in one
-    line (ConfigError): a resume never switches between topic and random batches."""
-    if not isinstance(checkpoint, str):
-        return None
-    path, name = os.path.join(checkpoint, TOPIC_CLUSTERS_FILE), os.path.basename(os.path.normpath(checkpoint))
-    if topic_batches != os.path.isfile(path):
-        trained, now = ("without", "with") if topic_batches else ("with", "without")
-        raise ConfigError(f"topic_batches: {name} was trained {trained} topic batches ({TOPIC_CLUSTERS_FILE}); this "
-                          f"run is {now}")  # fmt: skip
-    return [InForce(**entry) for entry in torch.load(path)] if topic_batches else None
-
-
-class Recluster(TrainerCallback):
-    """Topic batches with `topic_recluster_steps` K (`every`): after every K-th optimizer step (but the last),
-    `recluster(step)` (SimCSETrainer.recluster_topics: the corpus re-encoded by the model as it is and re-clustered,
-    on every process together)."""
-
-    def __init__(self, every: int, recluster: Callable[[int], None]):
-        self.every, self.recluster = every, recluster
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.every == 0 and state.global_step < state.max_steps:
-            self.recluster(state.global_step)
 
 
 class RotateCheckpoints(TrainerCallback):

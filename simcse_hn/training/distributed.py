@@ -1,6 +1,6 @@
 """Process-group helpers: rank, world size, a broadcast from process 0, gathers and sums; used by the training step
 (training.step), the queue (training.queue), the gradient guard (training.callbacks), topic clustering
-(training.trainer) and train.py.
+(training.batches) and train.py.
 
 Without an initialised process group every helper is the identity (one process, rank 0).
 """

@@ -1,6 +1,7 @@
 """SimCSETrainer: a `transformers.Trainer` whose step is one SimCSE forward over [a, a', b, b', ...] and a contrastive
 loss (training.step), on the Trainer's public hooks and callbacks; the private methods it still overrides are listed,
-each with its reason, in training.trainer_internals. It, step.py, the guard and distributed.py know about ranks."""
+each with its reason, in training.trainer_internals. Its batches are training.batches'; the modules that ask for
+ranks are listed in training.distributed."""
 
 from __future__ import annotations
 
@@ -9,25 +10,22 @@ import functools
 import logging
 import os
 
-import datasets
 import torch
-from accelerate.data_loader import prepare_data_loader
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 from transformers import Trainer, TrainerState
 from transformers.trainer import TRAINING_ARGS_NAME
-from transformers.trainer_utils import TrainOutput, seed_worker
+from transformers.trainer_utils import TrainOutput
 
 from simcse_hn.data.collator import GUIDE_PREFIX
 from simcse_hn.data.guide import SELF, Guide, guide_row_embeddings, load_guide
-from simcse_hn.data.sampling import NoDuplicatesSampler
 from simcse_hn.data.sts import STSPairs
-from simcse_hn.data.topic_batches import InForce, TopicBatchSampler, cluster_corpus
-from simcse_hn.errors import ConfigError
 from simcse_hn.evaluation.dev_sentences import DevSentences
-from simcse_hn.evaluation.encoding import load_encoder, simcse_encode_fn
+from simcse_hn.evaluation.encoding import simcse_encode_fn
 from simcse_hn.losses import ContrastiveLoss, LossOutput
-from simcse_hn.training import callbacks, checkpoints, distributed, grad_cache
+from simcse_hn.losses.targets import RowLayout
+from simcse_hn.training import callbacks, checkpoints, grad_cache
+from simcse_hn.training.batches import TrainingBatches
 from simcse_hn.training.queue import QueueCallback, QueueRun, resume_queue
 from simcse_hn.training.step import add_to_window, contrastive_loss, take_nonfinite_grads, window_means
 from simcse_hn.training.trainer_internals import check_trainer_internals, planned_steps
@@ -48,8 +46,7 @@ class SimCSETrainer(Trainer):
     * Paired data: `group_size` (default: the collator's, simcse_hn.data.pairs.PairCollator) says that rows come as
       [a, p, n_1..n_k] per example; `args.hard_negative_weight` applies. `args.guide_model` ("self", or a model that
       `guide` holds, loaded from the id when not given) removes the guide's false negatives each step.
-    * `args.no_duplicates` (default: on for paired data): batches drawn by data.sampling.NoDuplicatesSampler, no
-      text twice in one gathered batch.
+    * The training batches (no duplicates, topic batches, a stream): training.batches.TrainingBatches.
     * Checkpoints: `save_total_limit` rotates this run's checkpoints only (callbacks.RotateCheckpoints); the Trainer
       itself is given the arguments without it, since its rotation would delete any `checkpoint-*` folder.
     """
@@ -73,7 +70,7 @@ class SimCSETrainer(Trainer):
         collated = getattr(kwargs.get("data_collator"), "group_size", None)
         if group_size is not None and collated is not None and group_size != collated:
             raise ValueError(f"group_size {group_size} differs from the collator's {collated}")
-        self.group_size = group_size if group_size is not None else collated
+        self.layout = RowLayout(group_size if group_size is not None else collated)  # how the batches' rows go
         self.eval_pairs, self.eval_max_length = eval_pairs, eval_max_length
         if eval_pairs is not None:
             self._dev = DevSentences(eval_pairs, kwargs["processing_class"], eval_max_length)
@@ -90,49 +87,29 @@ class SimCSETrainer(Trainer):
         self._metric_count = 0
         scaler = getattr(self.accelerator, "scaler", None) is not None
         self.gradient_guard = callbacks.NonFiniteGradientGuard(sharded=self.is_fsdp_enabled, scaler_skips=scaler)
-        self.sampler_state = callbacks.SamplerState()
+        self.batches = TrainingBatches(args, self.layout.paired, self._encode_with_model)
         # the run family every checkpoint records (simcse_config.json); train.py passes the output folder's
         run_id = self.simcse_config.setdefault("run_id", checkpoints.new_run_id())
         self.rotation = callbacks.RotateCheckpoints(limit, run_id)
         self.simcse_config["checkpoint_manifest"] = checkpoints.CHECKPOINT_MANIFEST  # whole with one, written last
-        for callback in (self.gradient_guard, callbacks.ClampWarningCallback(), self.sampler_state):
+        for callback in (self.gradient_guard, callbacks.ClampWarningCallback(), self.batches):
             self.add_callback(callback)
-        if args.topic_batches and args.topic_recluster_steps:
-            self.add_callback(callbacks.Recluster(args.topic_recluster_steps, self.recluster_topics))
-        self.queue = QueueRun.for_run(args, self.group_size)  # earlier steps' embeddings as negatives, or None
+        self.queue = QueueRun.for_run(args, self.layout.group_size)  # earlier steps' embeddings as negatives, or None
         if self.queue is not None:
             self.add_callback(QueueCallback(self.queue))
         # each checkpoint's parts, then its manifest, written last; rotation (and train.py's push) after it
-        self.add_callback(checkpoints.CheckpointCommit([self.sampler_state] + [self.queue] * (self.queue is not None)))
+        self.add_callback(checkpoints.CheckpointCommit([self.batches] + [self.queue] * (self.queue is not None)))
         self.add_callback(self.rotation)
-        self._no_duplicates_sampler: NoDuplicatesSampler | None = None
-        self._topic_sampler: TopicBatchSampler | None = None
-        self._topic_assignment: Tensor | None = None  # (n,) int64: each example's cluster, first made
-        self._topic_schedule: list[InForce] | None = None  # a resumed run's: the checkpoint's assignments in force
         self.guide = None
         if args.guide_model not in (None, SELF):
             self.guide = (guide if guide is not None else load_guide(args.guide_model)).to(args.device)
         if hasattr(self.model, "length_groups"):  # a SimCSEModel (tests may train other modules)
-            self.model.length_groups = self.length_groups
+            self.model.length_groups = args.forward_length_groups()
         requested = args.sharding_engine()  # what the configuration asked for; accelerate decides what runs
         if requested and not (self.is_fsdp_enabled or self.is_deepspeed_enabled):
             logger.warning("%s was requested, but accelerate runs it on GPUs (or other accelerators) only: this "
                            "run on %s is plain data parallel (same results, unsharded memory)", requested,
                            args.device.type)  # fmt: skip
-
-    @property
-    def length_groups(self) -> int:
-        """Length groups of the training forward (SimCSEModel.length_groups): the argument, or by default 8 on a
-        CPU without sharding or compilation, else 1 (bench/results/train_throughput_versus.md measures it)."""
-        if self.args.length_groups is not None:
-            return self.args.length_groups
-        plain = not (self.args.sharding_engine() or self.args.torch_compile)
-        return 8 if plain and self.args.device.type == "cpu" else 1
-
-    @property
-    def no_duplicates(self) -> bool:
-        flag = self.args.no_duplicates
-        return self.group_size is not None if flag is None else flag
 
     def contrastive_loss(
         self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None, inputs=None
@@ -149,15 +126,15 @@ class SimCSETrainer(Trainer):
             guide_embeddings = embeddings.detach()
         return contrastive_loss(
             self.accelerator.unwrap_model(model).loss_fn, embeddings, form=args.contrast_form,
-            group_size=self.group_size, hard_negative_weight=args.hard_negative_weight,
+            group_size=self.layout.group_size, hard_negative_weight=args.hard_negative_weight,
             guide_embeddings=guide_embeddings, guide_margin=args.guide_margin, head_inputs=head_inputs,
             gather=self.args.gathers, step=self.state.global_step, max_steps=self.state.max_steps,
             text_ids=text_ids, queue=queue,
         )  # fmt: skip
 
-    def _guide_embeddings(self, guide_inputs: dict[str, Tensor], rows: int) -> Tensor | None:
+    def _guide_embeddings(self, guide_inputs: dict[str, Tensor]) -> Tensor | None:
         """The external guide's embeddings (R, E) of the batch's rows (guide_row_embeddings); None without one."""
-        return None if self.guide is None else guide_row_embeddings(self.guide, guide_inputs, rows)
+        return None if self.guide is None else guide_row_embeddings(self.guide, guide_inputs, self.layout)
 
     def _embed(self, model, inputs):
         """-> embeddings (2B, D), head inputs (2B, H) when the loss needs them, else None"""
@@ -171,21 +148,16 @@ class SimCSETrainer(Trainer):
         self.gradient_guard.total_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
         return self.gradient_guard.total_norm
 
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped for non-finite gradients (resumed runs: since resuming)."""
-        return self.gradient_guard.skipped_steps
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         truncated = inputs.pop("num_truncated", 0)  # the collator's count for this batch (an int: no host sync)
         text_ids = inputs.pop("text_ids", None)  # (R,) for the duplicate diagnostics
         guide_inputs = {key: inputs[key] for key in inputs if key.startswith(GUIDE_PREFIX)}
         inputs = {key: value for key, value in inputs.items() if key not in guide_inputs}
-        rows, group = inputs["input_ids"].shape[0], self.group_size or 2
-        if model.training:  # texts: a sentence is two rows [a, a'], a paired example's rows are its texts
-            self.trained_sentences += rows // 2 if self.group_size is None else rows
+        rows, group = inputs["input_ids"].shape[0], self.layout.rows_per_example
+        if model.training:
+            self.trained_sentences += self.layout.texts(rows)
             self.truncated_sentences += truncated
-        guide_embeddings = self._guide_embeddings(guide_inputs, rows) if model.training else None
+        guide_embeddings = self._guide_embeddings(guide_inputs) if model.training else None
         sentences = self.args.cache_minibatch_size  # examples (sentences, or groups of paired rows) per mini-batch
         if model.training and sentences is not None and group * sentences < rows:
             result = grad_cache.cached_loss(
@@ -208,95 +180,24 @@ class SimCSETrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._metric_count:  # a training log: the window's diagnostics join it
-            logs.update(window_means(self._metric_sums, self._metric_count), skipped_steps=self.skipped_steps)
+            logs.update(window_means(self._metric_sums, self._metric_count))
+            logs["skipped_steps"] = self.gradient_guard.skipped_steps  # resumed runs: since resuming
             logs.update(take_nonfinite_grads(self.model.loss_fn, self.state.global_step))
             self._metric_sums.clear()
             self._metric_count = 0
         super().log(logs, start_time)
 
-    # --- the training batches: batches without duplicates, topic batches, a stream ---
-
-    def train_sampler(self, train_dataset=None) -> NoDuplicatesSampler | TopicBatchSampler | None:
-        """With `no_duplicates`, a sampler whose every window of one gathered batch (per-device batch x processes, in
-        the order accelerate shards batches) holds no text twice; with `topic_batches`, a TopicBatchSampler. Seeded
-        by data_seed (or seed) and the epoch, so every process draws the same order and a resumed run the same
-        batches. None: the Trainer's own sampler."""
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        in_memory = dataset is not None and isinstance(dataset, datasets.Dataset)
-        if self.args.topic_batches and not in_memory:
-            raise ValueError("topic_batches: needs a corpus in memory (a stream cannot be clustered up front)")
-        if not (self.no_duplicates or self.args.topic_batches) or not in_memory:
-            return None
-        window = self.args.per_device_train_batch_size * (self.args.world_size if self.args.gathers else 1)
-        columns = [c for c in dataset.column_names if c == "text" or c in ("anchor", "positive")
-                   or c.startswith("negative_")]  # fmt: skip
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        if self.args.topic_batches:
-            # each example's cluster: made once per run, by `topic_encoder` or the model before its first step, and
-            # the same on every process (_cluster); a resumed run reads its checkpoint's (TOPIC_CLUSTERS_FILE)
-            if self._topic_assignment is None:
-                self._topic_assignment = self._cluster(dataset, encoder=self.args.topic_encoder)
-            if len(self._topic_assignment) != len(dataset):
-                raise ConfigError(f"topic_batches: {len(self._topic_assignment)} cluster assignments (from the "
-                                  f"checkpoint) for {len(dataset)} training examples: another corpus")  # fmt: skip
-            self._topic_sampler = TopicBatchSampler(
-                self._topic_assignment, window, self.args.topic_share, seed=seed,
-                rows=list(zip(*(dataset[c] for c in columns))), no_duplicates=self.no_duplicates,
-            )  # fmt: skip
-            if self._topic_schedule is not None:
-                self._topic_sampler.load_schedule(self._topic_schedule)
-            return self._topic_sampler
-        self._no_duplicates_sampler = NoDuplicatesSampler(
-            list(zip(*(dataset[c] for c in columns))), window, seed=seed, drop_last=self.args.dataloader_drop_last
-        )
-        return self._no_duplicates_sampler
-
-    def _cluster(self, dataset: datasets.Dataset, encoder: str | None) -> Tensor:
-        """The corpus (anchors for pairs) embedded by `encoder` (None: the model as it is now) and clustered, on
-        process 0; every process returns process 0's assignment."""
-        assignment = None
-        if distributed.rank() == 0:
-            texts = dataset["anchor" if "anchor" in dataset.column_names else "text"]
-            if encoder is not None:
-                encode = load_encoder(encoder, device=str(self.args.device))[0]
-            else:
-                tokenizer = self.processing_class or getattr(self.data_collator, "tokenizer", None)
-                encode = simcse_encode_fn(self.accelerator.unwrap_model(self.model), tokenizer,
-                                          max_length=getattr(self.data_collator, "max_length", None))  # fmt: skip
-            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-            assignment = cluster_corpus(encode, texts, self.args.topic_clusters, seed=seed)
-        return distributed.broadcast_object(assignment)
-
-    def recluster_topics(self, step: int) -> None:
-        """Re-cluster with the model after `step` optimizer steps (TopicBatchSampler.recluster_after says from which
-        window on)."""
-        assignment = self._cluster(self.train_dataset, encoder=None)
-        self._topic_sampler.recluster_after(step, self.args.gradient_accumulation_steps, assignment)
+    # --- the training batches: training.batches ---
 
     def get_train_dataloader(self):
-        """The batches of `train_sampler`, prepared by accelerate as the Trainer prepares its own; the Trainer's loader
-        when it has none. A streamed corpus (data.load_sentence_stream) is already this process's share: its batches
-        on this process's device, without accelerate's re-sharding or its dispatching from process 0. Resuming, the
-        Trainer skips the batches already trained on, so the run goes on with the sentences it would see next."""
-        args = self.args
-        workers = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
-        if isinstance(self.train_dataset, datasets.IterableDataset):
-            loader = torch.utils.data.DataLoader(self.train_dataset, batch_size=args.train_batch_size,
-                                                 collate_fn=self.data_collator, drop_last=args.dataloader_drop_last,
-                                                 **workers)  # fmt: skip
-            return prepare_data_loader(loader, args.device, num_processes=1, process_index=0, put_on_device=True,
-                                       dispatch_batches=False)  # fmt: skip
-        self.sampler_state.sampler = sampler = self.train_sampler()
-        if sampler is None:
-            return super().get_train_dataloader()
-        loader = torch.utils.data.DataLoader(
-            self.train_dataset, batch_size=args.train_batch_size, sampler=sampler, collate_fn=self.data_collator,
-            drop_last=args.dataloader_drop_last, persistent_workers=args.dataloader_persistent_workers,
-            prefetch_factor=args.dataloader_prefetch_factor, **workers,
-            worker_init_fn=functools.partial(seed_worker, num_workers=args.dataloader_num_workers,
-                                             rank=args.process_index),
-        )  # fmt: skip
-        return self.accelerator.prepare(loader)
+        loader = self.batches.loader(self.train_dataset, self.data_collator, self.accelerator)
+        return loader if loader is not None else super().get_train_dataloader()
+
+    def _encode_with_model(self):
+        """An encoder of texts by the model as it is now (topic clustering)."""
+        tokenizer = self.processing_class or getattr(self.data_collator, "tokenizer", None)
+        return simcse_encode_fn(self.accelerator.unwrap_model(self.model), tokenizer,
+                                max_length=getattr(self.data_collator, "max_length", None))  # fmt: skip
 
     # --- evaluation: STS-B dev Spearman x 100, through the Trainer's loop ---
 
@@ -370,9 +271,7 @@ class SimCSETrainer(Trainer):
     # --- resuming a run that already ended ---
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        self._topic_schedule = callbacks.resumed_topic_schedule(resume_from_checkpoint, self.args.topic_batches)
-        if self._topic_schedule is not None:
-            self._topic_assignment = self._topic_schedule[0].assignment
+        self.batches.resume(resume_from_checkpoint)
         resume_queue(self.queue, resume_from_checkpoint, self.args.device)
         if isinstance(resume_from_checkpoint, str) and self._reached_max_steps(resume_from_checkpoint):
             return self._finish_from_checkpoint(resume_from_checkpoint)

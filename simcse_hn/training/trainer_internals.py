@@ -4,14 +4,14 @@ in simcse_hn.private_api) and the check that an installed transformers still has
 start without; tests/test_trainer_hooks.py runs it on every CI run).
 
 Everything else stands on public hooks: compute_loss, get_train_dataloader, get_eval_dataloader, prediction_step,
-save_model, log, train, and callbacks (training.callbacks: the non-finite gradient guard, the sampler's epoch and
-saved schedule, topic re-clustering, the checkpoint commit (training.checkpoints.CheckpointCommit), checkpoint
-rotation and keep-the-best at the end). Not relied on: the Trainer's
-batch size of the moment (`_train_batch_size`: `args.train_batch_size`; auto_find_batch_size is not followed), its
-input preparation (`_prepare_inputs`), the tuple of `set_initial_training_values` (`planned_steps` below) and a
-hyperparameter-search trial's folder (`_get_output_dir`: checkpoints are output_dir's). The loss's scaling under
-gradient accumulation is set through the model's public `accepts_loss_kwargs` (SimCSETrainer.__init__), which every
-5.x Trainer reads; the Trainer's class attribute `loss_is_scaled_for_ga` is newer than 5.17."""
+save_model, log, train, and callbacks (training.callbacks: the non-finite gradient guard; training.batches: the
+sampler's epoch and saved schedule, topic re-clustering; the checkpoint commit (training.checkpoints.CheckpointCommit);
+checkpoint rotation and keep-the-best at the end). Not relied on: the Trainer's batch size of the moment
+(`_train_batch_size`: `args.train_batch_size`; auto_find_batch_size is not followed), its input preparation
+(`_prepare_inputs`), the tuple of `set_initial_training_values` (`planned_steps` below) and a hyperparameter-search
+trial's folder (`_get_output_dir`: checkpoints are output_dir's). The loss's scaling under gradient accumulation is set
+through the model's public `accepts_loss_kwargs` (SimCSETrainer.__init__), which every 5.x Trainer reads; the Trainer's
+class attribute `loss_is_scaled_for_ga` is newer than 5.17."""
 
 from __future__ import annotations
 
