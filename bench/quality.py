@@ -50,18 +50,22 @@ import argparse
 import concurrent.futures
 import contextlib
 import functools
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 from bench.common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json
 from bench.quality_checks import mixed_provenance, run_provenance, sweep_no_op
+from simcse_hn.cli import compare as compare_command
+from simcse_hn.cli import curves as curves_command
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.comparability import scored_alike
 from simcse_hn.files import portable_name
@@ -450,8 +454,10 @@ def sick_label_table(runs: dict) -> list[str]:
     return lines
 
 
-def report(index: dict) -> None:
-    """eval/compare.py over the runs of batch 64 (the larger batches apart), the diagnostics table, the curves."""
+def report(index: dict, out: Path | None = None) -> None:
+    """eval/compare.py over the runs of batch 64 (the larger batches apart), runs.md, the curves; from the results
+    and curves runs.json names, into `out` (default OUT, beside them)."""
+    out = OUT if out is None else out
     runs = index["runs"]
     by_variant: dict[tuple[int, str], list[str]] = {}  # (batch, learning-rate suffix) -> runs, compared apart
     for key, entry in runs.items():
@@ -462,7 +468,7 @@ def report(index: dict) -> None:
         keys = sorted(keys, key=lambda k: (runs[k]["arm"] != baseline, runs[k]["arm"], runs[k]["seed"]))
         if batch == 64 and not suffix:
             keys = [k for k in ("before-cls", "before-avg") if k in runs] + keys
-        folder = OUT / f"compare_b{batch}{suffix}"
+        folder = out / f"compare_b{batch}{suffix}"
         lost = [k for k in keys if not (ROOT / runs[k]["results"] / "results.json").is_file()]
         if lost:  # an earlier machine's runs without kept results: their comparison stays as last written
             print(f"{_rel(folder)} kept as it is: {len(lost)} of its runs' results are on no disk here "
@@ -475,11 +481,26 @@ def report(index: dict) -> None:
         if problem:  # an arm's seeds scored otherwise are not replicates: no statistics over them
             print(f"{_rel(folder)} not rewritten: {problem}", flush=True)
             continue
-        subprocess.run([sys.executable, "-m", "simcse_hn.cli.compare", *[str(ROOT / runs[k]["results"]) for k in keys],
-                        "--group", ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
-                        "--output", str(folder), "--title", f"Quality study, batch {batch}" + (
-                            f", learning rate {suffix[3:]}" if suffix else "")],
-                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        title = f"Quality study, batch {batch}" + (f", learning rate {suffix[3:]}" if suffix else "")
+        report_command(compare_command.main, [*[str(ROOT / runs[k]["results"]) for k in keys], "--group",
+                                              ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
+                                              "--output", str(folder), "--title", title])  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runs.md").write_text(runs_page(runs), encoding="utf-8")
+    draw_curves(runs, by_variant, out)
+
+
+def report_command(main: Callable[[list[str]], int], argv: list[str]) -> None:
+    """A report command of the package (eval/compare.py, eval/curves.py) in this process, its page unprinted; a
+    refusal (a file of someone else's in the way) is said in its one line, and the rest of the report goes on."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as said:
+        failed = main(argv) != 0
+    if failed:
+        print(said.getvalue().strip(), flush=True)
+
+
+def runs_page(runs: dict) -> str:
+    """runs.md: every run's row, the diagnostics per arm and batch, the provenance, the sweep and SICK-R by label."""
     lines = ["# Quality study: the runs", "",
              "Each row is one run; diagnostics are the last logging window of training (1,600 sentences: 25 steps "
              "at batch 64). Times are wall "
@@ -516,8 +537,7 @@ def report(index: dict) -> None:
               *[f"* {problem}" for problem in mixed_provenance(runs)]]
     lines += sweep_table(runs)
     lines += sick_label_table(runs)
-    (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    draw_curves(runs, by_variant)
+    return "\n".join(lines) + "\n"
 
 
 def scored_apart(keys: list[str], runs: dict, groups: list[str], seeds: list[str], baseline: str) -> str | None:
@@ -562,10 +582,11 @@ def sweep_table(runs: dict) -> list[str]:
             "|:--|:--|:--|--:|--:|--:|--:|:--|", *rows]  # fmt: skip
 
 
-def draw_curves(runs: dict, by_variant: dict) -> None:
-    """Training curves from each run's kept curves.json: the first batch-64 seed of every arm (curves/), the sweep
-    beside the baseline's seed 42 (curves_sweep/), and every run of another batch or learning rate
-    (curves_b<batch>[-lr<rate>]/). A chart some of whose runs have no kept curves stays as last drawn."""
+def draw_curves(runs: dict, by_variant: dict, out: Path) -> None:
+    """Training curves from each run's curves.json kept under OUT/runs/ (with or without its scores), into `out`: the
+    first batch-64 seed of every arm (curves/), the sweep beside the baseline's seed 42 (curves_sweep/), and every run
+    of another batch or learning rate (curves_b<batch>[-lr<rate>]/). A chart some of whose runs have no kept curves
+    stays as last drawn."""
     first = {}
     for key, entry in sorted(runs.items(), key=lambda kv: kv[1].get("seed") or 0):
         if entry.get("seed") is not None and entry["batch_size"] == 64 and entry["arm"] not in first:
@@ -580,8 +601,7 @@ def draw_curves(runs: dict, by_variant: dict) -> None:
         records = [OUT / "runs" / key / "curves.json" for key in keys]
         if len(keys) < 2 or not all(r.is_file() for r in records):
             continue
-        subprocess.run([sys.executable, "-m", "simcse_hn.cli.curves", *map(str, records),
-                        "--output", str(OUT / chart)], cwd=ROOT, check=False, stdout=subprocess.DEVNULL)  # fmt: skip
+        report_command(curves_command.main, [*map(str, records), "--output", str(out / chart)])
 
 
 def main() -> None:  # noqa: C901

@@ -212,7 +212,7 @@ def test_a_report_keeps_what_it_cannot_recompute_and_tables_the_sweep(quality, m
     quality.OUT.mkdir(parents=True)
     (quality.OUT / "runs.md").write_text("# old\n\n## SICK-R test pairs by entailment label\n\n"
                                          "| arm | batch | runs | a |\n|:--|--:|--:|--:|\n| hcl | 64 | 3 | 0.6 |\n")
-    monkeypatch.setattr(quality.subprocess, "run", lambda *a, **k: pytest.fail(f"nothing to recompute: {a}"))
+    monkeypatch.setattr(quality, "report_command", lambda *a: pytest.fail(f"nothing to recompute: {a}"))
     index = index_with({("infonce", 42): 76.8, ("infonce", 43): 77.2, ("hcl", 42): 77.0, ("hcl", 43): 77.4,
                         ("hcl-beta0.2", 42): 77.5})  # fmt: skip
     for entry in index["runs"].values():
