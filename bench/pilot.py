@@ -11,13 +11,18 @@ against the go criterion written in bench/results/pilot/plan.md before the first
 * weights at work: HCL's `top1pct_weight_share` (the share of an anchor's weight on its most similar 1 % of
   negatives) at least twice the uniform share (ceil(1 % of n) / n for n = 2B - 2 negatives: 2/126 at B = 64);
 * DCL's clamp off for most anchors: `clamp_frac` below 0.5 in the last window.
-`harder_than_positive` is recorded as a diagnostic only (a dropout positive is very close to its anchor).
+`harder_than_positive` is recorded as a diagnostic only (a dropout positive is very close to its anchor). The
+checks and the uniform share are the package's (simcse_hn.study.pilot, what `simcse-hn-study pilot` reads a user's
+plan with); this bench adds the lab's regimes, its saturated reference and its page, which `python -m bench.report
+bench/results/pilot/pilot5.json` writes again from the record (bench/test_pilot.py recomputes every committed
+pilot's verdicts from its runs).
 
 Regimes (`--regimes`, at `--batch_size`): `random` batches; `topic-k<clusters>-s<share>`, topic batches
 (`--topic_batches true`, clustered by the start model) at several cluster counts and within-cluster shares; and
 `mined` / `mined-topic-k<clusters>-s<share>`, paired data with one mined hard negative per sentence (plan3.md): each
 example is (sentence, the same sentence as its dropout positive, its most similar sentence of the whole shuffled
-slice under `--mined_max_score`, by the start model through scripts/mine_negatives.py), in random or topic batches.
+slice under `--mined_max_score`, by the start model through scripts/mine_negatives.py), in random or topic batches;
+`queue-k<size>-m<momentum>`, random batches and a memory bank of that many entries (plan4.md).
 `--random_arms` limits the arms of the `random` regime (the reference of the loss check needs InfoNCE alone).
 Every run: builtin:all-MiniLM-L6-v2, pooler cls, MLP in training only, max length 32, lr 3e-5, the first
 `--corpus_lines` sentences of the shuffled wiki slice (bench.common.shuffled_corpus), `--steps` optimizer steps,

@@ -41,7 +41,9 @@ paired tests against symmetric InfoNCE, alignment and uniformity, plus a table o
 label (`sick_by_label`), and the training curves (the first seed of each arm, the sweep, other batches). Runs of
 another batch or learning rate are compared apart (compare_b<batch>[-lr<rate>]/, against the baseline at the same
 settings). A comparison some of whose runs have no results on disk (runs of an earlier machine, before they were kept)
-stays as last written.
+stays as last written. `--report` writes every other page from runs.json and what is kept beside it alone
+(bench/test_quality_pages.py regenerates each committed one byte for byte); a run's last window, the means over
+seeds and what made a run are read as `simcse-hn-study` reads them (simcse_hn.study.runs, simcse_hn.study.report).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ from simcse_hn.errors import DataError
 from simcse_hn.evaluation.comparability import scored_alike
 from simcse_hn.files import portable_name
 from simcse_hn.losses.registry import flag_prefix, resolve_objective
+from simcse_hn.study.report import mean_windows
+from simcse_hn.study.runs import last_values
 
 BASELINE = "infonce"
 OUT = RESULTS / "quality"
@@ -173,7 +177,7 @@ def last_window(kept: Path) -> dict:
     except Exception as e:  # a report without diagnostics beats no report
         print(f"{kept}: no training curves ({e})", flush=True)
         return {}
-    return {key: series[key][max(series[key])] for key in DIAGNOSTICS if series.get(key)}
+    return last_values(series, DIAGNOSTICS)
 
 
 def keep_run(key: str, scored: Path, trained: Path | None) -> Path:
@@ -525,11 +529,9 @@ def runs_page(runs: dict) -> str:
     for arm, batch in arms_seen:
         members = [e for e in runs.values()
                    if e["arm"] == arm and e.get("batch_size") == batch and e.get("diagnostics")]  # fmt: skip
-        cells = []
-        for d in DIAGNOSTICS:
-            values = [e["diagnostics"][d] for e in members if d in e["diagnostics"]]
-            cells.append(f"{statistics.mean(values):.4g}" if values else "–")
-        lines.append(f"| {arm} | {batch} | {len(members)} | " + " | ".join(cells) + " |")
+        means = mean_windows([e["diagnostics"] for e in members], DIAGNOSTICS)
+        cells = " | ".join(f"{means[d]:.4g}" if d in means else "–" for d in DIAGNOSTICS)
+        lines.append(f"| {arm} | {batch} | {len(members)} | {cells} |")
     # flagged, not hidden: an arm's means below may pool runs of different code or data
     unrecorded = sum(not (e.get("provenance") or {}).get("train_code_sha256") for e in runs.values())
     lines += ["", "## Provenance", "", f"{unrecorded} of {len(runs)} runs record no training code or data hash (run "

@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import yaml
@@ -101,8 +101,20 @@ def run_module(module: str, args: list[str], cwd: str, log: str, env: dict) -> f
 
 def last_window(folder: str) -> dict:
     """The training diagnostics of a run's last logging window (trainer_state.json's log history)."""
-    series = load_curves(folder).series
-    return {key: series[key][max(series[key])] for key in DIAGNOSTICS if series.get(key)}
+    return last_values(load_curves(folder).series)
+
+
+def last_values(series: dict[str, dict[int, float]], keys: Sequence[str] = DIAGNOSTICS) -> dict[str, float]:
+    """Each of `keys` at the last step it was logged ({key: {step: value}}, evaluation.curves' series)."""
+    return {key: series[key][max(series[key])] for key in keys if series.get(key)}
+
+
+def trained_by(config: dict, results: dict) -> dict:
+    """What a run's own files say made it: the data and code hashes its training recorded (simcse_config.json) and
+    the code that scored it (results.json's settings); None where a file predates them."""
+    return {"train_data_sha256": config.get("train_data_sha256"),
+            "source_sha256": (config.get("code") or {}).get("source_sha256"),
+            "scored_by_source_sha256": (results.get("settings", {}).get("code") or {}).get("source_sha256")}
 
 
 def scores(results: dict) -> dict:
@@ -167,9 +179,7 @@ def _train_and_score(plan: Plan, version: dict, arm: str, seed: int, threads: in
         "arm": arm, "seed": seed, "plan_version": version["version"], "plan_sha256": version["plan_sha256"],
         "spec_sha256": spec_sha256(run_spec), "code_sha256": version["code"]["sha256"],
         "data_sha256": version["data"]["sha256"],
-        "trained": {"train_data_sha256": trained.get("train_data_sha256"),
-                    "source_sha256": (trained.get("code") or {}).get("source_sha256"),
-                    "scored_by_source_sha256": (results.get("settings", {}).get("code") or {}).get("source_sha256")},
+        "trained": trained_by(trained, results),
         "commands": {"train": "simcse-hn-train " + shlex.join(train_args[:6]),
                      "score": "simcse-hn-sts " + shlex.join(score_args)},
         "folders": {"model": f"runs/{key}", "scores": f"runs/{key}-sts"},
