@@ -73,7 +73,7 @@ from simcse_hn.evaluation.comparability import scored_alike
 from simcse_hn.files import portable_name
 from simcse_hn.losses.registry import flag_prefix, resolve_objective
 from simcse_hn.study.report import mean_windows
-from simcse_hn.study.runs import last_values
+from simcse_hn.study.runs import held, last_values, resume_flags
 
 BASELINE = "infonce"
 OUT = RESULTS / "quality"
@@ -286,8 +286,6 @@ def study_plan(index: dict) -> list[tuple]:
 def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: int | None, work: Path,
                     corpus: Path, threads: int | None = None, jobs: int = 1,
                     deadline: float | None = None) -> None:  # fmt: skip
-    import fcntl
-
     key = run_key(name, seed, batch)
     if key in load_index()["runs"]:
         return
@@ -295,10 +293,8 @@ def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: i
         print(f"{key}: not started, --start_within has passed; left for the next sitting", flush=True)
         return
     work.mkdir(parents=True, exist_ok=True)
-    with open(work / f"{key}.lock", "w") as lock:  # released when this sitting ends, however it ends
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with held(str(work / f"{key}.lock")) as mine:  # released when this sitting ends, however it ends
+        if not mine:
             print(f"{key}: another sitting is running it; skipped here", flush=True)
             return
         _train_and_score(key, name, flags, seed, batch, cache, work, corpus, threads, jobs)
@@ -319,9 +315,7 @@ def _train_and_score(key: str, name: str, flags: list[str], seed: int, batch: in
                "--save_steps", every, "--logging_steps", log_every, *flags]  # fmt: skip
     if cache:
         command += ["--cache_minibatch_size", str(cache)]
-    if (folder / "simcse_run.json").is_file():  # an interrupted run: continue from its newest complete checkpoint
-        command += ["--resume_from_checkpoint", "true"] if any(folder.glob("checkpoint-*")) else \
-            ["--overwrite_output_dir", "true"]  # fmt: skip
+    command += resume_flags(str(folder))[0]  # an interrupted run: from its newest complete checkpoint
     folder.parent.mkdir(parents=True, exist_ok=True)
     report = Path(str(folder) + "-sts")
     train_seconds = eval_seconds = None
