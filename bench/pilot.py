@@ -30,7 +30,8 @@ logging every `--logging_steps`, no evaluation or checkpoints; one seed.
 
     python -m bench.pilot                             # the plan's grid; results bench/results/pilot/pilot.{json,md}
     python -m bench.pilot --resume                    # runs already finished are read, not run again
-    python -m bench.pilot --model builtin:tiny-bert --steps 4 --corpus_lines 256 --name pilot_smoke   # a smoke run
+    python -m bench.pilot --model builtin:tiny-bert --steps 4 --logging_steps 2 --corpus_lines 256 --name pilot_smoke
+                                                      # a smoke run (its page: bench/results/pilot/pilot_smoke.md)
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from bench.common import RESULTS, ROOT, environment, environment_line, load_average, shuffled_corpus, write_report
 from bench.quality import arm_flags
+from simcse_hn.errors import UserError
 from simcse_hn.modeling.loading import resolve_packaged
 from simcse_hn.study import pilot as study_pilot
+from simcse_hn.study.runs import run_module
 
 OUT = RESULTS / "pilot"
 SATURATED_LOSS = 0.0025  # InfoNCE's last-window loss at batch 64 in the saturated regime (bench/results/quality)
@@ -127,7 +129,7 @@ def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: ar
     train_file = mined if is_mined(regime) else corpus
     state = out / f"checkpoint-{args.steps}" / "trainer_state.json"  # the one checkpoint, at the last step
     if not (args.resume and state.is_file()):
-        command = [sys.executable, str(ROOT / "train.py"), "--model_name_or_path", model, "--pooler", "cls",
+        command = ["--model_name_or_path", model, "--pooler", "cls",
                    "--mlp_only_train", "true", "--train_file", str(train_file), "--max_seq_length", "32",
                    "--per_device_train_batch_size", str(args.batch_size), "--learning_rate", "3e-5",
                    "--max_steps", str(args.steps), "--logging_steps", str(args.logging_steps),
@@ -135,13 +137,12 @@ def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: ar
                    "--load_best_model_at_end", "false", "--report_to", "none",
                    "--disable_tqdm", "true", "--seed", str(args.seed), "--output_dir", str(out),
                    "--overwrite_output_dir", "true", *regime_flags(regime), *objective_flags(arm)]  # fmt: skip
-        start, load = time.time(), load_average()
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        (out.parent / f"{out.name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-        if done.returncode != 0:
-            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-            raise SystemExit(f"error: run {out.name} failed ({done.returncode}): {' | '.join(tail)}")
-        seconds = time.time() - start
+        load, log = load_average(), out.parent / f"{out.name}.log"
+        log.unlink(missing_ok=True)  # this run's log only
+        try:  # as simcse-hn-study trains its runs
+            seconds = run_module("simcse_hn.cli.train", command, str(ROOT), str(log), {**os.environ})
+        except UserError as e:
+            raise SystemExit(f"error: run {out.name}: {e}") from None
         (state.parent / "optimizer.pt").unlink(missing_ok=True)  # the logs are what the pilot keeps
         (out / "pilot_run.json").write_text(json.dumps({"seconds": seconds, "load_average_before": load}))
     timing = json.loads((out / "pilot_run.json").read_text()) if (out / "pilot_run.json").is_file() else {}
