@@ -11,13 +11,18 @@ against the go criterion written in bench/results/pilot/plan.md before the first
 * weights at work: HCL's `top1pct_weight_share` (the share of an anchor's weight on its most similar 1 % of
   negatives) at least twice the uniform share (ceil(1 % of n) / n for n = 2B - 2 negatives: 2/126 at B = 64);
 * DCL's clamp off for most anchors: `clamp_frac` below 0.5 in the last window.
-`harder_than_positive` is recorded as a diagnostic only (a dropout positive is very close to its anchor).
+`harder_than_positive` is recorded as a diagnostic only (a dropout positive is very close to its anchor). The
+checks and the uniform share are the package's (simcse_hn.study.pilot, what `simcse-hn-study pilot` reads a user's
+plan with); this bench adds the lab's regimes, its saturated reference and its page, which `python -m bench.report
+bench/results/pilot/pilot5.json` writes again from the record (bench/test_pilot.py recomputes every committed
+pilot's verdicts from its runs).
 
 Regimes (`--regimes`, at `--batch_size`): `random` batches; `topic-k<clusters>-s<share>`, topic batches
 (`--topic_batches true`, clustered by the start model) at several cluster counts and within-cluster shares; and
 `mined` / `mined-topic-k<clusters>-s<share>`, paired data with one mined hard negative per sentence (plan3.md): each
 example is (sentence, the same sentence as its dropout positive, its most similar sentence of the whole shuffled
-slice under `--mined_max_score`, by the start model through scripts/mine_negatives.py), in random or topic batches.
+slice under `--mined_max_score`, by the start model through scripts/mine_negatives.py), in random or topic batches;
+`queue-k<size>-m<momentum>`, random batches and a memory bank of that many entries (plan4.md).
 `--random_arms` limits the arms of the `random` regime (the reference of the loss check needs InfoNCE alone).
 Every run: builtin:all-MiniLM-L6-v2, pooler cls, MLP in training only, max length 32, lr 3e-5, the first
 `--corpus_lines` sentences of the shuffled wiki slice (bench.common.shuffled_corpus), `--steps` optimizer steps,
@@ -25,7 +30,8 @@ logging every `--logging_steps`, no evaluation or checkpoints; one seed.
 
     python -m bench.pilot                             # the plan's grid; results bench/results/pilot/pilot.{json,md}
     python -m bench.pilot --resume                    # runs already finished are read, not run again
-    python -m bench.pilot --model builtin:tiny-bert --steps 4 --corpus_lines 256 --name pilot_smoke   # a smoke run
+    python -m bench.pilot --model builtin:tiny-bert --steps 4 --logging_steps 2 --corpus_lines 256 --name pilot_smoke
+                                                      # a smoke run (its page: bench/results/pilot/pilot_smoke.md)
 """
 
 from __future__ import annotations
@@ -36,33 +42,28 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import yaml
-
 from bench.common import RESULTS, ROOT, environment, environment_line, load_average, shuffled_corpus, write_report
-from simcse_hn.losses.registry import flag_prefix, resolve_objective
+from bench.quality import arm_flags
+from simcse_hn.errors import UserError
 from simcse_hn.modeling.loading import resolve_packaged
+from simcse_hn.study import pilot as study_pilot
+from simcse_hn.study.runs import run_module
 
 OUT = RESULTS / "pilot"
 SATURATED_LOSS = 0.0025  # InfoNCE's last-window loss at batch 64 in the saturated regime (bench/results/quality)
+LOSS_RATIO, SHARE_RATIO, CLAMP_BELOW = 10, 2, 0.5  # plan.md's go criterion
 REGIMES = ("random", "topic-k24-s1.0", "topic-k96-s1.0", "topic-k24-s0.5")
 OBJECTIVES = ("infonce", "hcl", "dcl")
 KEYS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_weight_share", "neg_weight_max", "clamp_frac")
 
 
 def objective_flags(arm: str) -> list[str]:
-    """The objective keys of configs/unsup_bert_base_<arm>.yaml as flags (the study's arms); `<arm>@key=value,...`
-    overrides keys of that config (plan.md's DCL follow-up: `dcl@dcl_tau_plus=1e-4`)."""
+    """The objective keys of configs/unsup_bert_base_<arm>.yaml as flags (the study's arms, bench.quality.arm_flags);
+    `<arm>@key=value,...` overrides keys of that config (plan.md's DCL follow-up: `dcl@dcl_tau_plus=1e-4`)."""
     arm, _, overrides = arm.partition("@")
-    config = yaml.safe_load((ROOT / "configs" / f"unsup_bert_base_{arm}.yaml").read_text(encoding="utf-8"))
-    prefix = flag_prefix(resolve_objective(config["loss"]))
-    keys = ["loss", "contrast_form", "temperature"] + [k for k in config if prefix and k.startswith(f"{prefix}_")]
-    flags = []
-    for key in keys:
-        value = config[key]
-        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    flags = arm_flags(arm)
     for item in filter(None, overrides.split(",")):
         key, _, value = item.partition("=")
         flags += [f"--{key}", value]
@@ -106,18 +107,19 @@ def regime_flags(regime: str) -> list[str]:
 
 
 def negatives_per_anchor(batch_size: int, regime: str) -> int:
-    """A symmetric batch of B sentences: 2B - 2 negatives per row, and the K entries of a full queue; B mined examples
-    (anchor, positive, negative): the other B - 1 positives and all B negatives."""
+    """A symmetric batch of B sentences: 2B - 2 negatives per row, and the K entries of a full queue (the package's
+    count, simcse_hn.study.pilot); B mined examples (anchor, positive, negative): the other B - 1 positives and all B
+    negatives."""
     if is_mined(regime):
         return 2 * batch_size - 1
     queue = queue_of(regime)
-    return 2 * batch_size - 2 + (queue[0] if queue else 0)
+    return study_pilot.negatives_per_anchor({"per_device_train_batch_size": batch_size,
+                                             "queue_size": queue[0] if queue else 0})  # fmt: skip
 
 
 def uniform_top_share(batch_size: int, regime: str = "random") -> float:
     """The top-1 % share of uniform weights over the negatives of an anchor (`negatives_per_anchor`)."""
-    n = negatives_per_anchor(batch_size, regime)
-    return math.ceil(0.01 * n) / n
+    return study_pilot.uniform_top_share(negatives_per_anchor(batch_size, regime))
 
 
 def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: argparse.Namespace,
@@ -127,7 +129,7 @@ def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: ar
     train_file = mined if is_mined(regime) else corpus
     state = out / f"checkpoint-{args.steps}" / "trainer_state.json"  # the one checkpoint, at the last step
     if not (args.resume and state.is_file()):
-        command = [sys.executable, str(ROOT / "train.py"), "--model_name_or_path", model, "--pooler", "cls",
+        command = ["--model_name_or_path", model, "--pooler", "cls",
                    "--mlp_only_train", "true", "--train_file", str(train_file), "--max_seq_length", "32",
                    "--per_device_train_batch_size", str(args.batch_size), "--learning_rate", "3e-5",
                    "--max_steps", str(args.steps), "--logging_steps", str(args.logging_steps),
@@ -135,13 +137,12 @@ def run_one(out: Path, corpus: Path, model: str, regime: str, arm: str, args: ar
                    "--load_best_model_at_end", "false", "--report_to", "none",
                    "--disable_tqdm", "true", "--seed", str(args.seed), "--output_dir", str(out),
                    "--overwrite_output_dir", "true", *regime_flags(regime), *objective_flags(arm)]  # fmt: skip
-        start, load = time.time(), load_average()
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        (out.parent / f"{out.name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-        if done.returncode != 0:
-            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-            raise SystemExit(f"error: run {out.name} failed ({done.returncode}): {' | '.join(tail)}")
-        seconds = time.time() - start
+        load, log = load_average(), out.parent / f"{out.name}.log"
+        log.unlink(missing_ok=True)  # this run's log only
+        try:  # as simcse-hn-study trains its runs
+            seconds = run_module("simcse_hn.cli.train", command, str(ROOT), str(log), {**os.environ})
+        except UserError as e:
+            raise SystemExit(f"error: run {out.name}: {e}") from None
         (state.parent / "optimizer.pt").unlink(missing_ok=True)  # the logs are what the pilot keeps
         (out / "pilot_run.json").write_text(json.dumps({"seconds": seconds, "load_average_before": load}))
     timing = json.loads((out / "pilot_run.json").read_text()) if (out / "pilot_run.json").is_file() else {}
@@ -167,28 +168,35 @@ def first_passing(by: dict, regime: str, base: str, passes) -> str | None:
 
 
 def verdicts(runs: list[dict], batch_size: int) -> dict[str, dict]:
-    """Each regime against the plan's criteria. With several settings of HCL or DCL in a regime (plan5.md), the first
-    that meets its criterion (in the order they ran) stands for the objective."""
+    """Each regime against the plan's criteria (the package's checks, simcse_hn.study.pilot). With several settings of
+    HCL or DCL in a regime (plan5.md), the first that meets its criterion (in the order they ran) stands for the
+    objective."""
     by = {(r["regime"], r["arm"]): r["last"] for r in runs}
     random_loss = by.get(("random", "infonce"), {}).get("loss")
     out = {}
     for regime in dict.fromkeys(r["regime"] for r in runs):
-        uniform = uniform_top_share(batch_size, regime)
+        n = negatives_per_anchor(batch_size, regime)
+
+        def share(last: dict | None, n: int = n) -> dict:
+            return study_pilot.share_check((last or {}).get("top1pct_weight_share"), n, SHARE_RATIO)
+
+        def clamp(last: dict | None) -> dict:
+            return study_pilot.clamp_check((last or {}).get("clamp_frac"), CLAMP_BELOW)
+
         loss = by.get((regime, "infonce"), {}).get("loss")
-        hcl = first_passing(by, regime, "hcl", lambda last, u=uniform: last.get("top1pct_weight_share", 0) >= 2 * u)
-        dcl = first_passing(by, regime, "dcl", lambda last: last.get("clamp_frac", 1) < 0.5)
-        share = by.get((regime, hcl), {}).get("top1pct_weight_share")
-        clamp = by.get((regime, dcl), {}).get("clamp_frac")
+        hcl = first_passing(by, regime, "hcl", lambda last: share(last)["ok"])
+        dcl = first_passing(by, regime, "dcl", lambda last: clamp(last)["ok"])
+        hcl_check, dcl_check = share(by.get((regime, hcl))), clamp(by.get((regime, dcl)))
         checks = {
-            "loss_vs_saturated": None if loss is None else loss >= 10 * SATURATED_LOSS,
-            "loss_vs_random": None if loss is None or random_loss is None or regime == "random"
-            else loss >= 10 * random_loss,
-            "hcl_top1pct_share": None if share is None else share >= 2 * uniform,
-            "dcl_clamp_off": None if clamp is None else clamp < 0.5,
-        }
+            "loss_vs_saturated": study_pilot.loss_check(loss, SATURATED_LOSS, LOSS_RATIO)["ok"],
+            "loss_vs_random": None if regime == "random" else study_pilot.loss_check(loss, random_loss,
+                                                                                      LOSS_RATIO)["ok"],
+            "hcl_top1pct_share": hcl_check["ok"],
+            "dcl_clamp_off": dcl_check["ok"],
+        }  # fmt: skip
         known = [v for k, v in checks.items() if v is not None]
-        out[regime] = {"infonce_loss": loss, "hcl_top1pct_weight_share": share, "dcl_clamp_frac": clamp,
-                       "hcl_share_needed": 2 * uniform,
+        out[regime] = {"infonce_loss": loss, "hcl_top1pct_weight_share": hcl_check["value"],
+                       "dcl_clamp_frac": dcl_check["value"], "hcl_share_needed": hcl_check["needed"],
                        "checks": checks, "go": bool(known) and all(known) and None not in checks.values()}
         if (hcl or "hcl") != "hcl" or (dcl or "dcl") != "dcl":  # settings other than the configs': say which
             out[regime].update(hcl_arm=hcl, dcl_arm=dcl)
@@ -201,13 +209,13 @@ def mined_lines(report: dict) -> list[str]:
     if not mining:
         return []
     b = report["batch_size"]
-    n = negatives_per_anchor(b, "mined")
+    n, share = negatives_per_anchor(b, "mined"), uniform_top_share(b, "mined")
     return [f"Mined regimes: each of the {mining['examples']} examples is (sentence, the same sentence, its most "
             f"similar sentence among the {mining['pool']} of the shuffled slice with a score <= "
             f"{mining['max_score']}) by {report['model']} (scripts/mine_negatives.py; {mining['dropped']} sentences "
             f"kept no negative and are left out); mean score of the mined negatives {mining['mean_score']:.3f}. "
             f"{b} examples give {n} negatives per anchor: HCL's share must be >= "
-            f"{2 * uniform_top_share(b, 'mined'):.4f} (2 x uniform {uniform_top_share(b, 'mined'):.4f}).", ""]
+            f"{SHARE_RATIO * share:.4f} (2 x uniform {share:.4f}).", ""]
 
 
 def queue_lines(report: dict) -> list[str]:
@@ -219,7 +227,7 @@ def queue_lines(report: dict) -> list[str]:
             n, share = negatives_per_anchor(b, regime), uniform_top_share(b, regime)
             out.append(f"{regime}: random batches and a queue of {queue[0]} entries (momentum {queue[1]:g}; full from "
                        f"step {math.ceil(queue[0] / b) + 1} on), {n} negatives per anchor once full: HCL's share must "
-                       f"be >= {2 * share:.4f} (2 x uniform {share:.4f}).")  # fmt: skip
+                       f"be >= {SHARE_RATIO * share:.4f} (2 x uniform {share:.4f}).")  # fmt: skip
     return out + [""] if out else []
 
 
@@ -263,8 +271,9 @@ def markdown(report: dict) -> str:
              f"batch {b}, the first {report['corpus_lines']} sentences of the shuffled wiki slice, seed "
              f"{report['seed']}, model {report['model']}, logging every {report['logging_steps']} steps.",
              "", "## Against the go criterion (last logging window)", "",
-             f"Thresholds: InfoNCE loss >= {10 * SATURATED_LOSS:g} (10 x the saturated regime's {SATURATED_LOSS}) "
-             f"and >= 10 x this pilot's random-batch run; HCL top-1 % weight share >= {2 * uniform_top_share(b):.4f} "
+             f"Thresholds: InfoNCE loss >= {LOSS_RATIO * SATURATED_LOSS:g} (10 x the saturated regime's "
+             f"{SATURATED_LOSS}) and >= 10 x this pilot's random-batch run; HCL top-1 % weight share >= "
+             f"{SHARE_RATIO * uniform_top_share(b):.4f} "
              f"(2 x uniform {uniform_top_share(b):.4f}); DCL clamp_frac < 0.5.", "",
              *mined_lines(report), *queue_lines(report),
              "| regime | InfoNCE loss | vs saturated | vs random | HCL top-1 % share | ok | DCL clamp | ok | go |",

@@ -41,7 +41,9 @@ paired tests against symmetric InfoNCE, alignment and uniformity, plus a table o
 label (`sick_by_label`), and the training curves (the first seed of each arm, the sweep, other batches). Runs of
 another batch or learning rate are compared apart (compare_b<batch>[-lr<rate>]/, against the baseline at the same
 settings). A comparison some of whose runs have no results on disk (runs of an earlier machine, before they were kept)
-stays as last written.
+stays as last written. `--report` writes every other page from runs.json and what is kept beside it alone
+(bench/test_quality_pages.py regenerates each committed one byte for byte); a run's last window, the means over
+seeds and what made a run are read as `simcse-hn-study` reads them (simcse_hn.study.runs, simcse_hn.study.report).
 """
 
 from __future__ import annotations
@@ -50,22 +52,28 @@ import argparse
 import concurrent.futures
 import contextlib
 import functools
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 from bench.common import RESULTS, ROOT, SHARED_DATA, environment, shuffled_corpus, write_json
 from bench.quality_checks import mixed_provenance, run_provenance, sweep_no_op
+from simcse_hn.cli import compare as compare_command
+from simcse_hn.cli import curves as curves_command
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.comparability import scored_alike
 from simcse_hn.files import portable_name
 from simcse_hn.losses.registry import flag_prefix, resolve_objective
+from simcse_hn.study.report import mean_windows
+from simcse_hn.study.runs import held, last_values, resume_flags
 
 BASELINE = "infonce"
 OUT = RESULTS / "quality"
@@ -169,7 +177,7 @@ def last_window(kept: Path) -> dict:
     except Exception as e:  # a report without diagnostics beats no report
         print(f"{kept}: no training curves ({e})", flush=True)
         return {}
-    return {key: series[key][max(series[key])] for key in DIAGNOSTICS if series.get(key)}
+    return last_values(series, DIAGNOSTICS)
 
 
 def keep_run(key: str, scored: Path, trained: Path | None) -> Path:
@@ -278,8 +286,6 @@ def study_plan(index: dict) -> list[tuple]:
 def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: int | None, work: Path,
                     corpus: Path, threads: int | None = None, jobs: int = 1,
                     deadline: float | None = None) -> None:  # fmt: skip
-    import fcntl
-
     key = run_key(name, seed, batch)
     if key in load_index()["runs"]:
         return
@@ -287,10 +293,8 @@ def train_and_score(name: str, flags: list[str], seed: int, batch: int, cache: i
         print(f"{key}: not started, --start_within has passed; left for the next sitting", flush=True)
         return
     work.mkdir(parents=True, exist_ok=True)
-    with open(work / f"{key}.lock", "w") as lock:  # released when this sitting ends, however it ends
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with held(str(work / f"{key}.lock")) as mine:  # released when this sitting ends, however it ends
+        if not mine:
             print(f"{key}: another sitting is running it; skipped here", flush=True)
             return
         _train_and_score(key, name, flags, seed, batch, cache, work, corpus, threads, jobs)
@@ -311,9 +315,7 @@ def _train_and_score(key: str, name: str, flags: list[str], seed: int, batch: in
                "--save_steps", every, "--logging_steps", log_every, *flags]  # fmt: skip
     if cache:
         command += ["--cache_minibatch_size", str(cache)]
-    if (folder / "simcse_run.json").is_file():  # an interrupted run: continue from its newest complete checkpoint
-        command += ["--resume_from_checkpoint", "true"] if any(folder.glob("checkpoint-*")) else \
-            ["--overwrite_output_dir", "true"]  # fmt: skip
+    command += resume_flags(str(folder))[0]  # an interrupted run: from its newest complete checkpoint
     folder.parent.mkdir(parents=True, exist_ok=True)
     report = Path(str(folder) + "-sts")
     train_seconds = eval_seconds = None
@@ -450,8 +452,10 @@ def sick_label_table(runs: dict) -> list[str]:
     return lines
 
 
-def report(index: dict) -> None:
-    """eval/compare.py over the runs of batch 64 (the larger batches apart), the diagnostics table, the curves."""
+def report(index: dict, out: Path | None = None) -> None:
+    """eval/compare.py over the runs of batch 64 (the larger batches apart), runs.md, the curves; from the results
+    and curves runs.json names, into `out` (default OUT, beside them)."""
+    out = OUT if out is None else out
     runs = index["runs"]
     by_variant: dict[tuple[int, str], list[str]] = {}  # (batch, learning-rate suffix) -> runs, compared apart
     for key, entry in runs.items():
@@ -462,7 +466,7 @@ def report(index: dict) -> None:
         keys = sorted(keys, key=lambda k: (runs[k]["arm"] != baseline, runs[k]["arm"], runs[k]["seed"]))
         if batch == 64 and not suffix:
             keys = [k for k in ("before-cls", "before-avg") if k in runs] + keys
-        folder = OUT / f"compare_b{batch}{suffix}"
+        folder = out / f"compare_b{batch}{suffix}"
         lost = [k for k in keys if not (ROOT / runs[k]["results"] / "results.json").is_file()]
         if lost:  # an earlier machine's runs without kept results: their comparison stays as last written
             print(f"{_rel(folder)} kept as it is: {len(lost)} of its runs' results are on no disk here "
@@ -475,11 +479,26 @@ def report(index: dict) -> None:
         if problem:  # an arm's seeds scored otherwise are not replicates: no statistics over them
             print(f"{_rel(folder)} not rewritten: {problem}", flush=True)
             continue
-        subprocess.run([sys.executable, "-m", "simcse_hn.cli.compare", *[str(ROOT / runs[k]["results"]) for k in keys],
-                        "--group", ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
-                        "--output", str(folder), "--title", f"Quality study, batch {batch}" + (
-                            f", learning rate {suffix[3:]}" if suffix else "")],
-                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        title = f"Quality study, batch {batch}" + (f", learning rate {suffix[3:]}" if suffix else "")
+        report_command(compare_command.main, [*[str(ROOT / runs[k]["results"]) for k in keys], "--group",
+                                              ",".join(groups), "--seeds", ",".join(seeds), "--baseline", baseline,
+                                              "--output", str(folder), "--title", title])  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runs.md").write_text(runs_page(runs), encoding="utf-8")
+    draw_curves(runs, by_variant, out)
+
+
+def report_command(main: Callable[[list[str]], int], argv: list[str]) -> None:
+    """A report command of the package (eval/compare.py, eval/curves.py) in this process, its page unprinted; a
+    refusal (a file of someone else's in the way) is said in its one line, and the rest of the report goes on."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as said:
+        failed = main(argv) != 0
+    if failed:
+        print(said.getvalue().strip(), flush=True)
+
+
+def runs_page(runs: dict) -> str:
+    """runs.md: every run's row, the diagnostics per arm and batch, the provenance, the sweep and SICK-R by label."""
     lines = ["# Quality study: the runs", "",
              "Each row is one run; diagnostics are the last logging window of training (1,600 sentences: 25 steps "
              "at batch 64). Times are wall "
@@ -504,11 +523,9 @@ def report(index: dict) -> None:
     for arm, batch in arms_seen:
         members = [e for e in runs.values()
                    if e["arm"] == arm and e.get("batch_size") == batch and e.get("diagnostics")]  # fmt: skip
-        cells = []
-        for d in DIAGNOSTICS:
-            values = [e["diagnostics"][d] for e in members if d in e["diagnostics"]]
-            cells.append(f"{statistics.mean(values):.4g}" if values else "–")
-        lines.append(f"| {arm} | {batch} | {len(members)} | " + " | ".join(cells) + " |")
+        means = mean_windows([e["diagnostics"] for e in members], DIAGNOSTICS)
+        cells = " | ".join(f"{means[d]:.4g}" if d in means else "–" for d in DIAGNOSTICS)
+        lines.append(f"| {arm} | {batch} | {len(members)} | {cells} |")
     # flagged, not hidden: an arm's means below may pool runs of different code or data
     unrecorded = sum(not (e.get("provenance") or {}).get("train_code_sha256") for e in runs.values())
     lines += ["", "## Provenance", "", f"{unrecorded} of {len(runs)} runs record no training code or data hash (run "
@@ -516,8 +533,7 @@ def report(index: dict) -> None:
               *[f"* {problem}" for problem in mixed_provenance(runs)]]
     lines += sweep_table(runs)
     lines += sick_label_table(runs)
-    (OUT / "runs.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    draw_curves(runs, by_variant)
+    return "\n".join(lines) + "\n"
 
 
 def scored_apart(keys: list[str], runs: dict, groups: list[str], seeds: list[str], baseline: str) -> str | None:
@@ -562,10 +578,11 @@ def sweep_table(runs: dict) -> list[str]:
             "|:--|:--|:--|--:|--:|--:|--:|:--|", *rows]  # fmt: skip
 
 
-def draw_curves(runs: dict, by_variant: dict) -> None:
-    """Training curves from each run's kept curves.json: the first batch-64 seed of every arm (curves/), the sweep
-    beside the baseline's seed 42 (curves_sweep/), and every run of another batch or learning rate
-    (curves_b<batch>[-lr<rate>]/). A chart some of whose runs have no kept curves stays as last drawn."""
+def draw_curves(runs: dict, by_variant: dict, out: Path) -> None:
+    """Training curves from each run's curves.json kept under OUT/runs/ (with or without its scores), into `out`: the
+    first batch-64 seed of every arm (curves/), the sweep beside the baseline's seed 42 (curves_sweep/), and every run
+    of another batch or learning rate (curves_b<batch>[-lr<rate>]/). A chart some of whose runs have no kept curves
+    stays as last drawn."""
     first = {}
     for key, entry in sorted(runs.items(), key=lambda kv: kv[1].get("seed") or 0):
         if entry.get("seed") is not None and entry["batch_size"] == 64 and entry["arm"] not in first:
@@ -580,8 +597,7 @@ def draw_curves(runs: dict, by_variant: dict) -> None:
         records = [OUT / "runs" / key / "curves.json" for key in keys]
         if len(keys) < 2 or not all(r.is_file() for r in records):
             continue
-        subprocess.run([sys.executable, "-m", "simcse_hn.cli.curves", *map(str, records),
-                        "--output", str(OUT / chart)], cwd=ROOT, check=False, stdout=subprocess.DEVNULL)  # fmt: skip
+        report_command(curves_command.main, [*map(str, records), "--output", str(out / chart)])
 
 
 def main() -> None:  # noqa: C901

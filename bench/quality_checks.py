@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from simcse_hn.losses.progcl import FIT_PAIRS
+from simcse_hn.study.runs import trained_by
 
 
 def sweep_no_op(arm: str, changes: list[str], batch: int) -> str | None:
@@ -23,16 +24,13 @@ def sweep_no_op(arm: str, changes: list[str], batch: int) -> str | None:
 
 
 def run_provenance(trained: Path | None, scored: Path) -> dict:
-    """The data hash and code identity a run records: its training's (simcse_config.json) and its evaluation's
-    (results.json settings). Missing records stay None (a run from before they were written)."""
-    config = {}
-    if trained is not None and (trained / "simcse_config.json").is_file():
-        config = json.loads((trained / "simcse_config.json").read_text())
-    settings = json.loads((scored / "results.json").read_text()).get("settings", {}) if (
-        scored / "results.json").is_file() else {}  # fmt: skip
-    return {"train_data_sha256": config.get("train_data_sha256"),
-            "train_code_sha256": (config.get("code") or {}).get("source_sha256"),
-            "eval_code_sha256": (settings.get("code") or {}).get("source_sha256")}  # fmt: skip
+    """The data hash and code identity a run records (simcse_hn.study.runs.trained_by), in this study's field names.
+    Missing records stay None (a run from before they were written)."""
+    config, results = trained / "simcse_config.json" if trained is not None else None, scored / "results.json"
+    made = trained_by(json.loads(config.read_text()) if config is not None and config.is_file() else {},
+                      json.loads(results.read_text()) if results.is_file() else {})  # fmt: skip
+    return {"train_data_sha256": made["train_data_sha256"], "train_code_sha256": made["source_sha256"],
+            "eval_code_sha256": made["scored_by_source_sha256"]}  # fmt: skip
 
 
 def mixed_provenance(runs: dict) -> list[str]:

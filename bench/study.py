@@ -26,6 +26,7 @@ from bench import quality
 from bench.common import RESULTS, ROOT, environment, shuffled_corpus, write_report
 from simcse_hn.files import portable_name
 from simcse_hn.study import analysis as comparison
+from simcse_hn.study.report import mean_windows
 
 OUT = RESULTS / "study"
 BASELINE = "infonce"
@@ -71,16 +72,14 @@ def diagnostics(runs: dict) -> dict:
     for arm in ARMS:
         windows = [e["diagnostics"] for e in runs.values() if e["arm"] == arm and e.get("diagnostics")]
         keys = sorted({k for w in windows for k, v in w.items() if isinstance(v, (int, float))})
-        out[arm] = {k: float(np.mean([w[k] for w in windows if k in w])) for k in keys}
+        out[arm] = mean_windows(windows, keys)
     return out
 
 
 def per_task(runs: dict) -> dict:
     """Per arm against the baseline, the mean over the paired seeds of each task's difference (secondary, no test)."""
     tasks = {(e["arm"], e["seed"]): task_scores(e) for e in runs.values() if e["arm"] in ARMS and e["seed"] in SEEDS}
-    names = tasks[(BASELINE, SEEDS[0])]
-    return {arm: {t: float(np.mean([tasks[(arm, s)][t] - tasks[(BASELINE, s)][t] for s in SEEDS])) for t in names}
-            for arm in ARMS if arm != BASELINE}  # fmt: skip
+    return comparison.per_task({arm: [tasks[(arm, s)] for s in SEEDS] for arm in ARMS}, BASELINE)
 
 
 def across_arms(runs: dict) -> list[str]:

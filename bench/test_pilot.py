@@ -1,8 +1,14 @@
-"""bench/pilot.py's regimes: what each asks of train.py and the uniform share its threshold doubles."""
+"""bench/pilot.py's regimes: what each asks of train.py and the uniform share its threshold doubles; and every
+committed pilot (bench/results/pilot/pilot*.json) read again from its runs gives its verdicts and its page."""
+
+import json
+from pathlib import Path
 
 import pytest
 
 from bench import pilot
+
+RECORDS = sorted((Path(__file__).resolve().parent / "results" / "pilot").glob("pilot*.json"))
 
 
 def test_a_queue_regime_is_a_queue_of_its_size_and_momentum():
@@ -36,3 +42,14 @@ def test_the_first_setting_to_meet_its_criterion_stands_for_the_objective():
     runs[3]["last"]["top1pct_weight_share"] = 0.01  # no HCL setting meets it: the first stands, and it is no-go
     verdict = pilot.verdicts(runs, 64)["queue-k4096-m0"]
     assert verdict["hcl_arm"] == "hcl@hcl_beta=0.2" and not verdict["go"]
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda path: path.name)
+def test_each_committed_pilot_regenerates_from_its_runs(path):
+    """The verdicts recomputed from the runs' last windows (the package's checks) equal the committed ones, and the
+    page written from them equals the committed page, byte for byte."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    recomputed = pilot.verdicts(record["runs"], record["batch_size"])
+    committed = record["verdicts"]  # pilot.json and pilot2.json were written before hcl_share_needed was recorded
+    assert {regime: {k: v[k] for k in committed[regime]} for regime, v in recomputed.items()} == committed
+    assert pilot.markdown({**record, "verdicts": recomputed}) == path.with_suffix(".md").read_text(encoding="utf-8")

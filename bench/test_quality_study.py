@@ -212,7 +212,7 @@ def test_a_report_keeps_what_it_cannot_recompute_and_tables_the_sweep(quality, m
     quality.OUT.mkdir(parents=True)
     (quality.OUT / "runs.md").write_text("# old\n\n## SICK-R test pairs by entailment label\n\n"
                                          "| arm | batch | runs | a |\n|:--|--:|--:|--:|\n| hcl | 64 | 3 | 0.6 |\n")
-    monkeypatch.setattr(quality.subprocess, "run", lambda *a, **k: pytest.fail(f"nothing to recompute: {a}"))
+    monkeypatch.setattr(quality, "report_command", lambda *a: pytest.fail(f"nothing to recompute: {a}"))
     index = index_with({("infonce", 42): 76.8, ("infonce", 43): 77.2, ("hcl", 42): 77.0, ("hcl", 43): 77.4,
                         ("hcl-beta0.2", 42): 77.5})  # fmt: skip
     for entry in index["runs"].values():
@@ -250,3 +250,14 @@ def test_runs_of_one_arm_with_other_code_or_data_are_flagged(quality):
         "hcl at batch 64: 2 different train_data_sha256 over its 2 runs",
         "infonce at batch 64: 1 runs evaluated by other code than trained them",
     ]
+
+
+def test_a_run_killed_while_writing_its_only_checkpoint_starts_over_instead_of_failing_to_resume(quality, tmp_path):
+    # the package's rule (simcse_hn.study.runs.resume_flags): only a complete checkpoint is resumed from
+    work = tmp_path / "work"
+    folder = work / "infonce-b64-s42"
+    (folder / "checkpoint-125").mkdir(parents=True)  # half-written: no weights, no state
+    (folder / "simcse_run.json").write_text(json.dumps({"run_id": "r1"}))
+    quality.train_and_score("infonce", [], 42, 64, None, work, tmp_path / "corpus.txt")
+    train = next(c for c in quality.calls if c[1] == "train.py")
+    assert "--overwrite_output_dir" in train and "--resume_from_checkpoint" not in train

@@ -80,6 +80,14 @@ def compare(values: dict[str, list[float]], baseline: str, alpha: float, smalles
                                           for arm, v in tests.items()}}  # fmt: skip
 
 
+def per_task(tasks: dict[str, list[dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:
+    """Each arm against `baseline`, {arm: its seeds' {task: score}} paired by position: the mean over the pairs of
+    each task's difference (secondary, no test), the tasks in the baseline's first run's order."""
+    names = list(tasks[baseline][0])
+    return {arm: {t: float(np.mean([a[t] - b[t] for a, b in zip(runs, tasks[baseline])])) for t in names}
+            for arm, runs in tasks.items() if arm != baseline}  # fmt: skip
+
+
 def detectable_sd(n: int, alpha: float, power: float = 0.8) -> float:
     """The smallest mean difference, in sd of the paired differences, that a two-sided paired t-test at `alpha`
     detects with `power` over n pairs (the noncentral t, solved exactly)."""

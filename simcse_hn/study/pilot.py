@@ -33,6 +33,7 @@ from simcse_hn.data.sts import STS_FILES, load_sts_pairs, read_sts_jsonl
 from simcse_hn.errors import UserError
 from simcse_hn.evaluation.encoding import load_encoder
 from simcse_hn.evaluation.scoring import sts_spearman
+from simcse_hn.losses.base import TOP_SHARE
 from simcse_hn.study.files import read_json, write_atomic, write_json
 from simcse_hn.study.lock import check_locked, grid_points, lock
 from simcse_hn.study.plan import Plan, PlanError
@@ -138,9 +139,34 @@ def _train(plan: Plan, run: dict, threads: int | None, device: str | None) -> di
     return out
 
 
-def uniform_share(config: dict) -> float:
-    n = 2 * int(config.get("per_device_train_batch_size", 8)) - 2 + int(config.get("queue_size") or 0)
-    return math.ceil(0.01 * n) / n
+def negatives_per_anchor(config: dict) -> int:
+    """A symmetric batch of B sentences: 2B - 2 negatives per anchor, plus the queue's entries once it is full."""
+    return 2 * int(config.get("per_device_train_batch_size", 8)) - 2 + int(config.get("queue_size") or 0)
+
+
+def uniform_top_share(negatives: int) -> float:
+    """The `top1pct_weight_share` of uniform weights over n negatives (the loss's diagnostic: the nearest
+    ceil(1 % of n)): ceil(n / 100) / n."""
+    return math.ceil(TOP_SHARE * negatives) / negatives
+
+
+def loss_check(value: float | None, reference: float | None, ratio: float) -> dict:
+    """The objectives act: the last-window loss at least `ratio` x a reference's (a random-batch run's); ok is None
+    while either is missing."""
+    needed = None if reference is None else ratio * reference
+    return {"value": value, "reference": reference, "needed": needed,
+            "ok": None if value is None or needed is None else value >= needed}  # fmt: skip
+
+
+def share_check(share: float | None, negatives: int, ratio: float) -> dict:
+    """The weights are at work: `top1pct_weight_share` at least `ratio` x uniform's over that many negatives."""
+    needed = ratio * uniform_top_share(negatives)
+    return {"value": share, "needed": needed, "ok": None if share is None else share >= needed}
+
+
+def clamp_check(clamp: float | None, below: float) -> dict:
+    """DCL's clamp is off for most anchors: `clamp_frac` below `below`."""
+    return {"value": clamp, "needed": below, "ok": None if clamp is None else clamp < below}
 
 
 def verdict(plan: Plan, runs: list[dict], picks: dict) -> dict:
@@ -154,16 +180,14 @@ def verdict(plan: Plan, runs: list[dict], picks: dict) -> dict:
 
     checks = {}
     if "loss_ratio" in criteria:
-        base, ref = last(plan.baseline, "loss"), last("reference", "loss")
-        checks["loss"] = {"value": base, "reference": ref, "needed": None if ref is None else criteria["loss_ratio"]
-                          * ref, "ok": None if base is None or ref is None else base >= criteria["loss_ratio"] * ref}
+        checks["loss"] = loss_check(last(plan.baseline, "loss"), last("reference", "loss"), criteria["loss_ratio"])
     for arm in (criteria.get("weight_share") or {}).get("arms", []):
-        share, needed = last(arm, "top1pct_weight_share"), criteria["weight_share"].get("ratio", 2) * uniform_share(
-            plan.config(arm) | (plan.pilot.get("overrides") or {}))  # fmt: skip
-        checks[f"{arm} weight share"] = {"value": share, "needed": needed, "ok": share is not None and share >= needed}
+        negatives = negatives_per_anchor(plan.config(arm) | (plan.pilot.get("overrides") or {}))
+        check = share_check(last(arm, "top1pct_weight_share"), negatives, criteria["weight_share"].get("ratio", 2))
+        checks[f"{arm} weight share"] = check | {"ok": bool(check["ok"])}  # a missing share fails the criterion
     for arm in (criteria.get("clamp") or {}).get("arms", []):
-        clamp, below = last(arm, "clamp_frac"), criteria["clamp"].get("below", 0.5)
-        checks[f"{arm} clamp"] = {"value": clamp, "needed": below, "ok": clamp is not None and clamp < below}
+        check = clamp_check(last(arm, "clamp_frac"), criteria["clamp"].get("below", 0.5))
+        checks[f"{arm} clamp"] = check | {"ok": bool(check["ok"])}
     harder = {arm: last(arm, "harder_than_positive") for arm in plan.arms}
     return {"checks": checks, "go": all(c["ok"] for c in checks.values()), "harder_than_positive": harder}
 

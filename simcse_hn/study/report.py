@@ -6,10 +6,11 @@ are refused by name and counted out. The page is `markdown(record)`: it regenera
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
-from simcse_hn.study.analysis import compare
+from simcse_hn.study.analysis import compare, per_task
 from simcse_hn.study.files import read_json, write_atomic, write_json
 from simcse_hn.study.lock import check_locked
 from simcse_hn.study.plan import Plan
@@ -49,19 +50,17 @@ def analyse(plan: Plan, version: dict, runs: dict[str, dict], refused: dict[str,
     values = {arm: [endpoint_value(runs[run_key(arm, s)], plan.endpoint) for s in plan.seeds] for arm in plan.arms}
     out["summary"] = {arm: {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1))} for arm, v in values.items()}
     out["comparison"] = compare(values, plan.baseline, plan.alpha, plan.smallest_effect)
-    tasks = list(runs[run_key(plan.baseline, plan.seeds[0])]["scores"]["tasks"])
-    out["per_task"] = {arm: {t: float(np.mean([runs[run_key(arm, s)]["scores"]["tasks"][t] -
-                                               runs[run_key(plan.baseline, s)]["scores"]["tasks"][t]
-                                               for s in plan.seeds])) for t in tasks}
-                       for arm in plan.comparisons}  # fmt: skip
-    out["diagnostics_by_arm"] = {arm: _means([runs[run_key(arm, s)]["diagnostics"] for s in plan.seeds])
+    out["per_task"] = per_task({arm: [runs[run_key(arm, s)]["scores"]["tasks"] for s in plan.seeds]
+                                for arm in plan.arms}, plan.baseline)  # fmt: skip
+    out["diagnostics_by_arm"] = {arm: mean_windows([runs[run_key(arm, s)]["diagnostics"] for s in plan.seeds])
                                  for arm in plan.arms}  # fmt: skip
     return out
 
 
-def _means(windows: list[dict]) -> dict:
-    keys = [k for k in DIAGNOSTICS if any(k in w for w in windows)]
-    return {k: float(np.mean([w[k] for w in windows if k in w])) for k in keys}
+def mean_windows(windows: list[dict], keys: Sequence[str] = DIAGNOSTICS) -> dict[str, float]:
+    """Each of `keys` averaged over the runs' last windows that hold it (an arm's seeds); a key none holds is left
+    out."""
+    return {k: float(np.mean([w[k] for w in windows if k in w])) for k in keys if any(k in w for w in windows)}
 
 
 def write_report(plan: Plan) -> str:

@@ -7,6 +7,7 @@ which names the plan version, the data and code hashes, the machine and the time
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
@@ -16,7 +17,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import yaml
@@ -101,8 +102,20 @@ def run_module(module: str, args: list[str], cwd: str, log: str, env: dict) -> f
 
 def last_window(folder: str) -> dict:
     """The training diagnostics of a run's last logging window (trainer_state.json's log history)."""
-    series = load_curves(folder).series
-    return {key: series[key][max(series[key])] for key in DIAGNOSTICS if series.get(key)}
+    return last_values(load_curves(folder).series)
+
+
+def last_values(series: dict[str, dict[int, float]], keys: Sequence[str] = DIAGNOSTICS) -> dict[str, float]:
+    """Each of `keys` at the last step it was logged ({key: {step: value}}, evaluation.curves' series)."""
+    return {key: series[key][max(series[key])] for key in keys if series.get(key)}
+
+
+def trained_by(config: dict, results: dict) -> dict:
+    """What a run's own files say made it: the data and code hashes its training recorded (simcse_config.json) and
+    the code that scored it (results.json's settings); None where a file predates them."""
+    return {"train_data_sha256": config.get("train_data_sha256"),
+            "source_sha256": (config.get("code") or {}).get("source_sha256"),
+            "scored_by_source_sha256": (results.get("settings", {}).get("code") or {}).get("source_sha256")}
 
 
 def scores(results: dict) -> dict:
@@ -123,14 +136,35 @@ def run_one(plan_path: str, arm: str, seed: int, threads: int | None = None, dev
     os.makedirs(runs, exist_ok=True)
     if os.path.isfile(record_path(plan, key)):
         return None
-    with open(os.path.join(runs, f"{key}.lock"), "w") as held:
-        try:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None  # another worker or machine is running it
-        if os.path.isfile(record_path(plan, key)):  # finished while this worker waited
+    with held(os.path.join(runs, f"{key}.lock")) as mine:
+        if not mine or os.path.isfile(record_path(plan, key)):  # another worker has it, or finished it meanwhile
             return None
         return _train_and_score(plan, version, arm, seed, threads, device, engine)
+
+
+@contextlib.contextmanager
+def held(path: str) -> Iterator[bool]:
+    """An exclusive lock on the file `path` while the block runs, released however the process ends. -> True when
+    this worker holds it, False when another worker or machine does (nothing waits)."""
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+def resume_flags(folder: str) -> tuple[list[str], str | None]:
+    """How train.py continues a run stopped part-way in `folder` (its run marker written, its final save not): from
+    its newest complete checkpoint (one half-written when killed is not), else over the partial folder from the start.
+    -> (flags, the checkpoint's name or None); no flags for a folder no run started or one that finished."""
+    if not os.path.isfile(os.path.join(folder, RUN_MARKER)) or os.path.isfile(os.path.join(folder, MANIFEST)):
+        return [], None
+    newest = last_complete_checkpoint(folder, read_run_id(folder))
+    if newest is None:
+        return ["--overwrite_output_dir", "true"], None
+    return ["--resume_from_checkpoint", "true"], os.path.basename(newest)
 
 
 def _train_and_score(plan: Plan, version: dict, arm: str, seed: int, threads: int | None, device: str | None,
@@ -143,11 +177,8 @@ def _train_and_score(plan: Plan, version: dict, arm: str, seed: int, threads: in
         write_atomic(config_path, text)
     train_args, score_args = commands(plan, arm, seed)
     folder = os.path.join(plan.study_dir, "runs", key)
-    resumed = None
-    if os.path.isfile(os.path.join(folder, RUN_MARKER)) and not os.path.isfile(os.path.join(folder, MANIFEST)):
-        newest = last_complete_checkpoint(folder, read_run_id(folder))  # a checkpoint half-written when killed: not
-        resumed = os.path.basename(newest) if newest else None
-        train_args += ["--resume_from_checkpoint", "true"] if newest else ["--overwrite_output_dir", "true"]
+    flags, resumed = resume_flags(folder)
+    train_args += flags
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -167,9 +198,7 @@ def _train_and_score(plan: Plan, version: dict, arm: str, seed: int, threads: in
         "arm": arm, "seed": seed, "plan_version": version["version"], "plan_sha256": version["plan_sha256"],
         "spec_sha256": spec_sha256(run_spec), "code_sha256": version["code"]["sha256"],
         "data_sha256": version["data"]["sha256"],
-        "trained": {"train_data_sha256": trained.get("train_data_sha256"),
-                    "source_sha256": (trained.get("code") or {}).get("source_sha256"),
-                    "scored_by_source_sha256": (results.get("settings", {}).get("code") or {}).get("source_sha256")},
+        "trained": trained_by(trained, results),
         "commands": {"train": "simcse-hn-train " + shlex.join(train_args[:6]),
                      "score": "simcse-hn-sts " + shlex.join(score_args)},
         "folders": {"model": f"runs/{key}", "scores": f"runs/{key}-sts"},
