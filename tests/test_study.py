@@ -170,3 +170,52 @@ def test_a_changed_plan_or_objective_is_refused_until_amended(tmp_path):
     second = lock.lock(plan, reason="the objective's fix")
     assert (second["version"], second["reason"]) == (2, "the objective's fix") and lock.check_locked(plan) == second
     assert (tmp_path / "study" / "versions" / "v1.yaml").read_text() + "# more\n" == path.read_text()
+
+
+def test_a_family_of_two_plans_is_blind_until_both_are_in_then_holm_runs_over_all_their_comparisons(tmp_path):
+    second = PLAN.replace("name: tiny", "name: second").replace(
+        "hcl: {loss: hcl, hcl_beta: 0.5}", "hcl: {loss: hcl, hcl_beta: 0.5}\n  dcl: {loss: dcl}"
+    ) + "output_dir: study2\n"  # fmt: skip
+    path = write_plan(tmp_path, PLAN + "family: [second.yaml]\n")
+    (tmp_path / "second.yaml").write_text(second)
+    first, other = load_plan(str(path), check_arms=False), load_plan(str(tmp_path / "second.yaml"), check_arms=False)
+    assert (first.family, first.family_comparisons) == (("second.yaml",), 2)
+    assert power_lines(first)[0].startswith("6 paired seeds, 3 comparisons (1 against infonce, 2 in its family), "
+                                            "Holm at 0.05: a two-sided paired t at 0.01667")  # fmt: skip
+    noise = np.random.default_rng(0).normal(0, 0.3, size=(3, 7))
+    effect = {"infonce": 0.0, "hcl": 0.4, "dcl": 0.1}
+    arms = list(effect)
+
+    def score(arm: str, seed: int) -> float:
+        return 75.0 + effect[arm] + noise[arms.index(arm), seed]
+
+    one, two = lock.lock(first), lock.lock(other)
+    fake_records(first, one, [runs.run_key(a, s) for s in first.seeds for a in first.arms], score)
+    keys = [runs.run_key(a, s) for s in other.seeds for a in other.arms]
+    fake_records(other, two, keys[:-1], score)
+    page = report.write_report(first)
+    record = json.loads((tmp_path / "study" / "report.json").read_text())
+    assert "12 of 12 runs in" in page and "second (17 of 18 runs in)" in page
+    assert "Blind" in page and "of every plan of its family" in page and "comparison" not in json.dumps(record)
+    fake_records(other, two, keys[-1:], score)
+    page = report.write_report(first)
+    record = json.loads((tmp_path / "study" / "report.json").read_text())
+    family = record["family_comparison"]
+    assert list(family["tests"]) == ["tiny: hcl", "second: hcl", "second: dcl"] and family["level"] == 0.05 / 3
+    raw = {name: sign_flip_test([score(arm, s) for s in first.seeds], [score("infonce", s) for s in first.seeds])["p"]
+           for name, arm in (("tiny: hcl", "hcl"), ("second: hcl", "hcl"), ("second: dcl", "dcl"))}  # fmt: skip
+    ordered, running = sorted(raw, key=raw.get), 0.0  # Holm by hand: the k-th smallest p times (m - k), a running max
+    for k, name in enumerate(ordered):
+        running = max(running, min(1.0, raw[name] * (3 - k)))
+        assert family["tests"][name]["p_sign_flip_holm"] == pytest.approx(running)
+    assert record["comparison"]["m"] == 1 and "## The family: Holm over the 3 comparisons of tiny, second" in page
+    assert report.markdown(record) == page
+
+
+def test_a_family_member_that_is_missing_or_at_another_level_is_a_problem_of_the_plan(tmp_path):
+    path = write_plan(tmp_path, PLAN + "family: [second.yaml, none.yaml, study.yaml]\n")
+    (tmp_path / "second.yaml").write_text(PLAN.replace("name: tiny", "name: second") + "alpha: 0.01\n")
+    found = problems(path)
+    assert any(p.endswith("family: second.yaml: alpha 0.01; one family has one family-wise level") for p in found)
+    assert any(p.endswith("family: none.yaml: no such plan file") for p in found)
+    assert any(p.endswith("family: study.yaml: the plan itself; list the other plans of the family") for p in found)

@@ -54,12 +54,33 @@ def simultaneous_interval(d: list[float], level: float) -> dict:
 def compare(values: dict[str, list[float]], baseline: str, alpha: float, smallest_effect: float) -> dict:
     """Each arm against `baseline`, values paired by position (seed). -> {arm: {...}} with the raw and Holm p of
     both tests, the 95 % t-interval, the simultaneous interval at alpha / m, the floor and the reading."""
+    m = len(values) - 1
+    tests = arm_tests(values, baseline, alpha / m)
+    n = len(values[baseline])
+    return {"n": n, "m": m, "alpha": alpha, "floor": 2 / 2**n, "level": alpha / m,
+            "tests": adjusted(tests, alpha, smallest_effect),
+            "detectable_at_observed_sd": {arm: v["sd_of_differences"] * detectable_sd(n, alpha / m)
+                                          for arm, v in tests.items()}}  # fmt: skip
+
+
+def compare_family(groups: dict[str, tuple[dict[str, list[float]], str]], alpha: float,
+                   smallest_effect: float) -> dict:  # fmt: skip
+    """Every comparison of several plans as one family: {plan: (values, baseline)} -> the tests of `compare`, keyed
+    "plan: arm", with Holm over all of them and the simultaneous intervals at alpha / (all of them)."""
+    m = sum(len(values) - 1 for values, _ in groups.values())
+    tests = {f"{name}: {arm}": v for name, (values, baseline) in groups.items()
+             for arm, v in arm_tests(values, baseline, alpha / m).items()}  # fmt: skip
+    return {"plans": list(groups), "m": m, "alpha": alpha, "level": alpha / m,
+            "tests": adjusted(tests, alpha, smallest_effect)}  # fmt: skip
+
+
+def arm_tests(values: dict[str, list[float]], baseline: str, level: float) -> dict[str, dict]:
+    """Each arm against `baseline` before any adjustment: both tests' raw p, the 95 % t-interval and the
+    simultaneous interval at `level`."""
     base = values[baseline]
-    arms = [arm for arm in values if arm != baseline]
-    n, m = len(base), len(arms)
-    floor = 2 / 2**n
+    floor = 2 / 2 ** len(base)
     tests = {}
-    for arm in arms:
+    for arm in (arm for arm in values if arm != baseline):
         d = list(np.subtract(values[arm], base))
         t = stats.paired_t_test(values[arm], base)
         flip = stats.sign_flip_test(values[arm], base)
@@ -67,17 +88,20 @@ def compare(values: dict[str, list[float]], baseline: str, alpha: float, smalles
         tests[arm] = {"difference": t["difference"], "low": t["low"], "high": t["high"], "t": t["t"], "p_t": t["p"],
                       "p_sign_flip": flip["p"], "at_floor": bool(flip["p"] <= floor * (1 + 1e-9)),
                       "sd_of_differences": spread,
-                      "simultaneous": simultaneous_interval(d, alpha / m)}  # fmt: skip
+                      "simultaneous": simultaneous_interval(d, level)}  # fmt: skip
+    return tests
+
+
+def adjusted(tests: dict[str, dict], alpha: float, smallest_effect: float) -> dict[str, dict]:
+    """Holm over every test of the family (both tests' p), the verdict and its reading, in place."""
     for key in ("p_sign_flip", "p_t"):  # Holm leaves out a p that is not finite (a t-test of equal differences)
-        adjusted = stats.holm({arm: v[key] for arm, v in tests.items()})
-        for arm, v in tests.items():
-            v[f"{key}_holm"] = adjusted.get(arm, float("nan"))
+        holm = stats.holm({name: v[key] for name, v in tests.items()})
+        for name, v in tests.items():
+            v[f"{key}_holm"] = holm.get(name, float("nan"))
     for v in tests.values():
         v["differs"] = bool(v["p_sign_flip_holm"] < alpha)
         v["reading"] = reading(v, smallest_effect)
-    return {"n": n, "m": m, "alpha": alpha, "floor": floor, "level": alpha / m, "tests": tests,
-            "detectable_at_observed_sd": {arm: v["sd_of_differences"] * detectable_sd(n, alpha / m)
-                                          for arm, v in tests.items()}}  # fmt: skip
+    return tests
 
 
 def per_task(tasks: dict[str, list[dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:

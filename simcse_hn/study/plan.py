@@ -35,7 +35,7 @@ from simcse_hn.study.analysis import detectable_sd
 from simcse_hn.study.files import working_dir
 
 TOP_KEYS = ("name", "base", "arms", "baseline", "seeds", "evaluation", "endpoint", "test", "correction", "alpha",
-            "smallest_effect", "spread", "output_dir", "pilot")  # fmt: skip
+            "smallest_effect", "spread", "output_dir", "pilot", "family")  # fmt: skip
 STUDY_SETS = ("output_dir", "seed", "overwrite_output_dir", "resume_from_checkpoint")  # the study's, per run
 EVAL_SETS = ("model", "output", "push_to_hub", "save_to_model")
 MAX_EXACT_SEEDS = 20  # stats.sign_flip_test: every one of 2^n sign patterns
@@ -66,6 +66,8 @@ class Plan:
     spread: float | None
     output_dir: str  # the study's folder, relative to the plan's
     pilot: dict | None
+    family: tuple[str, ...] = ()  # other plans whose comparisons join this one's Holm family (paths from its folder)
+    family_comparisons: int = 0  # how many comparisons those plans make
 
     @property
     def folder(self) -> str:
@@ -219,13 +221,33 @@ command line passes them: the study sits below the command-line layer)."""
     pilot = raw.get("pilot")
     if pilot is not None and not isinstance(pilot, dict):
         problem(("pilot",), "a mapping (see docs/studies.md)")
+    family, family_comparisons = raw.get("family") or [], 0
+    if not isinstance(family, list) or not all(isinstance(f, str) for f in family):
+        problem(("family",), "a list of plan files (relative to this one) whose comparisons join its Holm family")
+        family = []
+    for other in family:
+        full = os.path.join(os.path.dirname(os.path.abspath(path)), other)
+        if os.path.realpath(full) == os.path.realpath(path):
+            problem(("family",), f"{other}: the plan itself; list the other plans of the family")
+        elif not os.path.isfile(full):
+            problem(("family",), f"{other}: no such plan file")
+        else:
+            try:
+                member = load_plan(full, check_arms=False)
+            except UserError as e:
+                problem(("family",), f"{other}: {str(e).splitlines()[0]}")
+                continue
+            if member.alpha != raw.get("alpha", 0.05):
+                problem(("family",), f"{other}: alpha {member.alpha:g}; one family has one family-wise level")
+            family_comparisons += len(member.comparisons)
     stem = os.path.splitext(os.path.basename(path))[0]
     plan = Plan(path=path, name=str(raw.get("name", stem)), base=base, arms=arms, baseline=str(baseline),
                 seeds=list(seeds), evaluation=evaluation, endpoint=str(endpoint), test="sign_flip",
                 correction="holm", alpha=float(alpha) if isinstance(alpha, (int, float)) else 0.05,
                 smallest_effect=float(effect) if isinstance(effect, (int, float)) else 0.0,
                 spread=float(spread) if isinstance(spread, (int, float)) else None,
-                output_dir=str(raw.get("output_dir", stem)), pilot=pilot)  # fmt: skip
+                output_dir=str(raw.get("output_dir", stem)), pilot=pilot, family=tuple(family),
+                family_comparisons=family_comparisons)  # fmt: skip
     if check_arms and not problems:
         parsed = {}
         for arm in arms:
@@ -270,10 +292,12 @@ def parse_arm(plan: Plan, config: dict) -> str:
 def power_lines(plan: Plan, measured: float | None = None) -> list[str]:
     """What the plan can detect: at the assumed spread, and at the pilot's measured one when there is one; and the
     exact test's floor against alpha / m."""
-    n, m = len(plan.seeds), len(plan.comparisons)
+    n, m = len(plan.seeds), len(plan.comparisons) + plan.family_comparisons
     level = plan.alpha / m
     factor = detectable_sd(n, level)
-    out = [f"{n} paired seeds, {m} comparison{'s' * (m > 1)} against {plan.baseline}, Holm at {plan.alpha:g}: a "
+    against = f"against {plan.baseline}" if not plan.family else (
+        f"({len(plan.comparisons)} against {plan.baseline}, {plan.family_comparisons} in its family)")
+    out = [f"{n} paired seeds, {m} comparison{'s' * (m > 1)} {against}, Holm at {plan.alpha:g}: a "
            f"two-sided paired t at {level:.4g} (Holm's strictest step) with 80 % power detects {factor:.3f} sd of "
            "the paired differences"]  # fmt: skip
     for label, sd in (("assumed", plan.spread), ("pilot-measured", measured)):
