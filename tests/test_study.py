@@ -177,7 +177,7 @@ def test_a_family_of_two_plans_is_blind_until_both_are_in_then_holm_runs_over_al
         "hcl: {loss: hcl, hcl_beta: 0.5}", "hcl: {loss: hcl, hcl_beta: 0.5}\n  dcl: {loss: dcl}"
     ) + "output_dir: study2\n"  # fmt: skip
     path = write_plan(tmp_path, PLAN + "family: [second.yaml]\n")
-    (tmp_path / "second.yaml").write_text(second)
+    (tmp_path / "second.yaml").write_text(second + "family: [study.yaml]\n")  # plans may name each other
     first, other = load_plan(str(path), check_arms=False), load_plan(str(tmp_path / "second.yaml"), check_arms=False)
     assert (first.family, first.family_comparisons) == (("second.yaml",), 2)
     assert power_lines(first)[0].startswith("6 paired seeds, 3 comparisons (1 against infonce, 2 in its family), "
@@ -213,9 +213,12 @@ def test_a_family_of_two_plans_is_blind_until_both_are_in_then_holm_runs_over_al
 
 
 def test_a_family_member_that_is_missing_or_at_another_level_is_a_problem_of_the_plan(tmp_path):
-    path = write_plan(tmp_path, PLAN + "family: [second.yaml, none.yaml, study.yaml]\n")
+    path = write_plan(tmp_path, PLAN + "family: [second.yaml, none.yaml, study.yaml, third.yaml]\n")
     (tmp_path / "second.yaml").write_text(PLAN.replace("name: tiny", "name: second") + "alpha: 0.01\n")
+    (tmp_path / "third.yaml").write_text(PLAN)
     found = problems(path)
+    assert any(p.endswith("family: third.yaml: named 'tiny' as another plan of the family; give each a name")
+               for p in found)  # fmt: skip
     assert any(p.endswith("family: second.yaml: alpha 0.01; one family has one family-wise level") for p in found)
     assert any(p.endswith("family: none.yaml: no such plan file") for p in found)
     assert any(p.endswith("family: study.yaml: the plan itself; list the other plans of the family") for p in found)

@@ -137,10 +137,12 @@ def read_plan(path: str) -> tuple[dict, dict[tuple, int]]:
     return raw, key_lines(text)
 
 
-def load_plan(path: str, check_arms: bool = True, eval_options: set[str] | None = None) -> Plan:
+def load_plan(path: str, check_arms: bool = True, eval_options: set[str] | None = None,
+              follow_family: bool = True) -> Plan:
     """The plan at `path`, checked; PlanError listing every problem (file:line: field: what). `check_arms` parses
     each arm as train.py would (the slow part: it imports the objectives); `eval_options`, eval/sts.py's flags (the
-command line passes them: the study sits below the command-line layer)."""
+command line passes them: the study sits below the command-line layer); `follow_family`, whether the plans its
+`family` names are loaded and checked (not for a member: plans of one family may name each other)."""
     raw, lines = read_plan(path)
     problems: list[str] = []
 
@@ -222,10 +224,11 @@ command line passes them: the study sits below the command-line layer)."""
     if pilot is not None and not isinstance(pilot, dict):
         problem(("pilot",), "a mapping (see docs/studies.md)")
     family, family_comparisons = raw.get("family") or [], 0
+    names = {str(raw.get("name", os.path.splitext(os.path.basename(path))[0]))}  # the family's tables key by plan name
     if not isinstance(family, list) or not all(isinstance(f, str) for f in family):
         problem(("family",), "a list of plan files (relative to this one) whose comparisons join its Holm family")
         family = []
-    for other in family:
+    for other in family if follow_family else []:  # a member's own family is not read: plans may name each other
         full = os.path.join(os.path.dirname(os.path.abspath(path)), other)
         if os.path.realpath(full) == os.path.realpath(path):
             problem(("family",), f"{other}: the plan itself; list the other plans of the family")
@@ -233,12 +236,15 @@ command line passes them: the study sits below the command-line layer)."""
             problem(("family",), f"{other}: no such plan file")
         else:
             try:
-                member = load_plan(full, check_arms=False)
+                member = load_plan(full, check_arms=False, follow_family=False)
             except UserError as e:
                 problem(("family",), f"{other}: {str(e).splitlines()[0]}")
                 continue
             if member.alpha != raw.get("alpha", 0.05):
                 problem(("family",), f"{other}: alpha {member.alpha:g}; one family has one family-wise level")
+            if member.name in names:
+                problem(("family",), f"{other}: named {member.name!r} as another plan of the family; give each a name")
+            names.add(member.name)
             family_comparisons += len(member.comparisons)
     stem = os.path.splitext(os.path.basename(path))[0]
     plan = Plan(path=path, name=str(raw.get("name", stem)), base=base, arms=arms, baseline=str(baseline),

@@ -46,7 +46,7 @@ def family_of(plan: Plan) -> list[tuple[Plan, dict[str, dict]]]:
     """The other plans of the family, each checked against its own lock, with its accepted runs."""
     members = []
     for other in plan.family:
-        member = load_plan(os.path.join(plan.folder, other), check_arms=False)
+        member = load_plan(os.path.join(plan.folder, other), check_arms=False, follow_family=False)
         members.append((member, gather(member, check_locked(member))[0]))
     return members
 
