@@ -1,4 +1,4 @@
-"""The study's small file helpers: atomic JSON, file hashes, a working folder for a block."""
+"""The study's small file helpers: atomic JSON, text hashes (file hashes: simcse_hn.files), a working folder."""
 
 from __future__ import annotations
 
@@ -36,14 +36,6 @@ def write_json(path: str, data) -> None:
 def read_json(path: str):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def text_sha256(text: str) -> str:

@@ -13,8 +13,9 @@ import json
 import os
 
 from simcse_hn.errors import UserError
+from simcse_hn.files import file_sha256
 from simcse_hn.provenance import code_identity, data_sha256
-from simcse_hn.study.files import file_sha256, read_json, text_sha256, write_atomic, write_json
+from simcse_hn.study.files import read_json, text_sha256, write_atomic, write_json
 from simcse_hn.study.plan import Plan
 
 LOCK = "lock.json"
