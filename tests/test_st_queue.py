@@ -5,6 +5,7 @@ and what cannot work is refused in one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -205,3 +206,32 @@ def test_two_processes_give_one_process_on_the_global_batch(st_folder, tmp_path)
             torch.testing.assert_close(run["weights"][name], value, rtol=1e-5, atol=5e-5, msg=name)
         for key, value in one["queue"].items():
             torch.testing.assert_close(run["queue"][key], value, rtol=1e-5, atol=5e-5, msg=key)
+
+
+SHARDED_CONFIGS = {"fsdp": "fsdp.yaml", "zero2": "deepspeed_zero2.yaml"}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", [
+    "fsdp", pytest.param("zero2", marks=pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                                           reason="needs deepspeed"))])  # fmt: skip
+def test_momentum_under_a_sharded_engine_launched_by_accelerates_config_is_refused(engine, st_folder, tmp_path):  # noqa: F811
+    """FSDP or DeepSpeed chosen by `accelerate launch --config_file` alone (the training arguments name no engine, as
+    in a user's script): a momentum encoder is refused in one line on every process; the memory bank trains."""
+    config = os.path.join(os.path.dirname(__file__), "..", "configs", "accelerate", SHARDED_CONFIGS[engine])
+    worker = os.path.join(os.path.dirname(__file__), "dist_worker_st_sharded.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    results = {}
+    for momentum in ("0.9", "0"):
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "2",
+                   "--mixed_precision", "no", worker, str(st_folder), str(tmp_path / momentum), momentum]  # fmt: skip
+        results[momentum] = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    refused = results["0.9"]
+    assert refused.returncode != 0
+    message = "SimCSELoss: momentum with FSDP or DeepSpeed is not available"
+    assert refused.stderr.count(message) >= 2, refused.stderr[-3000:]  # each process says it, before any step
+    assert not (tmp_path / "0.9" / "done.txt").exists()
+    bank = results["0"]
+    assert bank.returncode == 0, bank.stdout[-2000:] + bank.stderr[-3000:]
+    assert (tmp_path / "0" / "done.txt").read_text(encoding="utf-8") == "2\n"

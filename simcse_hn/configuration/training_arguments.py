@@ -236,14 +236,8 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
         return self._objective
 
     def sharding_engine(self) -> str | None:
-        """The sharded engine the launch asks for ('FSDP', 'DeepSpeed ZeRO-2', ...: accelerate launch's config, or
-        --fsdp / --deepspeed), None for plain data parallelism. (accelerate runs it on accelerators only.)"""
-        if self.deepspeed_plugin is not None:
-            stage = self.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", "?")
-            return f"DeepSpeed ZeRO-{stage}"
-        if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
-            return "FSDP"
-        return None
+        """The sharded engine the launch asks for (`sharding_engine`)."""
+        return sharding_engine(self)
 
     def forward_length_groups(self) -> int:
         """Length groups of the training forward (SimCSEModel.length_groups): `length_groups`, or by default 8 on a
@@ -294,3 +288,17 @@ def _check_repo_id(repo_id: str) -> None:
         validate_repo_id(repo_id)
     except HFValidationError as e:
         check_field(False, "hub_model_id", str(e).strip().splitlines()[0])
+
+
+def sharding_engine(args: TrainingArguments) -> str | None:
+    """The sharded engine a launch asks for ('FSDP', 'DeepSpeed ZeRO-2', ...: accelerate launch's config, or --fsdp /
+    --deepspeed), None for plain data parallelism; any Trainer's arguments (sentence-transformers' too). accelerate's
+    config reaches the arguments only through the environment (ACCELERATE_USE_FSDP; transformers builds a
+    deepspeed_plugin from ACCELERATE_USE_DEEPSPEED), so `args.fsdp` and `args.deepspeed` alone miss it."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    if plugin is not None or args.deepspeed:
+        stage = plugin.deepspeed_config.get("zero_optimization", {}).get("stage", "?") if plugin else "?"
+        return f"DeepSpeed ZeRO-{stage}"
+    if args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return "FSDP"
+    return None

@@ -31,6 +31,7 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 from torch import Tensor, nn
 
+from simcse_hn.configuration.training_arguments import sharding_engine
 from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler, cluster_corpus
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.targets import RowLayout
@@ -249,9 +250,11 @@ class SimCSECallback(CheckpointCommit):
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         if self.queue is not None:
-            if self.queue.momentum > 0 and (args.fsdp or args.deepspeed):
-                raise ConfigError("SimCSELoss: momentum with FSDP or DeepSpeed is not available (the momentum "
-                                  "encoder would be a whole copy of a sharded model); use momentum=0, a memory bank")
+            engine = sharding_engine(args)  # accelerate launch's config included, not only --fsdp / --deepspeed
+            if self.queue.momentum > 0 and engine:
+                raise ConfigError(f"SimCSELoss: momentum with FSDP or DeepSpeed is not available ({engine}: the "
+                                  "momentum encoder would be a whole copy of a sharded model); use momentum=0, a "
+                                  "memory bank")  # fmt: skip
             self.queue.advanced = True
         if self.batches is not None:
             self.sampler = self._train_sampler(train_dataloader)
