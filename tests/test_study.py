@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from simcse_hn.evaluation.stats import sign_flip_test
 from simcse_hn.study import analysis, lock, report, runs
@@ -170,6 +171,25 @@ def test_a_changed_plan_or_objective_is_refused_until_amended(tmp_path):
     second = lock.lock(plan, reason="the objective's fix")
     assert (second["version"], second["reason"]) == (2, "the objective's fix") and lock.check_locked(plan) == second
     assert (tmp_path / "study" / "versions" / "v1.yaml").read_text() + "# more\n" == path.read_text()
+
+
+def test_a_pilot_that_tunes_nothing_still_locks_the_confirmatory_stage(tmp_path):
+    """Every arm untuned (a second regime at the first one's picks): the pilot's picks are {}, the same as none; its
+    go must still lock a confirmatory version, or the runs wait for ever (and the pilot's page would say otherwise)."""
+    untuned = {"infonce": "the first regime's pick", "hcl": "the first regime's pick"}
+    pilot = {"seeds": [1], "reference": {"queue_size": 0}, "criteria": {"loss_ratio": 10}, "untuned": untuned}
+    path = write_plan(tmp_path, PLAN + yaml.safe_dump({"pilot": pilot}))
+    plan = load_plan(str(path), check_arms=False)
+    first = lock.lock(plan)
+    assert first["stage"] == "pilot"
+    with pytest.raises(lock.LockError, match="the confirmatory runs wait for the pilot's picks"):
+        lock.check_locked(plan, stage="confirmatory")
+    second = lock.lock(plan, reason="the pilot's picks", picks={}, stage="confirmatory")
+    assert (second["version"], second["stage"], second["picks"]) == (2, "confirmatory", {})
+    assert lock.check_locked(plan, stage="confirmatory") == second
+    assert lock.lock(plan) == second  # nothing changed since: nothing new
+    with pytest.raises(lock.LockError, match=r"the stage \(confirmatory -> pilot\) changed since version 2"):
+        lock.lock(plan, stage="pilot")
 
 
 def test_a_family_of_two_plans_is_blind_until_both_are_in_then_holm_runs_over_all_their_comparisons(tmp_path):

@@ -111,7 +111,9 @@ def lock(plan: Plan, reason: str | None = None, picks: dict | None = None, stage
                "code": current_code(plan, picks), "data": current_data(plan)}  # fmt: skip
     if latest is not None:
         changed = differences(latest, version)
-        if not changed:
+        if latest["stage"] != version["stage"]:  # a pilot that tunes nothing: the same picks ({}), a new stage
+            changed.append(f"the stage ({latest['stage']} -> {version['stage']})")
+        elif not changed:
             return latest
         if reason is None:
             raise LockError(f"{plan.path}: {', '.join(changed)} changed since version {latest['version']} was "
