@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
+from simcse_hn.errors import UserError
 from simcse_hn.evaluation.stats import sign_flip_test
-from simcse_hn.study import analysis, lock, report, runs
+from simcse_hn.study import analysis, lock, pilot, report, runs
 from simcse_hn.study.plan import PlanError, load_plan, power_lines
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -242,3 +243,61 @@ def test_a_family_member_that_is_missing_or_at_another_level_is_a_problem_of_the
     assert any(p.endswith("family: second.yaml: alpha 0.01; one family has one family-wise level") for p in found)
     assert any(p.endswith("family: none.yaml: no such plan file") for p in found)
     assert any(p.endswith("family: study.yaml: the plan itself; list the other plans of the family") for p in found)
+
+
+def test_an_endpoint_eval_sts_will_not_measure_is_refused_at_the_plan_and_named_at_the_report(tmp_path):
+    """alignment and uniformity are measured on STS-B's dev pairs: a data folder without them, or the flag that turns
+    them off, is refused by `plan`, before any run. A record without the endpoint is one line at the report."""
+    path = write_plan(tmp_path, PLAN.replace("smallest_effect", "endpoint: alignment\nsmallest_effect"))
+    stsb = tmp_path / "sts" / "stsb.jsonl"
+    with_dev = stsb.read_text()
+    stsb.write_text(with_dev.replace('"split": "dev"', '"split": "test"'))
+    assert problems(path) == [f"{path}:12: endpoint: 'alignment': eval/sts.py will not measure it: {stsb} has no "
+                              "split 'dev' rows (alignment and uniformity are measured on STS-B dev)"]  # fmt: skip
+    stsb.write_text(with_dev)
+    plan = load_plan(str(path), check_arms=False)
+    on = path.read_text()
+    path.write_text(on.replace("tasks: stsb}", "tasks: stsb, no_alignment_uniformity: true}"))
+    with pytest.raises(PlanError) as e:
+        load_plan(str(path), eval_options={"data_dir", "tasks", "no_alignment_uniformity"})
+    assert e.value.problems == [f"{path}:12: endpoint: 'alignment': eval/sts.py will not measure it: "
+                                "evaluation.no_alignment_uniformity turns them off"]  # fmt: skip
+    path.write_text(on)
+    version = lock.lock(plan)
+    fake_records(plan, version, [runs.run_key(a, s) for s in plan.seeds for a in plan.arms], lambda arm, seed: 70.0)
+    with pytest.raises(UserError, match=r"^runs/infonce-s1.json: no 'alignment' score; its eval/sts.py report did "
+                                        "not measure it$"):  # fmt: skip
+        report.write_report(plan)
+
+
+def test_pilot_keys_are_train_py_keys_and_a_refused_value_names_no_temporary_file(tmp_path):
+    pilot = {"overrides": {"max_stepz": 2}, "reference": {"queue_sizee": 0, "seed": 3}}
+    path = write_plan(tmp_path, PLAN + yaml.safe_dump({"pilot": pilot}))
+    assert problems(path) == [f"{path}:16: pilot.overrides.max_stepz: not a train.py key",
+                              f"{path}:18: pilot.reference.queue_sizee: not a train.py key",
+                              f"{path}:19: pilot.reference.seed: set by the study for each run; leave it out"]
+    path = write_plan(tmp_path, PLAN.replace("hcl_beta: 0.5", "hcl_beta: -1"))
+    (found,) = problems(path)
+    assert found.startswith(f"{path}:8: arms.hcl: ") and "hcl_beta" in found and "arm.yaml" not in found, found
+
+
+def test_the_uniform_share_counts_the_negatives_train_py_would_give():
+    assert pilot.negatives_per_anchor({}) == 126  # train.py's batch 64, symmetric form: 2B - 2
+    assert pilot.negatives_per_anchor({"per_device_train_batch_size": 64, "queue_size": 4096}) == 4222
+    assert pilot.negatives_per_anchor({"contrast_form": "simcse", "per_device_train_batch_size": 8}) == 7  # B - 1
+
+
+def test_a_reading_where_bonferronis_t_interval_and_the_exact_test_disagree_says_so():
+    v = {"differs": False, "difference": 0.3, "simultaneous": {"low": 0.004, "high": 0.6}}
+    assert analysis.reading(v, 0.2).startswith("no difference shown by the exact test; Bonferroni's paired-t "
+                                               "interval [+0.004, +0.600]")  # fmt: skip
+    assert analysis.reading(v, 0.2).endswith("excludes 0: the two tests disagree")
+
+
+def test_a_changed_data_file_is_named(tmp_path):
+    plan = load_plan(str(write_plan(tmp_path)), check_arms=False)
+    lock.lock(plan)
+    with open(tmp_path / "corpus.txt", "a", encoding="utf-8") as f:
+        f.write("one more sentence\n")
+    with pytest.raises(lock.LockError, match=r": the data \(train corpus.txt\) changed since version 1 was locked"):
+        lock.check_locked(plan)

@@ -139,6 +139,9 @@ def reading(v: dict, smallest_effect: float) -> str:
         return text
     if not np.isfinite(low) or not np.isfinite(high):
         return "no difference shown; at this many seeds the exact test cannot reach alpha / m, so nothing is bounded"
+    if low > 0 or high < 0:  # only Bonferroni's paired t (more seeds than the exact inversion takes) can do this
+        return (f"no difference shown by the exact test; Bonferroni's paired-t interval {interval}, which stands in "
+                f"for the exact one at {MAX_INVERTED + 1} seeds or more, excludes 0: the two tests disagree")
     text = f"no difference shown; the simultaneous interval bounds it to {interval}"
     if -smallest_effect < low and high < smallest_effect:
         text += f", inside the smallest effect of interest ±{smallest_effect:g}"

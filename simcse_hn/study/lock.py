@@ -140,9 +140,22 @@ def differences(locked: dict, now: dict) -> list[str]:
                    if locked["code"]["objectives"].get(p) != now["code"]["objectives"].get(p)]  # fmt: skip
         out.append("the code (" + ", ".join(sorted(changed) or ["simcse-hn's sources"]) + ")")
     if locked["data"]["sha256"] != now["data"]["sha256"]:
-        out.append("the data")
+        out.append("the data (" + ", ".join(changed_data(locked["data"], now["data"]) or ["its hashes"]) + ")")
     if (locked.get("picks") or None) != (now.get("picks") or None):
         out.append("the pilot's picks")
+    return out
+
+
+def changed_data(locked: dict, now: dict) -> list[str]:
+    """Which of the data the lock hashes differ: 'train corpus.txt', 'evaluation', 'pilot_dev', ..."""
+    out = []
+    for part in sorted((set(locked) | set(now)) - {"sha256"}):
+        old, new = locked.get(part), now.get(part)
+        if isinstance(old, dict) or isinstance(new, dict):
+            old, new = old or {}, new or {}
+            out += [f"{part} {name}" for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+        elif old != new:
+            out.append(part)
     return out
 
 

@@ -17,7 +17,7 @@ data. Its picks go into a new version of the plan, locked before the first confi
       untuned: {}                           # {arm: why} for an arm the pilot leaves as it is
 
 `harder_than_positive` is reported, not a criterion. The uniform share of the nearest 1 % over n negatives is
-ceil(n / 100) / n, n = 2B - 2 (+ queue_size) for the symmetric form."""
+ceil(n / 100) / n, n = 2B - 2 (symmetric form) or B - 1 (SimCSE's), + queue_size."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import yaml
 
+from simcse_hn.configuration.resolved import sentence_negatives
+from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
 from simcse_hn.data.sts import STS_FILES, load_sts_pairs, read_sts_jsonl
 from simcse_hn.errors import UserError
 from simcse_hn.evaluation.encoding import load_encoder
@@ -140,8 +142,13 @@ def _train(plan: Plan, run: dict, threads: int | None, device: str | None) -> di
 
 
 def negatives_per_anchor(config: dict) -> int:
-    """A symmetric batch of B sentences: 2B - 2 negatives per anchor, plus the queue's entries once it is full."""
-    return 2 * int(config.get("per_device_train_batch_size", 8)) - 2 + int(config.get("queue_size") or 0)
+    """The negatives of an anchor of a pilot run (one process): a batch of B sentences gives 2B - 2 in the symmetric
+    form and B - 1 in SimCSE's, plus the queue's entries once it is full; train.py's defaults where the config is
+    silent."""
+    defaults = SimCSETrainingArguments.__dataclass_fields__
+    batch = int(config.get("per_device_train_batch_size") or defaults["per_device_train_batch_size"].default)
+    form = str(config.get("contrast_form") or defaults["contrast_form"].default)
+    return sentence_negatives(batch, 1, form) + int(config.get("queue_size") or 0)
 
 
 def uniform_top_share(negatives: int) -> float:

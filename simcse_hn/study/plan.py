@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 import yaml
 
 from simcse_hn.configuration.parser import ARGUMENT_CLASSES, load_yaml, parse_args
+from simcse_hn.data.sts import STS_FILES, read_sts_jsonl
 from simcse_hn.errors import ConfigError, UserError
 from simcse_hn.evaluation.scoring import parse_tasks
 from simcse_hn.study.analysis import detectable_sd
@@ -208,6 +209,10 @@ command line passes them: the study sits below the command-line layer); `follow_
     scores = ["average", *tasks, "alignment", "uniformity"]
     if endpoint not in scores:
         problem(("endpoint",), f"{endpoint!r} is not a score of the report; choose from {', '.join(scores)}")
+    elif endpoint in ("alignment", "uniformity"):
+        why = geometry_unmeasured(os.path.dirname(os.path.abspath(path)), evaluation)
+        if why:
+            problem(("endpoint",), f"{endpoint!r}: eval/sts.py will not measure it: {why}")
     for key, allowed in (("test", "sign_flip"), ("correction", "holm")):
         if raw.get(key, allowed) != allowed:
             problem((key,), f"{raw[key]!r}: the study offers {allowed!r}")
@@ -223,6 +228,12 @@ command line passes them: the study sits below the command-line layer); `follow_
     pilot = raw.get("pilot")
     if pilot is not None and not isinstance(pilot, dict):
         problem(("pilot",), "a mapping (see docs/studies.md)")
+    for part in ("overrides", "reference") if isinstance(pilot, dict) else ():
+        for key in pilot.get(part) or {}:
+            if key not in known:
+                problem(("pilot", part, key), "not a train.py key")
+            elif key in STUDY_SETS:
+                problem(("pilot", part, key), "set by the study for each run; leave it out")
     family, family_comparisons = raw.get("family") or [], 0
     names = {str(raw.get("name", os.path.splitext(os.path.basename(path))[0]))}  # the family's tables key by plan name
     if not isinstance(family, list) or not all(isinstance(f, str) for f in family):
@@ -271,6 +282,17 @@ command line passes them: the study sits below the command-line layer); `follow_
     return plan
 
 
+def geometry_unmeasured(folder: str, evaluation: dict) -> str | None:
+    """Why eval/sts.py under these flags measures no alignment and uniformity (it needs STS-B's dev pairs), or None."""
+    if evaluation.get("no_alignment_uniformity"):
+        return "evaluation.no_alignment_uniformity turns them off"
+    if evaluation.get("data_dir"):
+        source = os.path.join(folder, str(evaluation["data_dir"]), STS_FILES["STS-B"])
+        if not os.path.isfile(source) or not any(r.get("split") == "dev" for r in read_sts_jsonl(source)):
+            return f"{source} has no split 'dev' rows (alignment and uniformity are measured on STS-B dev)"
+    return None
+
+
 def _mapping(raw: dict, key: str, problem) -> dict:
     value = raw.get(key) or {}
     if not isinstance(value, dict):
@@ -287,7 +309,10 @@ def parse_arm(plan: Plan, config: dict) -> str:
         with open(path, "w", encoding="utf-8") as f:
             yaml.safe_dump(config, f)
         with working_dir(plan.folder):
-            model, data, training = parse_args(["--config", path, "--output_dir", os.path.join(tmp, "out")])
+            try:
+                model, data, training = parse_args(["--config", path, "--output_dir", os.path.join(tmp, "out")])
+            except ConfigError as e:  # its file is this function's own, gone when the message is read
+                raise ConfigError(str(e).replace(f" (in {path})", "").replace(path, "the arm's config")) from None
     settings = [asdict(model), asdict(data), training.to_dict()]
     for part in settings:  # where the run's files go is not how it trains
         for key in ("output_dir", "logging_dir"):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from simcse_hn.study.analysis import compare, compare_family, per_task
+from simcse_hn.study.analysis import MAX_INVERTED, compare, compare_family, per_task
 from simcse_hn.study.files import read_json, write_atomic, write_json
 from simcse_hn.study.lock import check_locked
 from simcse_hn.study.plan import Plan, load_plan
@@ -151,7 +151,11 @@ def markdown(record: dict) -> str:
                   "| comparison | difference | 95 % t-interval | simultaneous interval | sign-flip p | Holm | "
                   "paired t p | Holm | sd of differences | reading |", "|---|---|---|---|---|---|---|---|---|---|",
                   *[_row(name, v) for name, v in f["tests"].items()]]  # fmt: skip
-    lines += ["", f"The simultaneous intervals invert the exact sign-flip test at {c['level']:.4g} (Bonferroni). With "
+    inverted = c["n"] <= MAX_INVERTED
+    how = (f"invert the exact sign-flip test at {c['level']:.4g} (Bonferroni)" if inverted else
+           f"are Bonferroni's paired-t intervals at {c['level']:.4g} ({c['n']} seeds: more than the exact inversion "
+           f"takes, {MAX_INVERTED}); they can disagree with the exact test's verdict, which the reading follows")
+    lines += ["", f"The simultaneous intervals {how}. With "
               f"{c['n']} seeds the test's smallest p is 2/{2 ** c['n']} = {c['floor']:.4g}" +
               ("; a p marked (floor) sits there: more seeds could show a smaller one." if any(
                   v["at_floor"] for v in c["tests"].values()) else ".")]  # fmt: skip

@@ -239,4 +239,7 @@ def run_local(plan: Plan, todo: list[tuple[str, int]], jobs: int, threads: int |
 
 def endpoint_value(record: dict, endpoint: str) -> float:
     found = record["scores"]
+    if endpoint not in found and endpoint not in found["tasks"]:
+        raise UserError(f"runs/{run_key(record['arm'], record['seed'])}.json: no {endpoint!r} score; its eval/sts.py "
+                        "report did not measure it")  # fmt: skip
     return found[endpoint] if endpoint in found else found["tasks"][endpoint]
