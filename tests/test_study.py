@@ -301,3 +301,124 @@ def test_a_changed_data_file_is_named(tmp_path):
         f.write("one more sentence\n")
     with pytest.raises(lock.LockError, match=r": the data \(train corpus.txt\) changed since version 1 was locked"):
         lock.check_locked(plan)
+
+
+PILOT_PROBLEMS = """\
+pilot:
+  seeds: [1, true]
+  criteria:
+    loss_ratoi: 10
+    loss_ratio: 10
+    weight_share: {arms: [hcl, dcl], ratio: 0}
+    clamp: {arms: [hcl], below: 0.5, above: 1}
+  tune:
+    infonce: {temperature: [0.04, 0.05]}
+    hcl: {hcl_beta: [0.2, 0.4, 0.8]}
+  untuned: {dcl: not an arm}
+  dev: {file: nowhere.jsonl, split: dev, shares_with_test: 0}
+"""
+
+
+def test_each_problem_of_the_pilot_is_one_line_naming_its_line(tmp_path):
+    """A misspelt criterion would pass by never being read; an arm the plan lacks, a missing dev file: each refused."""
+    path = write_plan(tmp_path, PLAN + PILOT_PROBLEMS)
+    assert pilot.check(load_plan(str(path), check_arms=False)) == [
+        f"{path}:15: pilot.seeds: a list of integer seeds, got [1, True]",
+        f"{path}:17: pilot.criteria.loss_ratoi: unknown criterion; the criteria are loss_ratio, weight_share, clamp",
+        f"{path}:18: pilot.criteria.loss_ratio: compares the baseline with the reference run; add pilot.reference "
+        "(e.g. {queue_size: 0})",
+        f"{path}:19: pilot.criteria.weight_share.arms: 'dcl' is not an arm of the plan",
+        f"{path}:19: pilot.criteria.weight_share.ratio: a number > 0, got 0",
+        f"{path}:20: pilot.criteria.clamp.above: unknown key; the keys are arms, below",
+        f"{path}:21: pilot.tune: grids of unequal size (infonce 2, hcl 3); every arm gets the same tuning budget",
+        f"{path}:24: pilot.untuned.dcl: not an arm of the plan",
+        f"{path}:25: pilot.dev.file: nowhere.jsonl: no such file (relative to the plan)",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fractions", "ok"), [([0.3], True), ([0.7], False), ([0.3, 0.8], False), ([], False)])
+def test_the_clamp_criterion_reads_the_arms_mean_clamped_fraction_and_a_missing_one_fails(tmp_path, fractions, ok):
+    path = write_plan(tmp_path, PLAN + "pilot:\n  seeds: [1, 2]\n  criteria:\n    clamp: {arms: [hcl], below: 0.5}\n")
+    plan = load_plan(str(path), check_arms=False)
+    assert pilot.check(plan) == []
+    found = [{"arm": "hcl", "seed": s + 1, "change": None, "last": {"clamp_frac": f}} for s, f in enumerate(fractions)]
+    verdict = pilot.verdict(plan, found, picks={})
+    value = float(np.mean(fractions)) if fractions else None
+    assert verdict["checks"] == {"hcl clamp": {"value": value, "needed": 0.5, "ok": ok}}
+    assert verdict["go"] is ok
+
+
+def test_each_job_holds_its_own_gpu_for_the_whole_run(tmp_path):
+    """Four runs, two jobs on GPUs 3 and 5: no two runs at once on one GPU, whichever ends first."""
+    import threading
+    import time
+
+    held, seen, guard = set(), [], threading.Lock()
+
+    def work(item, device):
+        with guard:
+            assert device not in held, f"{item} on GPU {device}, which another run holds"
+            held.add(device)
+            seen.append(device)
+        time.sleep(0.05 if item % 2 else 0.01)  # uneven lengths: a slot-by-index scheme would double up
+        with guard:
+            held.remove(device)
+        return item
+
+    futures = runs.on_devices(2, ["3", "5"], work, [0, 1, 2, 3, 4, 5])
+    assert [f.result() for f in futures] == [0, 1, 2, 3, 4, 5] and set(seen) == {"3", "5"}
+
+
+@pytest.mark.parametrize("stage", ["run", "pilot"])
+def test_the_gpu_and_threads_reach_the_training_process(tmp_path, monkeypatch, stage):
+    plan = load_plan(str(write_plan(tmp_path)), check_arms=False)
+    lock.lock(plan)
+    seen = {}
+
+    def stop(module, args, cwd, log, env):
+        seen.update(env)
+        raise RuntimeError("stopped before training")
+
+    monkeypatch.setattr(runs if stage == "run" else pilot, "run_module", stop)
+    with pytest.raises(RuntimeError, match="stopped before training"):
+        if stage == "run":
+            runs.run_one(plan.path, "infonce", 1, threads=3, device="5")
+        else:
+            pilot._train(plan, pilot.pilot_runs(plan)[0], 3, "5")
+    assert (seen["CUDA_VISIBLE_DEVICES"], seen["OMP_NUM_THREADS"]) == ("5", "3")
+
+
+def test_gpus_and_executor_params_are_checked_before_the_lock_is_read(tmp_path, capsys):
+    from simcse_hn.cli.study import main
+
+    path = str(write_plan(tmp_path))  # never locked: a check after the lock's would say so instead
+    cases = [(["--jobs", "2", "--gpus", "0"], "error: --gpus: 1 GPU ids for --jobs 2; give one per job"),
+             (["--executor_param", "timeout_min"], "error: --executor_param: 'timeout_min' is not KEY=VALUE")]
+    for args, line in cases:
+        assert main(["run", path, *args]) == 2
+        assert capsys.readouterr().err == line + "\n"
+
+
+def test_executor_params_reach_submitit_and_one_it_refuses_is_one_line(tmp_path, monkeypatch, capsys):
+    submitit = pytest.importorskip("submitit")
+    from simcse_hn.cli.study import main
+
+    plan = load_plan(str(write_plan(tmp_path)), check_arms=False)
+    lock.lock(plan)
+    given = {}
+    update = submitit.AutoExecutor.update_parameters
+
+    def record(self, **kwargs):
+        given.update(kwargs)
+        return update(self, **kwargs)
+
+    monkeypatch.setattr(submitit.AutoExecutor, "update_parameters", record)
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", lambda self, *a: [])  # submit nothing
+    run = ["run", plan.path, "--engine", "submitit", "--cluster", "local"]
+    assert main([*run, "--executor_param", "timeout_min=30", "--executor_param", "cpus_per_task=2"]) == 0
+    assert given == {"timeout_min": 30, "cpus_per_task": 2}
+    capsys.readouterr()
+    assert main([*run, "--executor_param", "slurm_partitoin=gpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --executor_param slurm_partitoin=gpu: submitit's local executor refuses it: ")
+    assert err.count("\n") == 1

@@ -95,6 +95,7 @@ def plan_command(args: argparse.Namespace, plan: Plan) -> None:
 def run_command(args: argparse.Namespace, plan: Plan) -> int:
     if args.jobs < 1:
         raise UserError(f"--jobs: at least 1, got {args.jobs}")
+    devices, parameters = _devices(args), _parameters(args.executor_param)  # before the lock is read
     version = locking.check_locked(plan, stage="confirmatory")
     todo = pending(plan, version)
     print(f"runs to do: {len(todo)} of {len(plan.arms) * len(plan.seeds)}", flush=True)
@@ -103,9 +104,9 @@ def run_command(args: argparse.Namespace, plan: Plan) -> int:
             print(f"  {run_key(arm, seed)}")
         return 0
     if args.engine == "submitit":
-        failed = run_submitit(plan, todo, args.cluster, _parameters(args.executor_param), _threads(args))
+        failed = run_submitit(plan, todo, args.cluster, parameters, _threads(args))
     else:
-        failed = run_local(plan, todo, args.jobs, _threads(args), _devices(args), echo=lambda s: print(s, flush=True))
+        failed = run_local(plan, todo, args.jobs, _threads(args), devices, echo=lambda s: print(s, flush=True))
     for line in failed:
         print(f"error: {line}", file=sys.stderr)
     return 1 if failed else 0

@@ -22,7 +22,12 @@ def run_submitit(plan: Plan, todo: list[tuple[str, int]], cluster: str | None, p
     folder = os.path.join(plan.study_dir, "submitit")
     executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
     # submitit's own default (5 minutes, its timeout signal well before) stops a real run part-way
-    executor.update_parameters(**{"timeout_min": 24 * 60, **parameters})
+    try:
+        executor.update_parameters(**{"timeout_min": 24 * 60, **parameters})
+    except (NameError, ValueError, TypeError) as e:  # submitit's own word on a parameter it does not take
+        listed = " ".join(f"{k}={v}" for k, v in parameters.items())
+        raise UserError(f"--executor_param {listed}: submitit's {executor.cluster} executor refuses it: "
+                        f"{str(e).strip().splitlines()[0]}") from None  # fmt: skip
     arms, seeds = [arm for arm, _ in todo], [seed for _, seed in todo]
     engine = f"submitit:{executor.cluster}"
     paths, counts, devices = [plan.path] * len(todo), [threads] * len(todo), [None] * len(todo)

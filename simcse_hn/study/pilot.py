@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import yaml
@@ -38,8 +37,8 @@ from simcse_hn.evaluation.scoring import sts_spearman
 from simcse_hn.losses.base import TOP_SHARE
 from simcse_hn.study.files import read_json, write_atomic, write_json
 from simcse_hn.study.lock import check_locked, grid_points, lock
-from simcse_hn.study.plan import Plan, PlanError
-from simcse_hn.study.runs import last_window, run_module
+from simcse_hn.study.plan import Plan, PlanError, problem_line, read_plan
+from simcse_hn.study.runs import last_window, on_devices, run_module
 
 PILOT_KEYS = ("overrides", "seeds", "reference", "criteria", "dev", "tune", "untuned")
 
@@ -50,31 +49,94 @@ def measured_spread(plan: Plan) -> float | None:
     return read_json(path).get("spread") if os.path.isfile(path) else None
 
 
+CRITERIA = {"loss_ratio": (), "weight_share": ("arms", "ratio"), "clamp": ("arms", "below")}
+
+
 def check(plan: Plan) -> list[str]:
-    """The pilot section's problems, one line each."""
+    """The pilot section's problems, one line each (file:line: pilot.key: what), before any run."""
+    _, lines = read_plan(plan.path)
     pilot, out = plan.pilot or {}, []
-    out += [f"{plan.path}: pilot.{k}: unknown key; the keys are {', '.join(PILOT_KEYS)}" for k in pilot
-            if k not in PILOT_KEYS]  # fmt: skip
+
+    def problem(where: tuple, message: str) -> None:
+        out.append(problem_line(plan.path, lines, ("pilot", *where), message))
+
+    for key in pilot:
+        if key not in PILOT_KEYS:
+            problem((key,), f"unknown key; the keys are {', '.join(PILOT_KEYS)}")
+    seeds = pilot.get("seeds")
+    if seeds is not None and (not isinstance(seeds, list) or not seeds
+                              or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):  # fmt: skip
+        problem(("seeds",), f"a list of integer seeds, got {seeds!r}")
+    for part in ("overrides", "reference"):
+        if pilot.get(part) is not None and not isinstance(pilot[part], dict):
+            problem((part,), "a mapping of train.py keys")
+    problem_criteria(plan, pilot, problem)
     tune, untuned = pilot.get("tune") or {}, pilot.get("untuned") or {}
-    sizes = {arm: sum(len(v) for v in grid.values()) for arm, grid in tune.items()}
+    sizes = {arm: sum(len(v) for v in grid.values()) for arm, grid in tune.items() if isinstance(grid, dict)}
     for arm, grid in tune.items():
         if arm not in plan.arms:
-            out.append(f"{plan.path}: pilot.tune.{arm}: not an arm of the plan")
+            problem(("tune", arm), "not an arm of the plan")
         elif not isinstance(grid, dict) or len(grid) != 1 or not isinstance(next(iter(grid.values())), list):
-            out.append(f"{plan.path}: pilot.tune.{arm}: one option and its grid, e.g. {{temperature: [0.04, 0.05]}}")
+            problem(("tune", arm), "one option and its grid, e.g. {temperature: [0.04, 0.05]}")
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{a} {n}" for a, n in sizes.items())
-        out.append(f"{plan.path}: pilot.tune: grids of unequal size ({listed}); every arm gets the same tuning budget")
+        problem(("tune",), f"grids of unequal size ({listed}); every arm gets the same tuning budget")
+    for arm in untuned:
+        if arm not in plan.arms:
+            problem(("untuned", arm), "not an arm of the plan")
+        elif arm in tune:
+            problem(("untuned", arm), "also in pilot.tune; an arm is tuned or left as it is")
     if tune:
-        out += [f"{plan.path}: pilot.tune: arm {arm} is neither tuned nor in pilot.untuned with a reason"
-                for arm in plan.arms if arm not in tune and arm not in untuned]  # fmt: skip
+        for arm in plan.arms:
+            if arm not in tune and arm not in untuned:
+                problem(("tune",), f"arm {arm} is neither tuned nor in pilot.untuned with a reason")
     dev = pilot.get("dev") or {}
     if tune and not dev.get("file"):
-        out.append(f"{plan.path}: pilot.dev.file: tuning picks on a dev set; name it (never the endpoint's test data)")
+        problem(("dev", "file"), "tuning picks on a dev set; name it (never the endpoint's test data)")
+    if dev.get("file") and not os.path.isfile(os.path.join(plan.folder, str(dev["file"]))):
+        problem(("dev", "file"), f"{dev['file']}: no such file (relative to the plan)")
     if dev.get("file") and not isinstance(dev.get("shares_with_test"), int):
-        out.append(f"{plan.path}: pilot.dev.shares_with_test: state how many sentence pairs the dev set shares with "
-                   "the endpoint's test files")  # fmt: skip
+        problem(("dev", "shares_with_test"), "state how many sentence pairs the dev set shares with the endpoint's "
+                "test files")  # fmt: skip
     return out
+
+
+def problem_criteria(plan: Plan, pilot: dict, problem) -> None:
+    """pilot.criteria's problems: a criterion the pilot does not know (a misspelt one would pass by never being
+    read), an arm that is not the plan's, a threshold that is not a positive number."""
+    criteria = pilot.get("criteria") or {}
+    if not isinstance(criteria, dict):
+        problem(("criteria",), f"a mapping of go criteria ({', '.join(CRITERIA)})")
+        return
+
+    def positive(where: tuple, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            problem(where, f"a number > 0, got {value!r}")
+
+    for name, value in criteria.items():
+        if name not in CRITERIA:
+            problem(("criteria", name), f"unknown criterion; the criteria are {', '.join(CRITERIA)}")
+        elif name == "loss_ratio":
+            positive(("criteria", name), value)
+            if pilot.get("reference") is None:
+                problem(("criteria", name), "compares the baseline with the reference run; add pilot.reference "
+                        "(e.g. {queue_size: 0})")  # fmt: skip
+        elif not isinstance(value, dict):
+            problem(("criteria", name), f"a mapping with the keys {', '.join(CRITERIA[name])}")
+        else:
+            for key in value:
+                if key not in CRITERIA[name]:
+                    problem(("criteria", name, key), f"unknown key; the keys are {', '.join(CRITERIA[name])}")
+            arms = value.get("arms")
+            if not isinstance(arms, list) or not arms:
+                problem(("criteria", name, "arms"), "a list of the arms it reads")
+            else:
+                for arm in arms:
+                    if arm not in plan.arms:
+                        problem(("criteria", name, "arms"), f"{arm!r} is not an arm of the plan")
+            threshold = CRITERIA[name][1]
+            if threshold in value:
+                positive(("criteria", name, threshold), value[threshold])
 
 
 def pair_key(s1: str, s2: str) -> frozenset:
@@ -234,10 +296,8 @@ def run_pilot(plan: Plan, jobs: int, threads: int | None, devices: list[str] | N
         raise UserError(f"{plan.path}: pilot.dev.shares_with_test: the plan states {dev['shares_with_test']}, but "
                         f"{shared} of the dev set's pairs are in the endpoint's test files")  # fmt: skip
     todo = pilot_runs(plan)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_train, plan, run, threads, (devices or [None] * jobs)[i % jobs])
-                   for i, run in enumerate(todo)]  # fmt: skip
-        runs = [f.result() for f in futures]
+    trained = on_devices(jobs, devices, lambda run, device: _train(plan, run, threads, device), todo)
+    runs = [f.result() for f in trained]
     picks, spread = choose(plan, runs)
     record = {"study": plan.name, "plan_version": version["version"], "runs": runs, "picks": picks,
               "spread": spread, "shared_pairs": shared, "dev": dev.get("file"),

@@ -108,6 +108,12 @@ def key_lines(text: str) -> dict[tuple, int]:
     return lines
 
 
+def problem_line(path: str, lines: dict[tuple, int], where: tuple, message: str) -> str:
+    """`file:line: key.subkey: message`, on the line of the longest part of `where` the file holds."""
+    line = next((lines[where[:k]] for k in range(len(where), 0, -1) if where[:k] in lines), None)
+    return f"{path}{f':{line}' if line else ''}: {'.'.join(map(str, where))}: {message}"
+
+
 def train_keys() -> set[str]:
     return {f.name for cls in ARGUMENT_CLASSES for f in cls.__dataclass_fields__.values() if f.init}
 
@@ -148,8 +154,7 @@ command line passes them: the study sits below the command-line layer); `follow_
     problems: list[str] = []
 
     def problem(where: tuple, message: str) -> None:
-        line = next((lines[where[:k]] for k in range(len(where), 0, -1) if where[:k] in lines), None)
-        problems.append(f"{path}{f':{line}' if line else ''}: {'.'.join(map(str, where))}: {message}")
+        problems.append(problem_line(path, lines, where, message))
 
     for key in raw:
         if key not in TOP_KEYS:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import yaml
 
@@ -215,26 +215,39 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def run_local(plan: Plan, todo: list[tuple[str, int]], jobs: int, threads: int | None, devices: list[str] | None,
-              echo: Callable[[str], None] = print) -> list[str]:  # fmt: skip
-    """The runs on this machine, `jobs` at a time, in the order given (seed by seed); worker k uses devices[k] (a GPU
-    each) or `threads` CPU threads. -> one line per failed run."""
+def on_devices(jobs: int, devices: list[str] | None, work: Callable, items: list) -> list[Future]:
+    """work(item, device) for each item, `jobs` at a time, in order; a job holds its device (devices[k], a GPU each,
+    or None) from start to end, so no two jobs share one whichever ends first. -> the futures, in the items' order."""
     slots: queue.Queue = queue.Queue()
     for k in range(jobs):
         slots.put(devices[k] if devices else None)
 
-    def work(arm: str, seed: int) -> None:
+    def held_device(item):
         device = slots.get()
         try:
-            record = run_one(plan.path, arm, seed, threads, device)
-            if record is not None:  # no score: the runs stay blind until the report has them all
-                echo(f"{run_key(arm, seed)}: done")
+            return work(item, device)
         finally:
             slots.put(device)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [(arm, seed, pool.submit(work, arm, seed)) for arm, seed in todo]
-        return [f"{run_key(arm, seed)}: {f.exception()}" for arm, seed, f in futures if f.exception() is not None]
+        futures = [pool.submit(held_device, item) for item in items]
+    return futures
+
+
+def run_local(plan: Plan, todo: list[tuple[str, int]], jobs: int, threads: int | None, devices: list[str] | None,
+              echo: Callable[[str], None] = print) -> list[str]:  # fmt: skip
+    """The runs on this machine, `jobs` at a time, in the order given (seed by seed); worker k uses devices[k] (a GPU
+    each) or `threads` CPU threads. -> one line per failed run."""
+
+    def work(item: tuple[str, int], device: str | None) -> None:
+        arm, seed = item
+        record = run_one(plan.path, arm, seed, threads, device)
+        if record is not None:  # no score: the runs stay blind until the report has them all
+            echo(f"{run_key(arm, seed)}: done")
+
+    futures = on_devices(jobs, devices, work, todo)
+    return [f"{run_key(arm, seed)}: {f.exception()}" for (arm, seed), f in zip(todo, futures)
+            if f.exception() is not None]
 
 
 def endpoint_value(record: dict, endpoint: str) -> float:
