@@ -44,6 +44,7 @@ from dist_worker_common import (  # noqa: E402
 from simcse_hn.data.collator import SimCSECollator  # noqa: E402
 from simcse_hn.testing.models import build_tiny_bert  # noqa: E402
 from simcse_hn.training import distributed, grad_cache  # noqa: E402
+from simcse_hn.training.process_exit import finish  # noqa: E402
 
 DROPOUT = 0.1
 
@@ -173,3 +174,4 @@ def main(out_dir: str) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main(sys.argv[1])
+    finish(0)  # gloo's threads would abort the exit (-6): simcse_hn/training/process_exit.py

@@ -11,6 +11,7 @@ from dist_worker_common import gradients, make_loss, make_model, make_trainer, r
 from queue_cases import QUEUE_CASES, queue_batch, queue_trainer
 
 from simcse_hn.training import distributed
+from simcse_hn.training.process_exit import finish
 
 
 def main(out: str) -> None:
@@ -31,3 +32,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    finish(0)  # gloo's threads would abort the exit (-6): simcse_hn/training/process_exit.py

@@ -14,6 +14,7 @@ from sentence_transformers import SentenceTransformer, SentenceTransformerTraine
 from simcse_hn.export.st_losses import SimCSELoss
 from simcse_hn.export.st_training import SimCSECallback, TopicBatches
 from simcse_hn.training import distributed
+from simcse_hn.training.process_exit import finish
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny_corpus.txt"
 GLOBAL_BATCH = 4
@@ -51,3 +52,4 @@ def main(folder: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    finish(0)  # gloo's threads would abort the exit (-6): simcse_hn/training/process_exit.py

@@ -15,6 +15,7 @@ from simcse_hn.data.pairs import PairCollator
 from simcse_hn.losses import build_loss
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import build_tiny_bert
+from simcse_hn.training.process_exit import finish
 from simcse_hn.training.trainer import SimCSETrainer
 
 EXAMPLES, PER_DEVICE, CLUSTERS = 64, 4, 4
@@ -57,3 +58,4 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    finish(0)  # gloo's threads would abort the exit (-6): simcse_hn/training/process_exit.py
