@@ -10,7 +10,9 @@ numpy, scipy and yaml only: none of simcse_hn.study's code reads the records her
 * The reports: blind (no score, no mean, no test) while a run of the family is missing; once every run is in, every
   figure recomputed from the run records: the arm means and sd, each difference with its 95 % t-interval, the paired t
   and exact sign-flip p, Holm over each plan's comparisons and over the family of both plans, and the simultaneous
-  interval (the test at alpha / m does not reject at its ends and rejects just outside them).
+  interval (the test at alpha / m does not reject at its ends and rejects just outside them), the per-task
+  differences and the arms' mean diagnostics; and every run's scores from the cosines and gold scores of its
+  `<run>-sts/predictions.npz` (Spearman x 100 over each task's pairs, averaged over the seven tasks).
 * The recomputation agrees with simcse_hn.study.analysis on made-up paired values (two implementations).
 """
 
@@ -208,3 +210,27 @@ def test_each_report_is_blind_until_every_run_is_in_then_every_figure_recomputes
                   for m in members}  # fmt: skip
         family = recompute(groups, spec["alpha"])
         assert_same(report["family_comparison"]["tests"], family, report["family_comparison"]["level"])
+    tasks = next(iter(records[name].values()))["scores"]["tasks"]
+    for arm in spec["arms"]:
+        if arm == spec["baseline"]:
+            continue
+        for task in tasks:
+            d = [records[name][f"{arm}-s{seed}"]["scores"]["tasks"][task]
+                 - records[name][f"{spec['baseline']}-s{seed}"]["scores"]["tasks"][task] for seed in spec["seeds"]]
+            assert report["per_task"][arm][task] == pytest.approx(np.mean(d), rel=1e-9, abs=1e-12), (arm, task)
+    for arm in spec["arms"]:
+        runs = [records[name][f"{arm}-s{seed}"]["diagnostics"] for seed in spec["seeds"]]
+        for key, value in report["diagnostics_by_arm"][arm].items():
+            assert value == pytest.approx(np.mean([r[key] for r in runs]), rel=1e-9, abs=1e-12), (arm, key)
+
+
+@pytest.mark.parametrize("study", list(PLANS.values()))
+def test_every_run_scores_are_the_spearman_of_its_predictions(study):
+    for key, record in run_records(study).items():
+        predictions = np.load(FOLDER / study / "runs" / f"{key}-sts" / "predictions.npz")
+        tasks = record["scores"]["tasks"]
+        assert set(tasks) == {name.split("/")[0] for name in predictions.files}, key
+        for task, score in tasks.items():
+            rho = stats.spearmanr(predictions[f"{task}/cosine"], predictions[f"{task}/gold"]).statistic
+            assert score == pytest.approx(100 * rho, rel=1e-12), (key, task)
+        assert record["scores"]["average"] == pytest.approx(np.mean(list(tasks.values())), rel=1e-12), key
