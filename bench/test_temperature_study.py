@@ -234,3 +234,27 @@ def test_every_run_scores_are_the_spearman_of_its_predictions(study):
             rho = stats.spearmanr(predictions[f"{task}/cosine"], predictions[f"{task}/gold"]).statistic
             assert score == pytest.approx(100 * rho, rel=1e-12), (key, task)
         assert record["scores"]["average"] == pytest.approx(np.mean(list(tasks.values())), rel=1e-12), key
+
+
+def test_the_figures_docs_quality_md_quotes_are_the_reports():
+    """docs/quality.md's table of the family and its arm means, against the reports (rounded as the page rounds)."""
+    doc = (FOLDER.parents[2] / "docs" / "quality.md").read_text(encoding="utf-8")
+    family = read(FOLDER / "study_regime2" / "report.json")["family_comparison"]["tests"]
+    rows = {"bank of 4,096": "temperature-bank4096", "topic batches + bank": "temperature-topic-bank4096"}
+    arms = {"HCL beta 0.2": "hcl", "UnReMix beta 1": "unremix"}
+    seen = set()
+    for line in doc.splitlines():
+        cells = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
+        if len(cells) < 7 or cells[0] not in rows or cells[1] not in arms:
+            continue
+        v = family[f"{rows[cells[0]]}: {arms[cells[1]]}"]
+        assert cells[2] == f"{v['difference']:+.2f} [{v['low']:+.2f}, {v['high']:+.2f}]", line
+        sim = v["simultaneous"]
+        assert cells[3] == f"[{sim['low']:+.2f}, {sim['high']:+.2f}]", line
+        assert float(cells[5]) == pytest.approx(v["p_sign_flip_holm"], abs=0.006), line
+        assert (cells[6] == "no difference shown") == (v["p_sign_flip_holm"] >= 0.05), line
+        seen.add(line)
+    assert len(seen) == 4
+    for study in PLANS.values():
+        for arm, v in read(FOLDER / study / "report.json")["summary"].items():
+            assert f"{v['mean']:.2f} ({v['sd']:.2f})" in doc, (study, arm)
