@@ -348,6 +348,40 @@ def test_the_clamp_criterion_reads_the_arms_mean_clamped_fraction_and_a_missing_
     assert verdict["go"] is ok
 
 
+@pytest.mark.parametrize(("infonce_dev", "edge"), [
+    ({0.03: [80.0, 80.2], 0.05: [79.0, 79.4], 0.07: [78.0, 78.0]}, "lowest"),
+    ({0.03: [78.0, 78.0], 0.05: [79.0, 79.4], 0.07: [80.0, 80.2]}, "highest"),
+    ({0.03: [79.0, 79.4], 0.05: [80.0, 80.2], 0.07: [78.0, 78.0]}, None),
+])  # fmt: skip
+def test_the_pilot_page_shows_each_grid_and_doubts_a_pick_at_its_edge_or_within_the_seeds_noise(
+    tmp_path, infonce_dev, edge
+):
+    grid = "  tune:\n    infonce: {temperature: [0.03, 0.05, 0.07]}\n    hcl: {hcl_beta: [0.1, 0.2, 0.4]}\n"
+    plan = load_plan(str(write_plan(tmp_path, PLAN + "pilot:\n  seeds: [1, 2]\n" + grid)), check_arms=False)
+    hcl_dev = {0.1: [80.0, 80.1], 0.2: [80.3, 80.0], 0.4: [79.9, 80.0]}  # 0.2 ahead by 0.1, its seeds' sd 0.21
+    found = [{"arm": arm, "seed": seed, "change": {key: value}, "dev": devs[seed - 1]}
+             for arm, key, table in (("infonce", "temperature", infonce_dev), ("hcl", "hcl_beta", hcl_dev))
+             for value, devs in table.items() for seed in (1, 2)]  # fmt: skip
+    picks, _ = pilot.choose(plan, found)
+    tuned = pilot.tuning(plan, found, picks)
+    assert picks["hcl"] == {"hcl_beta": 0.2} and tuned["hcl"]["edge"] is None
+    assert tuned["infonce"]["edge"] == edge
+    assert [p["mean"] for p in tuned["infonce"]["points"]] == pytest.approx([np.mean(v) for v in infonce_dev.values()])
+    assert tuned["hcl"]["lead"] == pytest.approx(0.1) and tuned["hcl"]["sd_at_pick"] == pytest.approx(0.3 / 2**0.5)
+    noise = "hcl: the pick leads the next best point by 0.1, less than the sd of its dev score over the seeds (0.212)"
+    notes = [noise + ": within the seeds' noise."]
+    if edge:
+        value, beyond = {"lowest": ("0.03", "below"), "highest": ("0.07", "above")}[edge]
+        notes.insert(0, f"infonce: the pick, temperature {value}, is the {edge} value of its grid: the best may lie "
+                        f"{beyond} it, which this pilot did not try.")  # fmt: skip
+    assert pilot.tuning_notes(tuned) == notes
+    page = pilot.markdown({"study": "tiny", "plan_version": 1, "checks": {}, "go": True, "runs": [], "tuning": tuned})
+    middle = infonce_dev[0.05]
+    row = f"| infonce | temperature | 0.05 | {np.mean(middle):.4g} | {np.std(middle, ddof=1):.4g} | "
+    assert row + ("pick |" if edge is None else " |") in page
+    assert all(f"* {note}" in page for note in notes)
+
+
 def test_each_job_holds_its_own_gpu_for_the_whole_run(tmp_path):
     """Four runs, two jobs on GPUs 3 and 5: no two runs at once on one GPU, whichever ends first."""
     import threading

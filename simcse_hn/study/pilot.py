@@ -281,6 +281,45 @@ def choose(plan: Plan, runs: list[dict]) -> tuple[dict, float | None]:
     return picks, float(max(spreads))
 
 
+def tuning(plan: Plan, runs: list[dict], picks: dict) -> dict[str, dict]:
+    """Each tuned arm's grid as the pilot saw it: every point's mean dev score and sd over the pilot seeds, whether the
+    pick is the lowest or highest value of a numeric grid (the best may then lie beyond what was tried), and the
+    pick's lead over the next best point."""
+    out = {}
+    for arm, grid in ((plan.pilot or {}).get("tune") or {}).items():
+        ((option, values),) = grid.items()
+        points = []
+        for change in grid_points(grid):
+            dev = [r["dev"] for r in runs if r["arm"] == arm and r["change"] == change and r["dev"] is not None]
+            points.append({"value": change[option], "mean": float(np.mean(dev)) if dev else None,
+                           "sd": float(np.std(dev, ddof=1)) if len(dev) > 1 else None})  # fmt: skip
+        picked = picks[arm][option]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        edge = None
+        if numeric and len(set(values)) > 1:
+            edge = "lowest" if picked == min(values) else "highest" if picked == max(values) else None
+        means = sorted((p["mean"] for p in points if p["mean"] is not None), reverse=True)
+        at_pick = next(p for p in points if p["value"] == picked)
+        out[arm] = {"option": option, "points": points, "pick": picked, "edge": edge,
+                    "lead": means[0] - means[1] if len(means) > 1 else None, "sd_at_pick": at_pick["sd"]}  # fmt: skip
+    return out
+
+
+def tuning_notes(tuned: dict[str, dict]) -> list[str]:
+    """One line per tuned arm whose pick a reader should doubt: at the edge of its grid, or ahead by less than the
+    seeds' spread."""
+    notes = []
+    for arm, t in tuned.items():
+        if t["edge"]:
+            beyond = "below" if t["edge"] == "lowest" else "above"
+            notes.append(f"{arm}: the pick, {t['option']} {_show(t['pick'])}, is the {t['edge']} value of its grid: "
+                         f"the best may lie {beyond} it, which this pilot did not try.")  # fmt: skip
+        if t["lead"] is not None and t["sd_at_pick"] is not None and t["lead"] < t["sd_at_pick"]:
+            notes.append(f"{arm}: the pick leads the next best point by {t['lead']:.3g}, less than the sd of its dev "
+                         f"score over the seeds ({t['sd_at_pick']:.3g}): within the seeds' noise.")  # fmt: skip
+    return notes
+
+
 def run_pilot(plan: Plan, jobs: int, threads: int | None, devices: list[str] | None) -> str:
     """Train what the pilot lacks, read it, write <study>/pilot/pilot.{json,md}; on go, lock the picks."""
     problems = check(plan)
@@ -300,7 +339,7 @@ def run_pilot(plan: Plan, jobs: int, threads: int | None, devices: list[str] | N
     runs = [f.result() for f in trained]
     picks, spread = choose(plan, runs)
     record = {"study": plan.name, "plan_version": version["version"], "runs": runs, "picks": picks,
-              "spread": spread, "shared_pairs": shared, "dev": dev.get("file"),
+              "spread": spread, "shared_pairs": shared, "dev": dev.get("file"), "tuning": tuning(plan, runs, picks),
               **verdict(plan, runs, picks)}  # fmt: skip
     if record["go"]:
         locked = lock(plan, reason="the pilot's picks", picks=picks, stage="confirmatory")
@@ -309,6 +348,10 @@ def run_pilot(plan: Plan, jobs: int, threads: int | None, devices: list[str] | N
     page = markdown(record)
     write_atomic(os.path.join(plan.study_dir, "pilot", "pilot.md"), page)
     return page
+
+
+def _value(value) -> str:
+    return json.dumps(value) if isinstance(value, (dict, list)) else _show(value)
 
 
 def _show(value) -> str:
@@ -325,6 +368,15 @@ def markdown(record: dict) -> str:
         lines += ["", f"Tuned on {record['dev']}, which shares {record['shared_pairs']} sentence pairs with the "
                   "endpoint's test files. Picks: " + ("; ".join(f"{a} {json.dumps(c)}" for a, c in
                                                                   record["picks"].items()) or "none") + "."]
+    if record.get("tuning"):
+        lines += ["", "Mean dev score over the pilot's seeds, each tuned arm's grid (sd over the seeds):", "",
+                  "| arm | option | value | mean dev | sd | |", "|---|---|---|---|---|---|",
+                  *[f"| {arm} | {t['option']} | {_value(p['value'])} | {_show(p['mean'])} | {_show(p['sd'])} | "
+                    f"{'pick' if p['value'] == t['pick'] else ''} |"
+                    for arm, t in record["tuning"].items() for p in t["points"]]]  # fmt: skip
+        notes = tuning_notes(record["tuning"])
+        if notes:
+            lines += ["", *[f"* {note}" for note in notes]]
     if record.get("locked_version"):
         lines += ["", f"The picks are locked as plan version {record['locked_version']} (confirmatory stage)."]
     lines += ["", "| run | dev | loss | top1pct_weight_share | clamp_frac | harder_than_positive |",
