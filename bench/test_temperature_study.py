@@ -258,3 +258,14 @@ def test_the_figures_docs_quality_md_quotes_are_the_reports():
     for study in PLANS.values():
         for arm, v in read(FOLDER / study / "report.json")["summary"].items():
             assert f"{v['mean']:.2f} ({v['sd']:.2f})" in doc, (study, arm)
+
+
+def test_the_readme_line_on_the_labs_result_quotes_the_reports():
+    readme = " ".join((FOLDER.parents[2] / "README.md").read_text(encoding="utf-8").split())
+    family = read(FOLDER / "study_regime2" / "report.json")["family_comparison"]["tests"]
+    topic = sorted(-v["difference"] for k, v in family.items() if k.startswith("temperature-topic-bank4096:"))
+    assert all(v["p_sign_flip_holm"] < 0.05 for k, v in family.items() if k.startswith("temperature-topic-bank4096:"))
+    assert all(v["p_sign_flip_holm"] >= 0.05 for k, v in family.items() if k.startswith("temperature-bank4096:"))
+    assert f"InfoNCE is ahead of both by {topic[0]:.2f}-{topic[-1]:.2f} points" in readme
+    pick = read(FOLDER / "study" / "pilot" / "pilot.json")["picks"]["infonce"]["temperature"]
+    assert f"against InfoNCE at its tuned temperature ({pick}) neither differs in the first regime" in readme
