@@ -153,6 +153,9 @@ def test_a_report_before_the_last_run_compares_nothing_then_tests_every_arm(tmp_
     fake_records(plan, version, keys[-1:], lambda arm, seed: 72.777 + 0.1 * (seed % 3))
     page = report.write_report(plan)
     assert "12 of 12 runs in" in page and "| hcl | +1.000 |" in page and "0.0312 (floor)" in page
+    for seed in plan.seeds:  # each pair of the test, and the count of seeds ahead
+        assert f"| {seed} | {71.777 + 0.1 * (seed % 3):.2f} | +1.00 |" in page
+    assert "| ahead / behind | | 6 / 0 |" in page
     assert report.markdown(json.loads((tmp_path / "study" / "report.json").read_text())) == page
 
 

@@ -67,6 +67,7 @@ def analyse(plan: Plan, version: dict, runs: dict[str, dict], refused: dict[str,
     if not out["complete"] or any(f["in"] < f["expected"] for f in out.get("family", {}).values()):
         return out
     values = endpoint_values(plan, runs)
+    out["values"] = values  # the endpoint by seed, in the plan's order: the paired data of every test
     out["summary"] = {arm: {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1))} for arm, v in values.items()}
     out["comparison"] = compare(values, plan.baseline, plan.alpha, plan.smallest_effect)
     if family:
@@ -107,6 +108,23 @@ def _row(name: str, v: dict, extra: str = "") -> str:
     return (f"| {name} | {v['difference']:+.3f} | [{v['low']:+.3f}, {v['high']:+.3f}] | [{s['low']:+.3f}, "
             f"{s['high']:+.3f}] | {v['p_sign_flip']:.4f}{floor} | {v['p_sign_flip_holm']:.4f} | {v['p_t']:.4f} | "
             f"{v['p_t_holm']:.4f} | {v['sd_of_differences']:.3f} | {extra}{v['reading']} |")
+
+
+def by_seed(record: dict) -> list[str]:
+    """The paired data of the tests: the baseline's endpoint on each seed and each arm's difference from it, and on
+    how many seeds each arm is ahead and behind."""
+    values, baseline = record["values"], record["baseline"]
+    arms = [arm for arm in values if arm != baseline]
+    lines = ["", f"## Each seed: {baseline}'s {record['endpoint']} and each arm's difference from it", "",
+             f"| seed | {baseline} | " + " | ".join(f"{arm} - {baseline}" for arm in arms) + " |",
+             "|---|---|" + "---|" * len(arms)]  # fmt: skip
+    for i, seed in enumerate(record["seeds"]):
+        base = values[baseline][i]
+        lines.append(f"| {seed} | {base:.2f} | " + " | ".join(f"{values[a][i] - base:+.2f}" for a in arms) + " |")
+    ahead = [sum(v > b for v, b in zip(values[a], values[baseline])) for a in arms]
+    behind = [sum(v < b for v, b in zip(values[a], values[baseline])) for a in arms]
+    lines.append("| ahead / behind | | " + " | ".join(f"{up} / {down}" for up, down in zip(ahead, behind)) + " |")
+    return lines
 
 
 def markdown(record: dict) -> str:
@@ -151,6 +169,8 @@ def markdown(record: dict) -> str:
                   "| comparison | difference | 95 % t-interval | simultaneous interval | sign-flip p | Holm | "
                   "paired t p | Holm | sd of differences | reading |", "|---|---|---|---|---|---|---|---|---|---|",
                   *[_row(name, v) for name, v in f["tests"].items()]]  # fmt: skip
+    if "values" in record:  # records written before it was kept show no seed table
+        lines += by_seed(record)
     inverted = c["n"] <= MAX_INVERTED
     how = (f"invert the exact sign-flip test at {c['level']:.4g} (Bonferroni)" if inverted else
            f"are Bonferroni's paired-t intervals at {c['level']:.4g} ({c['n']} seeds: more than the exact inversion "
