@@ -367,8 +367,8 @@ def test_the_pilot_page_shows_each_grid_and_doubts_a_pick_at_its_edge_or_within_
              for value, devs in table.items() for seed in (1, 2)]  # fmt: skip
     picks, _ = pilot.choose(plan, found)
     tuned = pilot.tuning(plan, found, picks)
-    assert picks["hcl"] == {"hcl_beta": 0.2} and tuned["hcl"]["edge"] is None
-    assert tuned["infonce"]["edge"] == edge
+    assert picks["hcl"] == {"hcl_beta": 0.2} and tuned["hcl"]["edges"] == {}
+    assert tuned["infonce"]["edges"] == ({"temperature": edge} if edge else {})
     assert [p["mean"] for p in tuned["infonce"]["points"]] == pytest.approx([np.mean(v) for v in infonce_dev.values()])
     assert tuned["hcl"]["lead"] == pytest.approx(0.1) and tuned["hcl"]["sd_at_pick"] == pytest.approx(0.3 / 2**0.5)
     noise = "hcl: the pick leads the next best point by 0.1, less than the sd of its dev score over the seeds (0.212)"
@@ -380,9 +380,48 @@ def test_the_pilot_page_shows_each_grid_and_doubts_a_pick_at_its_edge_or_within_
     assert pilot.tuning_notes(tuned) == notes
     page = pilot.markdown({"study": "tiny", "plan_version": 1, "checks": {}, "go": True, "runs": [], "tuning": tuned})
     middle = infonce_dev[0.05]
-    row = f"| infonce | temperature | 0.05 | {np.mean(middle):.4g} | {np.std(middle, ddof=1):.4g} | "
+    row = f"| infonce | temperature 0.05 | {np.mean(middle):.4g} | {np.std(middle, ddof=1):.4g} | "
     assert row + ("pick |" if edge is None else " |") in page
     assert all(f"* {note}" in page for note in notes)
+
+
+def test_a_grid_of_several_options_tunes_every_combination_at_the_same_budget(tmp_path):
+    grid = "  tune:\n    infonce: {temperature: [0.03, 0.04, 0.05, 0.06]}\n" \
+           "    hcl: {temperature: [0.04, 0.05], hcl_beta: [0.1, 0.2]}\n"  # fmt: skip
+    dev = "  dev: {file: dev.jsonl, shares_with_test: 0}\n"
+    path = write_plan(tmp_path, PLAN + "pilot:\n  seeds: [1, 2]\n" + dev + grid)
+    (tmp_path / "dev.jsonl").write_text((FIXTURES / "sts_tiny.jsonl").read_text())
+    plan = load_plan(str(path), check_arms=False)
+    assert pilot.check(plan) == []
+    names = [r["name"] for r in pilot.pilot_runs(plan) if r["arm"] == "hcl" and r["seed"] == 1]
+    assert names == ["hcl-temperature=0.04,hcl_beta=0.1-s1", "hcl-temperature=0.04,hcl_beta=0.2-s1",
+                     "hcl-temperature=0.05,hcl_beta=0.1-s1", "hcl-temperature=0.05,hcl_beta=0.2-s1"]  # fmt: skip
+    config = next(r["config"] for r in pilot.pilot_runs(plan) if r["name"] == names[1])
+    assert (config["loss"], config["temperature"], config["hcl_beta"]) == ("hcl", 0.04, 0.2)
+    # hcl best at temperature 0.04 (its lowest) and beta 0.2 (its highest); infonce inside its grid
+    found = [{"arm": "hcl", "seed": seed, "change": {"temperature": t, "hcl_beta": b},
+              "dev": 80 + (t == 0.04) + b + 0.01 * seed} for t in (0.04, 0.05) for b in (0.1, 0.2) for seed in (1, 2)]
+    found += [{"arm": "infonce", "seed": seed, "change": {"temperature": t}, "dev": 80 - abs(t - 0.05)}
+              for t in (0.03, 0.04, 0.05, 0.06) for seed in (1, 2)]  # fmt: skip
+    picks, _ = pilot.choose(plan, found)
+    assert picks == {"infonce": {"temperature": 0.05}, "hcl": {"temperature": 0.04, "hcl_beta": 0.2}}
+    tuned = pilot.tuning(plan, found, picks)
+    assert tuned["hcl"]["edges"] == {"temperature": "lowest", "hcl_beta": "highest"}
+    assert tuned["infonce"]["edges"] == {}
+    assert [n.split(":")[1] for n in pilot.tuning_notes(tuned)] == [
+        " the pick, temperature 0.04, is the lowest value of its grid",
+        " the pick, hcl_beta 0.2, is the highest value of its grid",
+    ]
+    page = pilot.markdown({"study": "tiny", "plan_version": 1, "checks": {}, "go": True, "runs": [], "tuning": tuned})
+    assert "| hcl | temperature 0.04, hcl_beta 0.2 | 81.2" in page
+    assert "| hcl | temperature 0.05, hcl_beta 0.1 | 80.1" in page
+
+    path.write_text(path.read_text().replace("[0.03, 0.04, 0.05, 0.06]", "[0.03, 0.04, 0.05]"))
+    assert pilot.check(load_plan(str(path), check_arms=False)) == [
+        f"{path}:17: pilot.tune: grids of unequal size (infonce 3, hcl 4); every arm gets the same tuning budget"]
+    path.write_text(path.read_text().replace("hcl_beta: [0.1, 0.2]", "hcl_beta: []"))
+    problems = pilot.check(load_plan(str(path), check_arms=False))
+    assert any("pilot.tune.hcl: options and their grids" in line for line in problems)
 
 
 def test_each_job_holds_its_own_gpu_for_the_whole_run(tmp_path):

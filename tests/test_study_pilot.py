@@ -39,7 +39,7 @@ def test_the_pilot_tunes_on_dev_data_alike_and_locks_its_picks_before_the_runs(t
     page = study(tmp_path, "pilot", "study.yaml").stdout
     record = json.loads((tmp_path / "study" / "pilot" / "pilot.json").read_text())
     assert "**go**" in page and "shares 0 sentence pairs" in page
-    assert "| infonce | temperature | 0.05 |" in page and '| margin | loss_options | {"margin": 0.1} |' in page
+    assert "| infonce | temperature 0.05 |" in page and '| margin | loss_options {"margin": 0.1} |' in page
     picked = record["picks"]["infonce"]["temperature"]  # a grid of two: the pick is at one of its edges
     edge = "lowest" if picked == 0.05 else "highest"
     assert f"* infonce: the pick, temperature {picked}, is the {edge} value of its grid" in page

@@ -9,6 +9,7 @@ new version (stage "confirmatory"), locked before the first confirmatory run."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 
@@ -64,8 +65,9 @@ def tuned_configs(plan: Plan) -> list[dict]:
 
 
 def grid_points(grid: dict) -> list[dict]:
-    """{key: [v1, v2, ...]} (one option per arm) -> [{key: v1}, {key: v2}, ...]."""
-    return [{key: value} for key, values in grid.items() for value in values]
+    """{key: [v1, v2, ...], ...} -> every combination of the options' values, the first option's outermost:
+    [{key: v1, ...}, {key: v2, ...}, ...] (one option: one point a value)."""
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
 def _local(plan: Plan, name) -> str | None:

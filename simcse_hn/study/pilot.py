@@ -1,5 +1,5 @@
 """The pilot (`simcse-hn-study pilot PLAN`): short runs of every arm and of a random-batch reference, read against
-the plan's go criteria, and the tuning of one option per arm on a dev set the plan names, never the endpoint's test
+the plan's go criteria, and the tuning of each arm's options on a dev set the plan names, never the endpoint's test
 data. Its picks go into a new version of the plan, locked before the first confirmatory run.
 
     pilot:
@@ -11,9 +11,10 @@ data. Its picks go into a new version of the plan, locked before the first confi
         weight_share: {arms: [hcl], ratio: 2}   # share of weight on the nearest 1 % >= 2 x uniform's
         clamp: {arms: [dcl], below: 0.5}    # DCL's clamped anchors below half
       dev: {file: dev.jsonl, split: dev, shares_with_test: 0}   # pairs it shares with the endpoint's test files
-      tune:                                 # one option per arm, grids of one size (equal budget)
-        infonce: {temperature: [0.04, 0.05]}
-        focal: {loss_options: [{gamma: 0.5}, {gamma: 2.0}]}
+      tune:                                 # grids of one size (equal budget); several options: every combination
+        infonce: {temperature: [0.03, 0.04, 0.05, 0.06]}
+        hcl: {temperature: [0.04, 0.05], hcl_beta: [0.1, 0.2]}
+        focal: {loss_options: [{gamma: 0.5}, {gamma: 1.0}, {gamma: 2.0}, {gamma: 4.0}]}
       untuned: {}                           # {arm: why} for an arm the pilot leaves as it is
 
 `harder_than_positive` is reported, not a criterion. The uniform share of the nearest 1 % over n negatives is
@@ -72,12 +73,15 @@ def check(plan: Plan) -> list[str]:
             problem((part,), "a mapping of train.py keys")
     problem_criteria(plan, pilot, problem)
     tune, untuned = pilot.get("tune") or {}, pilot.get("untuned") or {}
-    sizes = {arm: sum(len(v) for v in grid.values()) for arm, grid in tune.items() if isinstance(grid, dict)}
+    sizes = {}
     for arm, grid in tune.items():
         if arm not in plan.arms:
             problem(("tune", arm), "not an arm of the plan")
-        elif not isinstance(grid, dict) or len(grid) != 1 or not isinstance(next(iter(grid.values())), list):
-            problem(("tune", arm), "one option and its grid, e.g. {temperature: [0.04, 0.05]}")
+        elif not isinstance(grid, dict) or not grid or not all(isinstance(v, list) and v for v in grid.values()):
+            problem(("tune", arm), "options and their grids, e.g. {temperature: [0.04, 0.05]} (several options: "
+                    "every combination is a grid point)")  # fmt: skip
+        else:
+            sizes[arm] = math.prod(len(v) for v in grid.values())
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{a} {n}" for a, n in sizes.items())
         problem(("tune",), f"grids of unequal size ({listed}); every arm gets the same tuning budget")
@@ -282,37 +286,37 @@ def choose(plan: Plan, runs: list[dict]) -> tuple[dict, float | None]:
 
 
 def tuning(plan: Plan, runs: list[dict], picks: dict) -> dict[str, dict]:
-    """Each tuned arm's grid as the pilot saw it: every point's mean dev score and sd over the pilot seeds, whether the
-    pick is the lowest or highest value of a numeric grid (the best may then lie beyond what was tried), and the
-    pick's lead over the next best point."""
+    """Each tuned arm's grid as the pilot saw it: every point's mean dev score and sd over the pilot seeds, the options
+    whose picked value is the lowest or highest of a numeric grid (the best may then lie beyond what was tried), and
+    the pick's lead over the next best point."""
     out = {}
     for arm, grid in ((plan.pilot or {}).get("tune") or {}).items():
-        ((option, values),) = grid.items()
         points = []
         for change in grid_points(grid):
             dev = [r["dev"] for r in runs if r["arm"] == arm and r["change"] == change and r["dev"] is not None]
-            points.append({"value": change[option], "mean": float(np.mean(dev)) if dev else None,
+            points.append({"change": change, "mean": float(np.mean(dev)) if dev else None,
                            "sd": float(np.std(dev, ddof=1)) if len(dev) > 1 else None})  # fmt: skip
-        picked = picks[arm][option]
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        edge = None
-        if numeric and len(set(values)) > 1:
-            edge = "lowest" if picked == min(values) else "highest" if picked == max(values) else None
+        pick, edges = picks[arm], {}
+        for option, values in grid.items():
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and len(set(values)) > 1:
+                edge = "lowest" if pick[option] == min(values) else "highest" if pick[option] == max(values) else None
+                if edge:
+                    edges[option] = edge
         means = sorted((p["mean"] for p in points if p["mean"] is not None), reverse=True)
-        at_pick = next(p for p in points if p["value"] == picked)
-        out[arm] = {"option": option, "points": points, "pick": picked, "edge": edge,
+        at_pick = next(p for p in points if p["change"] == pick)
+        out[arm] = {"points": points, "pick": pick, "edges": edges,
                     "lead": means[0] - means[1] if len(means) > 1 else None, "sd_at_pick": at_pick["sd"]}  # fmt: skip
     return out
 
 
 def tuning_notes(tuned: dict[str, dict]) -> list[str]:
-    """One line per tuned arm whose pick a reader should doubt: at the edge of its grid, or ahead by less than the
-    seeds' spread."""
+    """One line per doubt a reader should have of a pick: an option at the edge of its grid, a lead over the next
+    best point smaller than the seeds' spread."""
     notes = []
     for arm, t in tuned.items():
-        if t["edge"]:
-            beyond = "below" if t["edge"] == "lowest" else "above"
-            notes.append(f"{arm}: the pick, {t['option']} {_show(t['pick'])}, is the {t['edge']} value of its grid: "
+        for option, edge in t["edges"].items():
+            beyond = "below" if edge == "lowest" else "above"
+            notes.append(f"{arm}: the pick, {option} {_value(t['pick'][option])}, is the {edge} value of its grid: "
                          f"the best may lie {beyond} it, which this pilot did not try.")  # fmt: skip
         if t["lead"] is not None and t["sd_at_pick"] is not None and t["lead"] < t["sd_at_pick"]:
             notes.append(f"{arm}: the pick leads the next best point by {t['lead']:.3g}, less than the sd of its dev "
@@ -350,6 +354,10 @@ def run_pilot(plan: Plan, jobs: int, threads: int | None, devices: list[str] | N
     return page
 
 
+def _point(change: dict) -> str:
+    return ", ".join(f"{option} {_value(value)}" for option, value in change.items())
+
+
 def _value(value) -> str:
     return json.dumps(value) if isinstance(value, (dict, list)) else _show(value)
 
@@ -370,9 +378,9 @@ def markdown(record: dict) -> str:
                                                                   record["picks"].items()) or "none") + "."]
     if record.get("tuning"):
         lines += ["", "Mean dev score over the pilot's seeds, each tuned arm's grid (sd over the seeds):", "",
-                  "| arm | option | value | mean dev | sd | |", "|---|---|---|---|---|---|",
-                  *[f"| {arm} | {t['option']} | {_value(p['value'])} | {_show(p['mean'])} | {_show(p['sd'])} | "
-                    f"{'pick' if p['value'] == t['pick'] else ''} |"
+                  "| arm | grid point | mean dev | sd | |", "|---|---|---|---|---|",
+                  *[f"| {arm} | {_point(p['change'])} | {_show(p['mean'])} | {_show(p['sd'])} | "
+                    f"{'pick' if p['change'] == t['pick'] else ''} |"
                     for arm, t in record["tuning"].items() for p in t["points"]]]  # fmt: skip
         notes = tuning_notes(record["tuning"])
         if notes:
