@@ -169,8 +169,6 @@ def markdown(record: dict) -> str:
                   "| comparison | difference | 95 % t-interval | simultaneous interval | sign-flip p | Holm | "
                   "paired t p | Holm | sd of differences | reading |", "|---|---|---|---|---|---|---|---|---|---|",
                   *[_row(name, v) for name, v in f["tests"].items()]]  # fmt: skip
-    if "values" in record:  # records written before it was kept show no seed table
-        lines += by_seed(record)
     inverted = c["n"] <= MAX_INVERTED
     how = (f"invert the exact sign-flip test at {c['level']:.4g} (Bonferroni)" if inverted else
            f"are Bonferroni's paired-t intervals at {c['level']:.4g} ({c['n']} seeds: more than the exact inversion "
@@ -179,6 +177,8 @@ def markdown(record: dict) -> str:
               f"{c['n']} seeds the test's smallest p is 2/{2 ** c['n']} = {c['floor']:.4g}" +
               ("; a p marked (floor) sits there: more seeds could show a smaller one." if any(
                   v["at_floor"] for v in c["tests"].values()) else ".")]  # fmt: skip
+    if "values" in record:  # records written before it was kept show no seed table
+        lines += by_seed(record)
     tasks = list(next(iter(record["per_task"].values())))
     lines += ["", f"## Per task (secondary, no test): mean difference against {record['baseline']}", "",
               "| arm | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks),
