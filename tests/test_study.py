@@ -282,6 +282,18 @@ def test_pilot_keys_are_train_py_keys_and_a_refused_value_names_no_temporary_fil
     path = write_plan(tmp_path, PLAN.replace("hcl_beta: 0.5", "hcl_beta: -1"))
     (found,) = problems(path)
     assert found.startswith(f"{path}:8: arms.hcl: ") and "hcl_beta" in found and "arm.yaml" not in found, found
+    # the pilot's grid: its keys are train.py keys, and every point (and the reference) is a config train.py takes
+    pilot = {"tune": {"infonce": {"temperatur": [0.05]}, "hcl": {"seed": [1]}}}
+    path = write_plan(tmp_path, PLAN + yaml.safe_dump({"pilot": pilot}))
+    assert problems(path) == [f"{path}:17: pilot.tune.hcl.seed: set by the study for each run; leave it out",
+                              f"{path}:20: pilot.tune.infonce.temperatur: not a train.py key"]  # fmt: skip
+    pilot = {"reference": {"queue_size": -4},
+             "tune": {"hcl": {"hcl_beta": [0.2, -1.0]}, "infonce": {"temperature": [0.05, 0.1]}}}  # fmt: skip
+    path = write_plan(tmp_path, PLAN + yaml.safe_dump({"pilot": pilot}))
+    assert problems(path) == [
+        f"{path}:15: pilot.reference: queue_size: must be >= 0, got -4",
+        f"{path}:18: pilot.tune.hcl: hcl_beta -1.0: hcl_beta: must be >= 0, got -1.0",
+    ]
 
 
 def test_the_uniform_share_counts_the_negatives_train_py_would_give():
@@ -385,6 +397,19 @@ def test_the_pilot_page_shows_each_grid_and_doubts_a_pick_at_its_edge_or_within_
     assert all(f"* {note}" in page for note in notes)
 
 
+@pytest.mark.parametrize(("shared", "said"), [
+    (None, "whose pairs were not counted against the endpoint's test files (the evaluation data is on the Hub)"),
+    (0, "which shares 0 sentence pairs with the endpoint's test files"),
+    (186, "which shares 186 sentence pairs with the endpoint's test files"),
+])  # fmt: skip
+def test_the_pilot_page_says_what_the_dev_set_shares_with_the_test_files(shared, said):
+    record = {"study": "tiny", "plan_version": 1, "checks": {}, "go": True, "runs": [], "dev": "dev.jsonl",
+              "shared_pairs": shared, "picks": {"infonce": {"temperature": 0.05}}}  # fmt: skip
+    page = pilot.markdown(record)
+    assert f"Tuned on dev.jsonl, {said}. Picks: infonce " in page and "None" not in page
+    assert ("The picks saw 186 pairs that the endpoint's test files hold" in page) is (shared == 186)
+
+
 def test_a_grid_of_several_options_tunes_every_combination_at_the_same_budget(tmp_path):
     grid = "  tune:\n    infonce: {temperature: [0.03, 0.04, 0.05, 0.06]}\n" \
            "    hcl: {temperature: [0.04, 0.05], hcl_beta: [0.1, 0.2]}\n"  # fmt: skip
@@ -473,6 +498,9 @@ def test_gpus_and_executor_params_are_checked_before_the_lock_is_read(tmp_path, 
     for args, line in cases:
         assert main(["run", path, *args]) == 2
         assert capsys.readouterr().err == line + "\n"
+    for command in ("run", "pilot"):  # the pilot's workers too: one line, not a traceback from the pool
+        assert main([command, path, "--jobs", "0"]) == 2
+        assert capsys.readouterr().err == "error: --jobs: at least 1, got 0\n"
 
 
 def test_executor_params_reach_submitit_and_one_it_refuses_is_one_line(tmp_path, monkeypatch, capsys):

@@ -93,8 +93,6 @@ def plan_command(args: argparse.Namespace, plan: Plan) -> None:
 
 
 def run_command(args: argparse.Namespace, plan: Plan) -> int:
-    if args.jobs < 1:
-        raise UserError(f"--jobs: at least 1, got {args.jobs}")
     devices, parameters = _devices(args), _parameters(args.executor_param)  # before the lock is read
     version = locking.check_locked(plan, stage="confirmatory")
     todo = pending(plan, version)
@@ -116,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         options = set(vars(sts_parser().parse_args(["--model", "-"])))  # eval/sts.py's every option, by its defaults
+        if getattr(args, "jobs", 1) < 1:
+            raise UserError(f"--jobs: at least 1, got {args.jobs}")
         plan = load_plan(args.plan, check_arms=args.command == "plan", eval_options=options)
         if args.command == "plan":
             plan_command(args, plan)

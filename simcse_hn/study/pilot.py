@@ -373,9 +373,14 @@ def markdown(record: dict) -> str:
                for name, c in record["checks"].items()],
              "", f"**{'go' if record['go'] else 'no go'}**"]  # fmt: skip
     if record.get("dev"):
-        lines += ["", f"Tuned on {record['dev']}, which shares {record['shared_pairs']} sentence pairs with the "
-                  "endpoint's test files. Picks: " + ("; ".join(f"{a} {json.dumps(c)}" for a, c in
-                                                                  record["picks"].items()) or "none") + "."]
+        shared = record["shared_pairs"]
+        lines += ["", f"Tuned on {record['dev']}, " + (
+            "whose pairs were not counted against the endpoint's test files (the evaluation data is on the Hub)"
+            if shared is None else f"which shares {shared} sentence pairs with the endpoint's test files"
+        ) + ". Picks: " + ("; ".join(f"{a} {json.dumps(c)}" for a, c in record["picks"].items()) or "none") + "."]
+        if shared:
+            lines += ["", f"The picks saw {shared} pairs that the endpoint's test files hold: the tests read scores "
+                      "of models tuned in part on their own data."]  # fmt: skip
     if record.get("tuning"):
         lines += ["", "Mean dev score over the pilot's seeds, each tuned arm's grid (sd over the seeds):", "",
                   "| arm | grid point | mean dev | sd | |", "|---|---|---|---|---|",

@@ -21,6 +21,7 @@ starts there. The study's files go to `output_dir` (default: a folder named as t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -239,6 +240,13 @@ command line passes them: the study sits below the command-line layer); `follow_
                 problem(("pilot", part, key), "not a train.py key")
             elif key in STUDY_SETS:
                 problem(("pilot", part, key), "set by the study for each run; leave it out")
+    tune = pilot.get("tune") if isinstance(pilot, dict) else None
+    for arm, grid in tune.items() if isinstance(tune, dict) else ():
+        for key in grid if isinstance(grid, dict) else ():
+            if key not in known:
+                problem(("pilot", "tune", arm, key), "not a train.py key")
+            elif key in STUDY_SETS:
+                problem(("pilot", "tune", arm, key), "set by the study for each run; leave it out")
     family, family_comparisons = raw.get("family") or [], 0
     names = {str(raw.get("name", os.path.splitext(os.path.basename(path))[0]))}  # the family's tables key by plan name
     if not isinstance(family, list) or not all(isinstance(f, str) for f in family):
@@ -282,6 +290,11 @@ command line passes them: the study sits below the command-line layer); `follow_
             if settings in seen:
                 problem(("arms", arm), f"trains exactly as arm {seen[settings]!r}: two names for one arm")
             seen.setdefault(settings, arm)
+        for where, label, config in pilot_configs(plan):  # the pilot's runs too, before any of them starts
+            try:
+                parse_arm(plan, config)
+            except ConfigError as e:
+                problem(where, f"{label}{e}")
     if problems:
         raise PlanError(problems)
     return plan
@@ -304,6 +317,25 @@ def _mapping(raw: dict, key: str, problem) -> dict:
         problem((key,), f"a mapping, got {type(value).__name__}")
         return {}
     return dict(value)
+
+
+def pilot_configs(plan: Plan) -> list[tuple[tuple, str, dict]]:
+    """The configs the pilot trains, as (where in the plan, a label, config): the reference, then each tuned arm's
+    grid points (every combination of its options' values). A grid not made of lists is left to the pilot's check."""
+    pilot = plan.pilot or {}
+    overrides = pilot.get("overrides") or {}
+    out = []
+    if isinstance(pilot.get("reference"), dict) and plan.baseline in plan.arms:
+        out.append((("pilot", "reference"), "", {**plan.config(plan.baseline), **overrides, **pilot["reference"]}))
+    tune = pilot.get("tune") if isinstance(pilot.get("tune"), dict) else {}
+    for arm, grid in tune.items():
+        if arm not in plan.arms or not isinstance(grid, dict) or not all(isinstance(v, list) for v in grid.values()):
+            continue
+        for values in itertools.product(*grid.values()):
+            change = dict(zip(grid, values))
+            label = ", ".join(f"{k} {json.dumps(v)}" for k, v in change.items()) + ": "
+            out.append((("pilot", "tune", arm), label, {**plan.config(arm), **change, **overrides}))
+    return out
 
 
 def parse_arm(plan: Plan, config: dict) -> str:
