@@ -130,6 +130,25 @@ def test_encoded_variant_reads_rows_through_the_index():
     assert result["uniformity"] == pytest.approx(numpy_uniformity(np.stack([row[s] for s in "abcde"])), rel=1e-12)
 
 
+def test_the_evaluation_docs_metric_example_runs_offline_and_gives_what_its_comment_says(tmp_path):
+    """docs/evaluation.md's Python block as a user copies it, in a fresh process with the Hub off and empty caches;
+    its last line's comment is the value it returns."""
+    import ast
+    import re
+
+    doc = (ROOT / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "STS_METRIC" in b]
+    *body, last = [line.strip() for line in block.strip().splitlines()]  # the doc indents it inside a list item
+    expression, comment = last.split("#", 1)
+    script = "\n".join([*body, "import json", f"print(json.dumps({expression.strip()}))"])
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_EVALUATE_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONPATH="")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)  # fmt: skip
+    said = ast.literal_eval(comment.strip())
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == pytest.approx(said)
+
+
 def test_evaluate_loads_the_sts_metric_offline_and_it_gives_scipys_spearman(tmp_path):
     """`evaluate.load(path)` in a fresh process with the Hub off and empty caches, as a user without network."""
     rng = np.random.default_rng(4)

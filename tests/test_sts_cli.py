@@ -132,6 +132,7 @@ def test_cli_writes_results_json_markdown_plot_and_model_copy(tmp_path, model_di
                      "--batch_size", "5", "--save_to_model", "--no_progress_bar", "--device", "cpu",
                      cwd=cwd)  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert "protocol: aggregation wmean, SICK-R test (SimCSE)\n" in result.stdout
 
     results = json.loads((out / "results.json").read_text())
     assert set(results) == RESULT_KEYS
@@ -276,7 +277,9 @@ def test_cli_sickr_all_and_push_to_hub(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     argv = ["--model", "builtin:tiny-bert", "--pooler", "cls", "--data_dir", str(data), "--output", str(out),
             "--tasks", "stsb,sickr", "--sickr_all", "--push_to_hub", "--hub_model_id", "me/tiny"]  # fmt: skip
+    capsys.readouterr()
     assert sts.main(argv) == 0
+    assert "protocol: aggregation all, SICK-R all 9,927 pairs (MTEB)\n" in capsys.readouterr().out  # printed too
     results = json.loads((out / "results.json").read_text())
     assert results["sickr_pairs"] == "all" and list(results["tasks"]) == ["STS-B", "SICK-R"]
     assert results["tasks"]["SICK-R"]["pairs"] == 7 and set(results["tasks"]["SICK-R"]["subsets"]) == {"test", "dev"}
