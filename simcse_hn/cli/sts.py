@@ -33,20 +33,13 @@ import time
 
 from simcse_hn.data.sts import load_sts_task
 from simcse_hn.errors import DataError, UserError
-from simcse_hn.evaluation import mteb_results
+from simcse_hn.evaluation import mteb_results, reports
 from simcse_hn.evaluation.analysis import alignment_uniformity_encoded, load_stsb_dev
 from simcse_hn.evaluation.comparability import data_fingerprint
 from simcse_hn.evaluation.curves import load_curves, write_curves
 from simcse_hn.evaluation.encoding import load_encoder
 from simcse_hn.evaluation.plots import plot_results
-from simcse_hn.evaluation.reports import (
-    model_label,
-    parse_baseline,
-    pooling_name,
-    protocol,
-    results_markdown,
-    results_table,
-)
+from simcse_hn.evaluation.reports import model_label, parse_baseline, pooling_name, results_markdown, results_table
 from simcse_hn.evaluation.results import PREDICTIONS, save_predictions, sts_results
 from simcse_hn.evaluation.scoring import (
     AGGREGATION_HELP,
@@ -297,8 +290,7 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
             written += [os.path.join(mteb_cache, name) for name in cache.commit()]
     if args.save_to_model:
         save_sts_results(args.model, results)
-    print(results_table(rows), end="")
-    print(f"protocol: {protocol(results)}")  # the table's rows share it: the file outputs say it too
+    print(results_table(rows) + f"protocol: {reports.protocol(results)}")  # the rows share it; the files say it too
     geometry = scored["geometry"]
     if geometry is not None:
         print(f"alignment {geometry['alignment']:.4f}, uniformity {geometry['uniformity']:.4f} (STS-B dev)")
