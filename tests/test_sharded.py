@@ -39,7 +39,7 @@ ENGINES = [pytest.param(name, marks=[] if name == "fsdp" or HAS_DEEPSPEED else p
 
 def launch(name: str, *args: str, output: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     """Two processes under engine `name`, writing into `output`, once: every failure counts (no rerun of issue
-    39's abort at exit, which train.py and the workers now leave through simcse_hn/process_exit.finish)."""
+    39's abort at exit, which train.py and the workers now leave through simcse_hn/training/process_exit.finish)."""
     config = str(ROOT / "configs" / "accelerate" / CONFIGS[name])
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "2",
                "--mixed_precision", "no", *args]  # fmt: skip
