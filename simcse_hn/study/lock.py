@@ -9,7 +9,6 @@ new version (stage "confirmatory"), locked before the first confirmatory run."""
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
 import os
 
@@ -17,7 +16,7 @@ from simcse_hn.errors import UserError
 from simcse_hn.files import file_sha256
 from simcse_hn.provenance import code_identity, data_sha256
 from simcse_hn.study.files import read_json, text_sha256, write_atomic, write_json
-from simcse_hn.study.plan import Plan
+from simcse_hn.study.plan import Plan, grid_points
 
 LOCK = "lock.json"
 
@@ -62,12 +61,6 @@ def tuned_configs(plan: Plan) -> list[dict]:
     tune = (plan.pilot or {}).get("tune") or {}
     return [plan.config(arm) | dict(change) for arm, grid in tune.items() if arm in plan.arms
             for change in grid_points(grid)]  # fmt: skip
-
-
-def grid_points(grid: dict) -> list[dict]:
-    """{key: [v1, v2, ...], ...} -> every combination of the options' values, the first option's outermost:
-    [{key: v1, ...}, {key: v2, ...}, ...] (one option: one point a value)."""
-    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
 def _local(plan: Plan, name) -> str | None:

@@ -37,8 +37,8 @@ from simcse_hn.evaluation.encoding import load_encoder
 from simcse_hn.evaluation.scoring import sts_spearman
 from simcse_hn.losses.base import TOP_SHARE
 from simcse_hn.study.files import read_json, write_atomic, write_json
-from simcse_hn.study.lock import check_locked, grid_points, lock
-from simcse_hn.study.plan import Plan, PlanError, problem_line, read_plan
+from simcse_hn.study.lock import check_locked, lock
+from simcse_hn.study.plan import Plan, PlanError, grid_points, problem_line, read_plan
 from simcse_hn.study.runs import last_window, on_devices, run_module
 
 PILOT_KEYS = ("overrides", "seeds", "reference", "criteria", "dev", "tune", "untuned")
@@ -167,18 +167,18 @@ def shared_pairs(plan: Plan) -> int | None:
 def pilot_runs(plan: Plan) -> list[dict]:
     """Every run of the pilot: {name, arm, seed, change, config}; the reference first in each seed."""
     pilot = plan.pilot or {}
-    overrides, tune = pilot.get("overrides") or {}, pilot.get("tune") or {}
+    tune = pilot.get("tune") or {}
     runs = []
     for seed in pilot.get("seeds") or plan.seeds[:1]:
         if "reference" in pilot:
             runs.append({"name": f"reference-s{seed}", "arm": "reference", "seed": seed, "change": None,
-                         "config": {**plan.config(plan.baseline), **overrides, **(pilot["reference"] or {})}})
+                         "config": plan.reference_config()})
         for arm in plan.arms:
             for change in grid_points(tune[arm]) if arm in tune else [None]:
                 label = "" if change is None else "-" + ",".join(f"{k}={json.dumps(v)}" for k, v in change.items())
                 runs.append({"name": f"{arm}{label}-s{seed}".replace(" ", "").replace('"', ""), "arm": arm,
                              "seed": seed, "change": change,
-                             "config": {**plan.config(arm), **(change or {}), **overrides}})  # fmt: skip
+                             "config": plan.pilot_config(arm, change)})  # fmt: skip
     return runs
 
 

@@ -88,6 +88,16 @@ class Plan:
         """The train.py config of an arm: the base, the arm's overrides, then what the pilot picked for it."""
         return {**self.base, **self.arms[arm], **((picks or {}).get(arm) or {})}
 
+    def pilot_config(self, arm: str, change: dict | None = None) -> dict:
+        """The train.py config of one pilot run of an arm: the arm's config, a grid point of it, then the pilot's
+        overrides."""
+        return {**self.config(arm), **(change or {}), **((self.pilot or {}).get("overrides") or {})}
+
+    def reference_config(self) -> dict:
+        """The train.py config of the pilot's reference: the baseline's, the pilot's overrides, then `reference`."""
+        pilot = self.pilot or {}
+        return {**self.config(self.baseline), **(pilot.get("overrides") or {}), **(pilot.get("reference") or {})}
+
     def tasks(self) -> list[str]:
         return parse_tasks(str(self.evaluation.get("tasks", "all")))
 
@@ -234,19 +244,17 @@ command line passes them: the study sits below the command-line layer); `follow_
     pilot = raw.get("pilot")
     if pilot is not None and not isinstance(pilot, dict):
         problem(("pilot",), "a mapping (see docs/studies.md)")
-    for part in ("overrides", "reference") if isinstance(pilot, dict) else ():
-        for key in pilot.get(part) or {}:
-            if key not in known:
-                problem(("pilot", part, key), "not a train.py key")
-            elif key in STUDY_SETS:
-                problem(("pilot", part, key), "set by the study for each run; leave it out")
+    sections = [(("pilot", part), pilot.get(part) or {}) for part in ("overrides", "reference")] \
+        if isinstance(pilot, dict) else []  # fmt: skip
     tune = pilot.get("tune") if isinstance(pilot, dict) else None
-    for arm, grid in tune.items() if isinstance(tune, dict) else ():
-        for key in grid if isinstance(grid, dict) else ():
+    sections += [(("pilot", "tune", arm), grid) for arm, grid in (tune.items() if isinstance(tune, dict) else ())
+                 if isinstance(grid, dict)]  # fmt: skip
+    for where, keys in sections:
+        for key in keys:
             if key not in known:
-                problem(("pilot", "tune", arm, key), "not a train.py key")
+                problem((*where, key), "not a train.py key")
             elif key in STUDY_SETS:
-                problem(("pilot", "tune", arm, key), "set by the study for each run; leave it out")
+                problem((*where, key), "set by the study for each run; leave it out")
     family, family_comparisons = raw.get("family") or [], 0
     names = {str(raw.get("name", os.path.splitext(os.path.basename(path))[0]))}  # the family's tables key by plan name
     if not isinstance(family, list) or not all(isinstance(f, str) for f in family):
@@ -319,22 +327,26 @@ def _mapping(raw: dict, key: str, problem) -> dict:
     return dict(value)
 
 
+def grid_points(grid: dict) -> list[dict]:
+    """{key: [v1, v2, ...], ...} -> every combination of the options' values, the first option's outermost:
+    [{key: v1, ...}, {key: v2, ...}, ...] (one option: one point a value)."""
+    return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
 def pilot_configs(plan: Plan) -> list[tuple[tuple, str, dict]]:
     """The configs the pilot trains, as (where in the plan, a label, config): the reference, then each tuned arm's
-    grid points (every combination of its options' values). A grid not made of lists is left to the pilot's check."""
+    grid points. A grid not made of lists is left to the pilot's check."""
     pilot = plan.pilot or {}
-    overrides = pilot.get("overrides") or {}
     out = []
     if isinstance(pilot.get("reference"), dict) and plan.baseline in plan.arms:
-        out.append((("pilot", "reference"), "", {**plan.config(plan.baseline), **overrides, **pilot["reference"]}))
+        out.append((("pilot", "reference"), "", plan.reference_config()))
     tune = pilot.get("tune") if isinstance(pilot.get("tune"), dict) else {}
     for arm, grid in tune.items():
         if arm not in plan.arms or not isinstance(grid, dict) or not all(isinstance(v, list) for v in grid.values()):
             continue
-        for values in itertools.product(*grid.values()):
-            change = dict(zip(grid, values))
+        for change in grid_points(grid):
             label = ", ".join(f"{k} {json.dumps(v)}" for k, v in change.items()) + ": "
-            out.append((("pilot", "tune", arm), label, {**plan.config(arm), **change, **overrides}))
+            out.append((("pilot", "tune", arm), label, plan.pilot_config(arm, change)))
     return out
 
 
