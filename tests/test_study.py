@@ -499,8 +499,9 @@ def test_gpus_and_executor_params_are_checked_before_the_lock_is_read(tmp_path, 
         assert main(["run", path, *args]) == 2
         assert capsys.readouterr().err == line + "\n"
     for command in ("run", "pilot"):  # the pilot's workers too: one line, not a traceback from the pool
-        assert main([command, path, "--jobs", "0"]) == 2
-        assert capsys.readouterr().err == "error: --jobs: at least 1, got 0\n"
+        for flag, value in (("--jobs", "0"), ("--threads", "0"), ("--threads", "-2")):
+            assert main([command, path, flag, value]) == 2
+            assert capsys.readouterr().err == f"error: {flag}: at least 1, got {value}\n"
 
 
 def test_executor_params_reach_submitit_and_one_it_refuses_is_one_line(tmp_path, monkeypatch, capsys):

@@ -114,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         options = set(vars(sts_parser().parse_args(["--model", "-"])))  # eval/sts.py's every option, by its defaults
-        if getattr(args, "jobs", 1) < 1:
-            raise UserError(f"--jobs: at least 1, got {args.jobs}")
+        for flag in ("jobs", "threads"):  # run's and pilot's counts: one line, not a pool's or torch's traceback
+            value = getattr(args, flag, None)
+            if value is not None and value < 1:
+                raise UserError(f"--{flag}: at least 1, got {value}")
         plan = load_plan(args.plan, check_arms=args.command == "plan", eval_options=options)
         if args.command == "plan":
             plan_command(args, plan)
