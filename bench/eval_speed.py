@@ -14,15 +14,16 @@ them; each encodes its sentence1 and sentence2 lists. Also timed: our evaluator 
 avg`, what eval/sts.py and the trainer's dev evaluation run on a SimCSE folder: SimCSEModel.encode).
 
 Same scores, per sub-file (Spearman x 100), from the evaluator's own embeddings (kept as it computes them) split
-in three. (1) Its scoring: it takes cosines in float32 (pairwise_cos_sim), ours in float64; scored in float64 its
-embeddings give `theirs_float64`, and `float32_cosine_effect` is the rest: near-equal cosines (random weights put
+in three. (1) Its scoring: it takes cosines in float32 (pairwise_cos_sim), ours as MTEB's evaluator does (float32
+also, scikit-learn's paired cosine distance: scoring.pair_cosines); scored in float64 its embeddings give
+`theirs_float64`, and `float32_cosine_effect` is the rest: near-equal cosines (random weights put
 every cosine of a sub-file within a few hundredths, neighbours 1e-8 apart) that float32's rounding (about 1e-7)
 orders at random or ties. (2) Ties: pairs whose cosine is equal in exact arithmetic (the same two inputs in either
 order, inputs being token ids: an uncased tokenizer makes "The" and "the" one; every pair of an input with itself,
-cosine 1) tie in ours (each distinct sentence is encoded once, and scoring.tie_equal merges float64's last-bit
-differences), while the evaluator encodes the copies in different
-batches and ranks them apart; `theirs_ties` averages its cosines within each such group (`tie_effect` is what that
-changes; `tie_spread` the largest distance of one of its cosines from its group's mean). (3) What remains is the
+cosine 1) tie in ours (each distinct sentence is encoded once, and its float32 cosine makes them one value), while
+the evaluator encodes the copies in different batches and ranks them apart; `theirs_ties` averages its cosines
+within each such group (`tie_effect` is what that changes; `tie_spread` the largest distance of one of its cosines
+from its group's mean). (3) What remains is the
 encoding: |ours - theirs_ties| <= 1e-4 in float32. In bfloat16 the same sentence's embedding depends on its batch
 (the padded width and rows change the kernels' blocking, and bf16 rounds each layer's output: about 3e-3 per entry
 on all-MiniLM-L6-v2 on a CPU), and the ranks with it. There the check is on the embeddings: the largest entry

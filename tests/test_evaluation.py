@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import spearmanr
+from sklearn.metrics.pairwise import paired_cosine_distances
 
 from simcse_hn.data.sts import STS_FILES, STS_TASKS, load_sts_task, read_sts_jsonl
 from simcse_hn.errors import DataError
@@ -107,9 +108,10 @@ def st_spearman_x100(model, sentence1, sentence2, scores) -> float:
 
 
 def scipy_spearman_x100(embed, sentence1, sentence2, scores) -> float:
-    """Independent reference: each side embedded on its own, cosine in NumPy float64, scipy.stats.spearmanr."""
-    a, b = np.asarray(embed(sentence1), dtype=np.float64), np.asarray(embed(sentence2), dtype=np.float64)
-    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    """Independent reference: each side embedded on its own, the cosine as MTEB's evaluator takes it (scikit-learn's
+    paired cosine distance on the float32 embeddings), scipy.stats.spearmanr."""
+    a, b = np.asarray(embed(sentence1), dtype=np.float32), np.asarray(embed(sentence2), dtype=np.float32)
+    cosine = 1 - paired_cosine_distances(a, b)
     return float(spearmanr(cosine, scores).statistic) * 100
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from scipy.stats import pearsonr, spearmanr
 from test_reports_compare import write_run
 from test_sts_cli import absolute_paths, load_script, write_data
@@ -96,12 +97,47 @@ def test_sts_writes_one_mteb_file_per_task_in_mteb_layout_with_mtebs_numbers(sui
             assert entry[key] == pytest.approx(record["tasks"][name][key], abs=5.1e-7), (name, key)  # in float32
             assert record["tasks"][name][key] == pytest.approx(reference[name][key], abs=1e-6), (name, key)
         assert record["tasks"][name]["pairs"] == reference[name]["pairs"]
-    # the report keeps SimCSE's protocol: the same number where the two agree (STS-B, STS12 pooled), not for SICK-R
-    assert results["tasks"]["STS-B"]["spearman"] == pytest.approx(100 * reference["STS-B"]["cosine_spearman"])
-    assert results["tasks"]["STS12"]["spearman"] == pytest.approx(100 * reference["STS12"]["cosine_spearman"])
+    # the report keeps SimCSE's protocol and MTEB's cosine: one number wherever the pairs are the same (STS12-16
+    # pooled, STS-B), not for SICK-R (4,927 test pairs against all 9,927)
+    for name in STS_TASKS[:-1]:
+        mteb_file = 100 * record["tasks"][name]["cosine_spearman"]
+        assert results["tasks"][name]["spearman"] == pytest.approx(mteb_file, abs=1e-9), name
+        assert results["tasks"][name]["spearman"] == pytest.approx(100 * reference[name]["cosine_spearman"])
     assert results["tasks"]["SICK-R"]["pairs"] == 8 and record["tasks"]["SICK-R"]["pairs"] == 11
     text = (suite["report"] / "results.md").read_text()
     assert "## MTEB result files" in text and "These hold MTEB's numbers, not the table above" in text
+
+
+def test_report_and_mteb_file_are_one_number_where_float32_ties_near_copies():
+    """Issue 65's STS12: 72.3647 in a report, 72.3676 in its MTEB file, from one set of embeddings scored twice: the
+    report took float64 cosines (equal within 1e-12 counted as ties), the MTEB file takes MTEB's (scikit-learn's
+    paired cosine on float32), where cosines within float32's resolution of each other are one value. Near-copies
+    (cosine 1 - 1e-9 here) then tie with exact copies in one and rank below them in the other. The report now takes
+    MTEB's cosine: its number equals the MTEB file's and scikit-learn's, what MTEB's evaluator calls."""
+    from sklearn.metrics.pairwise import paired_cosine_distances
+
+    from simcse_hn.data.sts import STSPairs, STSTask
+    from simcse_hn.evaluation.scoring import score_encoded_tasks, tie_equal
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(40, 16)).astype(np.float32)
+    near = (base * (1 + rng.normal(scale=3e-5, size=base.shape))).astype(np.float32)  # (40, 16) near-copies
+    embeddings = torch.from_numpy(np.concatenate([base, near, rng.normal(size=(40, 16)).astype(np.float32)]))
+    index = {f"s{i}": i for i in range(120)}
+    first = [f"s{i}" for i in range(40)] * 3  # each sentence with itself, its near-copy and an unrelated one
+    second = [f"s{i}" for i in range(120)]
+    gold = [float(g) for g in rng.uniform(0, 5, size=120)]
+    task = STSTask("STS12", "test", {"all": STSPairs(first, second, gold)}, multi_file=True)
+    scores, _ = score_encoded_tasks(embeddings, index, [task])
+    mteb = mteb_results.score_tasks(embeddings, index, [task], "cosine", 1.0)["STS12"][0]
+    assert scores["tasks"]["STS12"]["spearman"] == pytest.approx(100 * mteb["cosine_spearman"], abs=1e-9)
+    rows = embeddings.numpy()
+    a, b = rows[[index[s] for s in first]], rows[[index[s] for s in second]]
+    sklearn = 100 * spearmanr(1 - paired_cosine_distances(a, b), gold).statistic
+    assert scores["tasks"]["STS12"]["spearman"] == pytest.approx(sklearn, abs=1e-9)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    float64 = np.sum(a64 * b64, axis=1) / np.linalg.norm(a64, axis=1) / np.linalg.norm(b64, axis=1)
+    assert abs(100 * spearmanr(tie_equal(float64), gold).statistic - sklearn) > 0.1  # the earlier report's number
 
 
 def test_without_mteb_the_files_have_the_same_schema_and_numbers(suite, tmp_path, monkeypatch):

@@ -40,7 +40,7 @@ class DevSentences:
 
     def metrics(self, prediction) -> dict[str, float]:
         """EvalPrediction(predictions (U, D) embeddings, label_ids (U,) sentence indices)
-        -> {"stsb_spearman", "alignment", "uniformity"} (evaluation.sts_dev_metrics: cosines in float64, as the
+        -> {"stsb_spearman", "alignment", "uniformity"} (evaluation.sts_dev_metrics: cosines as MTEB takes them, as the
         STS suite; alignment and uniformity under SimCSE's STS-B dev protocol)"""
         embeddings = torch.empty(prediction.predictions.shape)
         embeddings[torch.from_numpy(prediction.label_ids)] = torch.from_numpy(prediction.predictions)  # (U, D)

@@ -14,29 +14,36 @@ SCORE_KEYS = ("pearson", "spearman", "cosine_pearson", "cosine_spearman", "manha
 SIMILARITIES = ("cosine", "dot", "euclidean", "manhattan")
 
 
+def paired_cosine(e1, e2) -> np.ndarray:
+    """Each pair's cosine similarity as MTEB's STS evaluator computes it: scikit-learn's paired cosine distance on the
+    float32 embeddings (rows normalised, then 1 - |u - v|^2 / 2, all in float32; the same formulas, in numpy).
+    The STS report and the trainer's STS-B dev score take their cosines from here too, so that every number of a
+    task is one number: float32's rounding makes cosines that are equal in exact arithmetic (a sentence with itself,
+    a pair and its swap, two texts with the same tokens encoded in different batches) one value, where float64 ranks
+    them by their last bits, which move with the batch a sentence was encoded in. e1, e2: (n, D) -> (n,) float64"""
+    a, b = np.asarray(e1, dtype=np.float32), np.asarray(e2, dtype=np.float32)
+    difference = a / _row_norms(a)[:, None] - b / _row_norms(b)[:, None]  # sklearn.preprocessing.normalize
+    return (1 - 0.5 * np.einsum("ij,ij->i", difference, difference)).astype(np.float64)  # 1 - paired distance
+
+
+def _row_norms(x: np.ndarray) -> np.ndarray:  # sklearn.utils.extmath.row_norms
+    return np.sqrt(np.einsum("ij,ij->i", x, x))
+
+
 def sts_scores(e1: np.ndarray, e2: np.ndarray, gold, similarity: str = "cosine") -> dict[str, float]:
     """MTEB's STS scores of one task (AnySTSEvaluator + AbsTaskSTS._calculate_scores): the pairs' embeddings e1, e2
     (n, D), the gold scores (n,). The similarities are computed as MTEB computes them, by scikit-learn's paired
-    cosine, Manhattan and Euclidean distances on the float32 embeddings (the same formulas, in numpy): a float64
-    cosine breaks the ties that float32 rounding makes among near-1 cosines, which moves STS12's Spearman by 1e-5
-    (docs/mteb.md). MTEB normalises the gold scores to 0-1 first, which no correlation sees.
+    cosine, Manhattan and Euclidean distances on the float32 embeddings (`paired_cosine`; the same formulas, in
+    numpy). MTEB normalises the gold scores to 0-1 first, which no correlation sees.
     `similarity`: the model's own function (its `pearson` and `spearman`), cosine for SimCSE models."""
     if similarity not in SIMILARITIES:
         raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
     a, b = np.asarray(e1, dtype=np.float32), np.asarray(e2, dtype=np.float32)
     gold = np.asarray(gold, dtype=np.float64)
-
-    def row_norms(x: np.ndarray) -> np.ndarray:  # sklearn.utils.extmath.row_norms
-        return np.sqrt(np.einsum("ij,ij->i", x, x))
-
-    unit_a = a / row_norms(a)[:, None]  # sklearn.preprocessing.normalize
-    unit_b = b / row_norms(b)[:, None]
-    difference = unit_a - unit_b
     values = {
-        "cosine": 1 - 0.5 * np.einsum("ij,ij->i", difference, difference),  # 1 - paired_cosine_distances
+        "cosine": paired_cosine(a, b),
         "manhattan": -np.abs(a - b).sum(axis=1),
-        "euclidean": -row_norms(a - b),
-        "dot": np.einsum("ij,ij->i", a, b),
+        "euclidean": -_row_norms(a - b),
     }
     values = {name: v.astype(np.float64) for name, v in values.items()}  # (n,), as MTEB's .tolist() gives them
     model = model_similarity(torch.from_numpy(a), torch.from_numpy(b), similarity).double().numpy()

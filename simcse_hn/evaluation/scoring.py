@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from simcse_hn.data.sts import STS_TASKS, STSPairs, STSTask
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.analysis import alignment_uniformity_encoded, positive_pairs
+from simcse_hn.evaluation.mteb_scores import paired_cosine
 from simcse_hn.evaluation.sts_metric import STSMetric
 
 logger = logging.getLogger(__name__)
@@ -55,9 +55,10 @@ def encode_unique(encode: EncodeFn, sentences: list[str]) -> dict[str, Tensor]:
 
 
 def cosine_scores(lookup: dict[str, Tensor], sentence1: list[str], sentence2: list[str]) -> Tensor:
-    a = torch.stack([lookup[s] for s in sentence1]).double()
-    b = torch.stack([lookup[s] for s in sentence2]).double()
-    return torch.from_numpy(tie_equal(F.cosine_similarity(a, b, dim=-1, eps=1e-12).numpy()))
+    """Each pair's cosine (`paired_cosine`, as MTEB's evaluator computes it). -> (n,) float64"""
+    a = torch.stack([lookup[s] for s in sentence1]).detach().float().cpu().numpy()
+    b = torch.stack([lookup[s] for s in sentence2]).detach().float().cpu().numpy()
+    return torch.from_numpy(paired_cosine(a, b))
 
 
 STS_METRIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sts_metric.py")
@@ -149,7 +150,7 @@ def encode_union(
     return embeddings, index
 
 
-TIE_TOLERANCE = 1e-12  # cosines closer than this are one value: float64's rounding, far below float32 embeddings'
+TIE_TOLERANCE = 1e-12  # float64's rounding, far below float32 embeddings' (bench/eval_speed's check of its groups)
 
 
 def tie_equal(values: np.ndarray, tolerance: float = TIE_TOLERANCE) -> np.ndarray:
@@ -166,11 +167,13 @@ def tie_equal(values: np.ndarray, tolerance: float = TIE_TOLERANCE) -> np.ndarra
 
 
 def pair_cosines(embeddings: Tensor, index: dict[str, int], pairs: STSPairs) -> np.ndarray:
-    """Cosine similarity of each pair, in float64 so that near-ties rank as the exact values do, with values equal up
-    to float64's rounding made equal (`tie_equal`). -> (n,)"""
-    a = embeddings[[index[s] for s in pairs.sentence1]].double()  # (n, D)
-    b = embeddings[[index[s] for s in pairs.sentence2]].double()  # (n, D)
-    return tie_equal(F.cosine_similarity(a, b, dim=-1, eps=1e-12).numpy())
+    """Cosine similarity of each pair as MTEB's STS evaluator computes it (mteb_scores.paired_cosine: float32, so
+    that cosines equal in exact arithmetic are one value whatever batch each sentence was encoded in), so that the
+    report, its MTEB files and the trainer give one number per task. -> (n,) float64"""
+    rows = embeddings.detach().float().cpu()
+    a = rows[[index[s] for s in pairs.sentence1]].numpy()  # (n, D)
+    b = rows[[index[s] for s in pairs.sentence2]].numpy()  # (n, D)
+    return paired_cosine(a, b)
 
 
 def score_sts_tasks(encode: EncodeFn, tasks: Sequence[STSTask], aggregation: str = "all") -> dict:

@@ -12,9 +12,10 @@ _DESCRIPTION = """\
 Semantic textual similarity (STS) as SentEval and SimCSE score it: the Spearman rank correlation between the
 similarity a model predicts for each sentence pair (in simcse-hn the cosine similarity of the two sentence
 embeddings) and the gold similarity scores, multiplied by 100. Ties get average ranks (scipy.stats.spearmanr).
-The predictions are kept in float64, so that near-equal cosines rank as their exact values do. How the sub-files
-of STS12-16 are combined (SimCSE's pooled `all`, SentEval's `mean` / `wmean`) is decided by the caller
-(simcse_hn.evaluation.scoring.score_sts_tasks), which calls this metric once per correlation.
+The predictions are kept as given (float64; simcse-hn passes cosines computed as MTEB's evaluator computes them, in
+float32, so that its numbers are MTEB's). How the sub-files of STS12-16 are combined (SimCSE's pooled `all`,
+SentEval's `mean` / `wmean`) is decided by the caller (simcse_hn.evaluation.scoring.score_sts_tasks), which calls
+this metric once per correlation.
 """
 
 _KWARGS_DESCRIPTION = """\
