@@ -41,6 +41,8 @@ def test_yaml_gives_defaults_and_cli_overrides(tmp_path):
         (["--progcl_mode", "both"], "progcl_mode: invalid choice: 'both' (choose from 'weight', 'mix')"),
         (["--temperature", "abc"], "temperature: invalid float value: 'abc'"),
         (["--train_file", "no/such/file.txt"], "train_file: file not found: no/such/file.txt"),
+        (["--eval_file", "../shared/data/sts/no.jsonl"], "eval_file: file not found: ../shared/data/sts/no.jsonl "
+         "(`simcse-hn-sts-data --output DIR` builds the STS folder from the Hub)"),
     ],
 )
 def test_bad_values_fail_with_a_one_line_error(argv, field, tmp_path):

@@ -13,7 +13,7 @@ import torch
 from scipy.stats import spearmanr
 from sklearn.metrics.pairwise import paired_cosine_distances
 
-from simcse_hn.data.sts import STS_FILES, STS_TASKS, load_sts_task, read_sts_jsonl
+from simcse_hn.data.sts import STS_FILES, STS_TASKS, load_sts_task, parse_tasks, read_sts_jsonl
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.encoding import (
     encoder_backend,
@@ -23,7 +23,7 @@ from simcse_hn.evaluation.encoding import (
     simcse_encode_fn,
     token_length_batches,
 )
-from simcse_hn.evaluation.scoring import parse_tasks, score_sts_tasks, sts_spearman
+from simcse_hn.evaluation.scoring import score_sts_tasks, sts_spearman
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import TINY_LLAMA, build_tiny_bert
@@ -501,7 +501,18 @@ def test_hub_failure_is_a_one_line_error(monkeypatch):
         raise ConnectionError("Couldn't reach the Hub\n(long traceback text)")
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    with pytest.raises(DataError, match=r"^mteb/sts14-sts: could not load dataset \(ConnectionError: Couldn't reach"):
+    with pytest.raises(DataError) as error:  # unreachable: the line names the command that builds a local copy
+        load_sts_task("STS14")
+    assert str(error.value) == (
+        "mteb/sts14-sts: could not reach the Hub and the datasets cache has no copy (Couldn't reach the Hub); online "
+        "it is read from the Hub, or `simcse-hn-sts-data --output DIR` builds the STS folder once for --data_dir / "
+        "eval_file")
+
+    def missing(path, split=None, **kwargs):
+        raise FileNotFoundError(f"Dataset '{path}' doesn't exist on the Hub\n(more)")
+
+    monkeypatch.setattr(datasets, "load_dataset", missing)
+    with pytest.raises(DataError, match=r"^mteb/sts14-sts: could not load dataset \(FileNotFoundError: Dataset"):
         load_sts_task("STS14")
 
 

@@ -206,7 +206,8 @@ def test_cli_writes_results_json_markdown_plot_and_model_copy(tmp_path, model_di
 
 
 BAD_INPUTS = [
-    ("missing", "sts14.jsonl: file not found (STS14 expects sts14.jsonl in the data folder)"),
+    ("missing", "sts14.jsonl: file not found (STS14 expects sts14.jsonl in the data folder; `simcse-hn-sts-data "
+                "--output DIR` builds the folder from the Hub)"),
     ('{"sentence1": "a", "sentence2": "b", "score": ', "sts14.jsonl:3: malformed JSON (Expecting value)"),
     ('{"sentence1": "a", "sentence2": "b", "score": "n/a"}', "sts14.jsonl:3: field 'score' is not a number: 'n/a'"),
     ('{"sentence2": "b", "score": 1.0}', "sts14.jsonl:3: missing field 'sentence1'"),

@@ -347,7 +347,8 @@ def test_each_problem_of_the_pilot_is_one_line_naming_its_line(tmp_path):
         f"{path}:20: pilot.criteria.clamp.above: unknown key; the keys are arms, below",
         f"{path}:21: pilot.tune: grids of unequal size (infonce 2, hcl 3); every arm gets the same tuning budget",
         f"{path}:24: pilot.untuned.dcl: not an arm of the plan",
-        f"{path}:25: pilot.dev.file: nowhere.jsonl: no such file (relative to the plan)",
+        f"{path}:25: pilot.dev.file: nowhere.jsonl: no such file (relative to the plan; `simcse-hn-sts-data --output "
+        "DIR` builds the STS folder from the Hub)",
     ]  # fmt: skip
 
 

@@ -31,7 +31,7 @@ import os
 import sys
 import time
 
-from simcse_hn.data.sts import load_sts_task
+from simcse_hn.data.sts import load_sts_task, parse_tasks
 from simcse_hn.errors import DataError, UserError
 from simcse_hn.evaluation import mteb_results, reports
 from simcse_hn.evaluation.analysis import alignment_uniformity_encoded, load_stsb_dev
@@ -46,7 +46,6 @@ from simcse_hn.evaluation.scoring import (
     AGGREGATIONS,
     check_aggregation,
     encode_union,
-    parse_tasks,
     score_encoded_tasks,
 )
 from simcse_hn.export import hub

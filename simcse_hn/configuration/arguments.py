@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from simcse_hn.data.pairs import DATA_FORMATS
+from simcse_hn.data.sts import STS_DATA_HINT
 from simcse_hn.errors import ConfigError
 from simcse_hn.files import is_hub_id
 from simcse_hn.modeling.lora import require_peft
@@ -213,7 +214,8 @@ class DataArguments:
         for name in ("train_file", "eval_file"):
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
-                check_field(os.path.isfile(path), name, f"file not found: {path}")
+                hint = f" ({STS_DATA_HINT})" if name == "eval_file" else ""
+                check_field(os.path.isfile(path), name, f"file not found: {path}{hint}")
         check_field(
             self.train_file is None or self.dataset_name is None,
             "dataset_name",

@@ -1,5 +1,7 @@
 """The STS evaluation suite's data: STS12-16, STS-B and SICK-R from files in the layout of shared/data/sts or from
-the public copies on the Hub (`load_sts_task`), and STS-B dev pairs (`load_sts_pairs`)."""
+the public copies on the Hub (`load_sts_task`), and STS-B dev pairs (`load_sts_pairs`). The Hub copies get SentEval's
+sub-file and split labels back where their scores prove them (data/senteval.py); `simcse-hn-sts-data` writes them
+into a folder (data/sts_folder.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from simcse_hn.data.sentences import read_lines, short
+from simcse_hn.data.senteval import SENTEVAL, label_rows
 from simcse_hn.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -21,28 +24,62 @@ class STSPairs:
     scores: list[float]
 
 
+# the command that builds the suite's folder from the Hub, named by every error about missing STS data
+STS_DATA_COMMAND = "simcse-hn-sts-data --output DIR"
+STS_DATA_HINT = f"`{STS_DATA_COMMAND}` builds the STS folder from the Hub"
+SPLIT_ALIASES = {"dev": "validation", "validation": "dev"}  # STS-B's dev split, as the Hub's copies name it
+
+
+class STSDataUnreachable(DataError):
+    """STS data on the Hub that cannot be had here: offline, or no network, and not in the `datasets` cache."""
+
+
 def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
     """STS pairs from JSON Lines (sentence1, sentence2, score, optional split) or a Hub dataset id.
 
-    Local rows whose `split` differs from `split` are skipped; rows without a `split` field are kept.
+    Local rows whose `split` differs from `split` are skipped (`dev` and `validation` name one split); rows without a
+    `split` field are kept. A Hub dataset's split `split` (default validation), else its alias.
     """
     if not os.path.exists(path) and not os.path.splitext(path)[1]:
-        import datasets  # a slow import: only where a Hub dataset or Arrow is used
-
-        try:
-            dataset = datasets.load_dataset(path, split=split or "validation")
-        except Exception as e:
-            raise DataError(f"{path}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        splits = load_hub_dataset_dict(path)
+        name = split or "validation"
+        chosen = name if name in splits else SPLIT_ALIASES.get(name)
+        if chosen not in splits:
+            raise DataError(f"{path}: no split {name!r} (it has {', '.join(splits)})")
+        dataset = splits[chosen]
+        missing = [c for c in ("sentence1", "sentence2", "score") if c not in dataset.column_names]
+        if missing:
+            raise DataError(f"{path}: no column {missing[0]!r} in {dataset.column_names}")
         pairs = STSPairs(list(dataset["sentence1"]), list(dataset["sentence2"]), [float(s) for s in dataset["score"]])
         warn_out_of_scale(path, pairs.scores, "STS-B")
         return pairs
 
-    rows = [row for row in read_sts_jsonl(path) if split is None or row["split"] in (None, split)]
+    rows = read_sts_jsonl(path)
+    if split is not None and not any(row["split"] == split for row in rows):
+        split = SPLIT_ALIASES.get(split, split)
+    rows = [row for row in rows if split is None or row["split"] in (None, split)]
     pairs = STSPairs([r["sentence1"] for r in rows], [r["sentence2"] for r in rows], [r["score"] for r in rows])
     if not pairs.scores:
         raise DataError(f"{path}: no pairs" + (f" with split {split!r}" if split else ""))
     warn_out_of_scale(path, pairs.scores, "STS-B")
     return pairs
+
+
+def load_hub_dataset_dict(name: str, revision: str | None = None, split: str | None = None):
+    """`datasets.load_dataset(name)` (every split, or `split`), its failures one line: STSDataUnreachable when the
+    Hub cannot be reached and nothing is cached, naming the command that builds a local copy; DataError otherwise."""
+    import datasets  # a slow import: only where a Hub dataset or Arrow is used
+
+    try:
+        return datasets.load_dataset(name, split=split, revision=revision)
+    except Exception as e:  # offline, missing repo or split: all user-facing
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, ConnectionError):
+            raise STSDataUnreachable(
+                f"{name}: could not reach the Hub and the datasets cache has no copy ({first}); online it is read "
+                f"from the Hub, or `{STS_DATA_COMMAND}` builds the STS folder once for --data_dir / eval_file"
+            ) from None
+        raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {first})") from None
 
 
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
@@ -55,16 +92,51 @@ STS_FILES = {
     "STS-B": "stsb.jsonl",
     "SICK-R": "sickr.jsonl",
 }
-# MTEB's copies carry no sub-file labels (only `all` aggregation), and its SICK-R test split holds all 9,927 pairs.
-STS_HUB = {
-    "STS12": "mteb/sts12-sts",
-    "STS13": "mteb/sts13-sts",
-    "STS14": "mteb/sts14-sts",
-    "STS15": "mteb/sts15-sts",
-    "STS16": "mteb/sts16-sts",
-    "STS-B": "sentence-transformers/stsb",
-    "SICK-R": "mteb/sickr-sts",
+
+
+@dataclass(frozen=True)
+class HubCopy:
+    """A task's public copy on the Hub, as `datasets` loads it: `splits` maps SentEval's splits to the copy's, or is
+    None for a copy that holds all of a task's pairs in its `test` split without labels (MTEB's: STS12-16 its test
+    pairs, SICK-R all 9,927), labelled by their scores (data/senteval.py); `scale` brings its scores to SentEval's."""
+
+    dataset: str
+    revision: str | None  # the revision MTEB's task metadata pins, where MTEB scores that copy
+    splits: dict[str, str] | None = None
+    scale: float = 1.0
+
+
+STS_HUB_COPIES = {
+    "STS12": HubCopy("mteb/sts12-sts", "a0d554a64d88156834ff5ae9920b964011b16384"),
+    "STS13": HubCopy("mteb/sts13-sts", "7e90230a92c190f1bf69ae9002b8cea547a64cca"),
+    "STS14": HubCopy("mteb/sts14-sts", "6031580fec1f6af667f0bd2da0a551cf4f0b2375"),
+    "STS15": HubCopy("mteb/sts15-sts", "ae752c7c21bf194d8b67fd573edf7ae58183cbe3"),
+    "STS16": HubCopy("mteb/sts16-sts", "4d8694f8f0e0100860b497b999b3dbed754a0513"),
+    # sentence-transformers' copy: STS-B's three splits, its scores divided by 5
+    "STS-B": HubCopy("sentence-transformers/stsb", None, {"train": "train", "dev": "validation", "test": "test"}, 5.0),
+    "SICK-R": HubCopy("mteb/sickr-sts", "20a6d6f312dd54037fe07a32d58e5e168867909d"),
 }
+STS_HUB = {task: copy.dataset for task, copy in STS_HUB_COPIES.items()}
+TASK_ALIASES = {name.lower().replace("-", ""): name for name in STS_TASKS} | {
+    "stsbenchmark": "STS-B",
+    "sick": "SICK-R",
+    "sickrelatedness": "SICK-R",
+}
+
+
+def parse_tasks(spec: str) -> list[str]:
+    """'all' or a comma-separated list ('sts12,stsb,sick-r', any case) -> task names in the paper's order."""
+    if spec.strip().lower() == "all":
+        return list(STS_TASKS)
+    names = set()
+    for item in spec.split(","):
+        key = item.strip().lower().replace("-", "").replace("_", "")
+        if key not in TASK_ALIASES:
+            raise ValueError(f"unknown STS task {item.strip()!r}; choose from all, {', '.join(STS_TASKS)}")
+        names.add(TASK_ALIASES[key])
+    return [name for name in STS_TASKS if name in names]
+
+
 SENTEVAL_MULTI_FILE = ("STS12", "STS13", "STS14", "STS15", "STS16")
 # Gold similarity scales: 0 (unrelated) to 5 (equivalent) for STS; SICK-R's relatedness runs from 1 to 5.
 STS_SCALES = {task: (1.0, 5.0) if task == "SICK-R" else (0.0, 5.0) for task in STS_TASKS}
@@ -142,17 +214,31 @@ def read_sts_jsonl(path: str) -> list[dict]:
     return rows
 
 
-def _read_sts_hub(name: str, split: str = "test") -> list[dict]:
-    import datasets  # a slow import: only where a Hub dataset or Arrow is used
-
-    try:
-        dataset = datasets.load_dataset(name, split=split)
-    except Exception as e:  # offline, missing repo or split: all user-facing
-        raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-    missing = [c for c in ("sentence1", "sentence2", "score") if c not in dataset.column_names]
-    if missing:
-        raise DataError(f"{name}: no column {missing[0]!r} in {dataset.column_names}")
-    return [_sts_row(record, f"{name}[{split}]:row {i}") for i, record in enumerate(dataset)]
+def read_hub_copy(task: str, splits: tuple[str, ...] | None = None) -> tuple[list[dict], bool]:
+    """A task's rows from its public copy on the Hub (STS_HUB_COPIES; `splits`: only those of a copy with named
+    splits), scores on SentEval's scale, with SentEval's split and sub-file labels where the copy has none and its
+    scores prove them (senteval.label_rows). -> (rows, whether every row has its SentEval labels)"""
+    copy = STS_HUB_COPIES[task]
+    parts = {"test": "test"} if copy.splits is None else copy.splits
+    rows = []
+    for ours, theirs in parts.items():
+        if splits is not None and copy.splits is not None and ours not in splits:
+            continue
+        dataset = load_hub_dataset_dict(copy.dataset, copy.revision, theirs)
+        missing = [c for c in ("sentence1", "sentence2", "score") if c not in dataset.column_names]
+        if missing:
+            raise DataError(f"{copy.dataset}: no column {missing[0]!r} in {dataset.column_names}")
+        for i, record in enumerate(dataset):
+            row = _sts_row(record, f"{copy.dataset}[{theirs}]:row {i}")
+            row["score"] = round(row["score"] * copy.scale, 6) if copy.scale != 1 else row["score"]
+            if copy.splits is not None and row["split"] is None:
+                row["split"] = ours
+            rows.append(row | {"idx": i})
+    if copy.splits is not None:
+        return rows, True
+    if any(row["split"] is not None or row["subset"] is not None for row in rows):
+        return rows, False  # labels of the copy's own: kept as they are
+    return rows, label_rows(rows, SENTEVAL[task])
 
 
 def load_sts_task(task: str, data_dir: str | None = None, sickr_all: bool = False) -> STSTask:
@@ -165,11 +251,14 @@ def load_sts_task(task: str, data_dir: str | None = None, sickr_all: bool = Fals
     if data_dir is not None:
         source = os.path.join(data_dir, STS_FILES[task])
         if not os.path.isfile(source):
-            raise DataError(f"{source}: file not found ({task} expects {STS_FILES[task]} in the data folder)")
+            raise DataError(
+                f"{source}: file not found ({task} expects {STS_FILES[task]} in the data folder; "
+                f"`{STS_DATA_COMMAND}` builds the folder from the Hub)"
+            )
         rows = read_sts_jsonl(source)
     else:
         source = STS_HUB[task]
-        rows = _read_sts_hub(source)
+        rows, _ = read_hub_copy(task, splits=("test",))
     warn_out_of_scale(source, [row["score"] for row in rows], task)
 
     multi_file = task in SENTEVAL_MULTI_FILE

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from simcse_hn.data.sts import STS_FILES, STS_HUB, STSPairs, load_sts_pairs, read_sts_jsonl
+from simcse_hn.data.sts import STS_FILES, STS_HUB, STSPairs, read_hub_copy, read_sts_jsonl
 from simcse_hn.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -132,10 +132,11 @@ def load_stsb_dev(data_dir: str | None) -> tuple[STSPairs | None, str | None]:
     else:
         source = STS_HUB["STS-B"]
         try:
-            pairs = load_sts_pairs(source, "validation")
+            rows, _ = read_hub_copy("STS-B", splits=("dev",))
         except DataError as e:
             logger.warning("alignment and uniformity not measured: %s", e)
             return None, None
+        pairs = STSPairs([r["sentence1"] for r in rows], [r["sentence2"] for r in rows], [r["score"] for r in rows])
         source += " (split validation)"
     if not positive_pairs(pairs):
         logger.warning("%s: no pair with a gold score above 4 of 5; alignment and uniformity not measured", source)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from simcse_hn.data.sts import STS_TASKS, STSPairs, STSTask
+from simcse_hn.data.sts import STSPairs, STSTask
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.analysis import alignment_uniformity_encoded, positive_pairs
 from simcse_hn.evaluation.mteb_scores import paired_cosine
@@ -40,12 +40,6 @@ AGGREGATION_HELP = {
     "mean": "mean (SentEval: mean of the sub-file correlations)",
     "wmean": "wmean (SentEval: mean of the sub-file correlations weighted by pairs)",
 }
-TASK_ALIASES = {name.lower().replace("-", ""): name for name in STS_TASKS} | {
-    "stsbenchmark": "STS-B",
-    "sick": "SICK-R",
-    "sickrelatedness": "SICK-R",
-}
-
 
 def encode_unique(encode: EncodeFn, sentences: list[str]) -> dict[str, Tensor]:
     """Encode each distinct sentence once. -> {sentence: (D,) embedding}"""
@@ -104,19 +98,6 @@ def sts_dev_metrics(
 
 
 # --- the full suite ---
-
-
-def parse_tasks(spec: str) -> list[str]:
-    """'all' or a comma-separated list ('sts12,stsb,sick-r', any case) -> task names in the paper's order."""
-    if spec.strip().lower() == "all":
-        return list(STS_TASKS)
-    names = set()
-    for item in spec.split(","):
-        key = item.strip().lower().replace("-", "").replace("_", "")
-        if key not in TASK_ALIASES:
-            raise ValueError(f"unknown STS task {item.strip()!r}; choose from all, {', '.join(STS_TASKS)}")
-        names.add(TASK_ALIASES[key])
-    return [name for name in STS_TASKS if name in names]
 
 
 def check_aggregation(tasks: Sequence[STSTask], aggregation: str) -> None:

@@ -31,7 +31,7 @@ import yaml
 
 from simcse_hn.configuration.resolved import sentence_negatives
 from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
-from simcse_hn.data.sts import STS_FILES, load_sts_pairs, read_sts_jsonl
+from simcse_hn.data.sts import STS_DATA_HINT, STS_FILES, load_sts_pairs, read_sts_jsonl
 from simcse_hn.errors import UserError
 from simcse_hn.evaluation.encoding import load_encoder
 from simcse_hn.evaluation.scoring import sts_spearman
@@ -98,7 +98,7 @@ def check(plan: Plan) -> list[str]:
     if tune and not dev.get("file"):
         problem(("dev", "file"), "tuning picks on a dev set; name it (never the endpoint's test data)")
     if dev.get("file") and not os.path.isfile(os.path.join(plan.folder, str(dev["file"]))):
-        problem(("dev", "file"), f"{dev['file']}: no such file (relative to the plan)")
+        problem(("dev", "file"), f"{dev['file']}: no such file (relative to the plan; {STS_DATA_HINT})")
     if dev.get("file") and not isinstance(dev.get("shares_with_test"), int):
         problem(("dev", "shares_with_test"), "state how many sentence pairs the dev set shares with the endpoint's "
                 "test files")  # fmt: skip

@@ -30,9 +30,8 @@ from dataclasses import asdict, dataclass
 import yaml
 
 from simcse_hn.configuration.parser import ARGUMENT_CLASSES, load_yaml, parse_args
-from simcse_hn.data.sts import STS_FILES, read_sts_jsonl
+from simcse_hn.data.sts import STS_FILES, parse_tasks, read_sts_jsonl
 from simcse_hn.errors import ConfigError, UserError
-from simcse_hn.evaluation.scoring import parse_tasks
 from simcse_hn.study.analysis import detectable_sd
 from simcse_hn.study.files import working_dir
 

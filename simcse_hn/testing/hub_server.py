@@ -12,6 +12,13 @@ It serves just what huggingface_hub 2.4 calls for `create_repo`, `upload_folder`
     GET  /api/models/{repo}                        id, sha and the file list (model_info)
     GET  /api/whoami-v2
 
+and, read-only, a dataset repo's files (`datasets`, dict of {path: bytes} by repo id) for `datasets.load_dataset`:
+
+    GET  /api/datasets/{repo}[/revision/{revision}]    id, sha (of the files) and the file list
+    GET  /api/datasets/{repo}/tree/{revision}[/{path}] the files and folders below path (recursive=true: all)
+    POST /api/datasets/{repo}/paths-info/{revision}    the entries of the paths asked for
+    HEAD|GET /datasets/{repo}/resolve/{revision}/{path}  the bytes (every revision is the same files)
+
 Writes need `Authorization: Bearer <token>`. The server records every request and every repo's files, answers at
 most `max_requests` requests (then 503) and runs in a daemon thread for the `with` block only.
 """
@@ -24,7 +31,7 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
@@ -33,6 +40,10 @@ _REPO_INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)$")
 _REPO_API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/(?P<action>preupload|commit)/(?P<revision>[^/]+)$")
 _BRANCH = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/branch/(?P<branch>[^/]+)$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<path>.+)$")
+_DATASET_INFO = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<revision>[^/]+))?$")
+_DATASET_TREE = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/tree/(?P<revision>[^/]+)(?:/(?P<path>.*))?$")
+_DATASET_PATHS = re.compile(r"^/api/datasets/(?P<repo>[^/]+/[^/]+)/paths-info/(?P<revision>[^/]+)$")
+_DATASET_RESOLVE = re.compile(r"^/datasets/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<path>.+)$")
 
 
 def git_oid(content: bytes) -> str:
@@ -48,6 +59,7 @@ class HubStandIn:
         self.heads: dict[str, str] = {}  # repo id -> last commit oid
         self.branches: dict[str, set[str]] = {}  # repo id -> branches created besides main
         self.requests: list[tuple[str, str]] = []  # (method, path)
+        self.datasets: dict[str, dict[str, bytes]] = {}  # dataset repo id -> {path: content}, read-only
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -78,8 +90,8 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
 
         # --- plumbing ---
 
-        def _reply(self, status: int, body: bytes | dict = b"", headers: dict | None = None) -> None:
-            if isinstance(body, dict):
+        def _reply(self, status: int, body: bytes | dict | list = b"", headers: dict | None = None) -> None:
+            if isinstance(body, (dict, list)):
                 body = json.dumps(body).encode()
                 headers = {"Content-Type": "application/json", **(headers or {})}
             self.send_response(status)
@@ -124,6 +136,14 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                 if m["action"] == "preupload":
                     return self._preupload(m["repo"])
                 return self._commit(m["repo"], m["revision"])
+            if self.command in ("GET", "HEAD") and (m := _DATASET_RESOLVE.match(path)):
+                return self._dataset_file(m["repo"], m["path"])
+            if self.command == "GET" and (m := _DATASET_INFO.match(path)):
+                return self._dataset_info(m["repo"])
+            if self.command == "GET" and (m := _DATASET_TREE.match(path)):
+                return self._dataset_tree(m["repo"], m["path"] or "")
+            if self.command == "POST" and (m := _DATASET_PATHS.match(path)):
+                return self._dataset_paths(m["repo"])
             if self.command in ("GET", "HEAD") and (m := _RESOLVE.match(path)):
                 return self._resolve(m["repo"], m["path"])
             self._error(404, f"stand-in: no route for {self.command} {path}")
@@ -230,6 +250,66 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
                     {"repo": repo_id, "revision": revision, "summary": header["summary"], "paths": sorted(changes)}
                 )
             self._reply(200, {"success": True, "commitOid": oid, "commitUrl": f"{hub.url}/{repo_id}/commit/{oid}"})
+
+        # --- datasets, read-only: what datasets.load_dataset asks of a repo of data files ---
+
+        def _dataset_sha(self, repo_id: str) -> str:
+            files = hub.datasets[repo_id]
+            return hashlib.sha1("".join(f"{p}:{git_oid(files[p])}" for p in sorted(files)).encode()).hexdigest()
+
+        def _dataset_info(self, repo_id: str) -> None:
+            if repo_id not in hub.datasets:
+                return self._error(404, "Repository not found", "RepoNotFound")
+            siblings = [{"rfilename": path} for path in sorted(hub.datasets[repo_id])]
+            sha = self._dataset_sha(repo_id)
+            info = {"id": repo_id, "sha": sha, "private": False, "disabled": False, "gated": False, "tags": []}
+            self._reply(200, info | {"siblings": siblings, "cardData": {}})
+
+        def _dataset_entries(self, repo_id: str, paths) -> list[dict]:
+            files = hub.datasets[repo_id]
+            folders = {"/".join(p.split("/")[:k]) for p in files for k in range(1, p.count("/") + 1)}
+            entries = []
+            for path in paths:
+                if path in files:
+                    content = files[path]
+                    entries.append({"type": "file", "path": path, "size": len(content), "oid": git_oid(content)})
+                elif path in folders:
+                    entries.append({"type": "directory", "path": path, "oid": "0" * 40})
+            return entries
+
+        def _dataset_tree(self, repo_id: str, folder: str) -> None:
+            if repo_id not in hub.datasets:
+                return self._error(404, "Repository not found", "RepoNotFound")
+            recursive = "recursive=true" in urlsplit(self.path).query.lower()
+            prefix = f"{folder.rstrip('/')}/" if folder else ""
+            below = {p for p in hub.datasets[repo_id] if p.startswith(prefix)}
+            if not below:
+                return self._error(404, f"{folder} does not exist on main", "EntryNotFound")
+            names = set()
+            for path in below:
+                parts = path[len(prefix):].split("/")
+                depth = len(parts) if recursive else 1
+                names |= {prefix + "/".join(parts[:k]) for k in range(1, depth + 1)}
+            self._reply(200, self._dataset_entries(repo_id, sorted(names)))
+
+        def _dataset_paths(self, repo_id: str) -> None:
+            if repo_id not in hub.datasets:
+                return self._error(404, "Repository not found", "RepoNotFound")
+            body = self._body().decode()
+            try:
+                paths = json.loads(body)["paths"]
+            except ValueError:  # a form body
+                paths = parse_qs(body).get("paths", [])
+            self._reply(200, self._dataset_entries(repo_id, paths))
+
+        def _dataset_file(self, repo_id: str, path: str) -> None:
+            files = hub.datasets.get(repo_id)
+            if files is None:
+                return self._error(404, "Repository not found", "RepoNotFound")
+            commit = self._dataset_sha(repo_id)
+            if path not in files:
+                return self._error(404, "Entry not found", "EntryNotFound", {"X-Repo-Commit": commit})
+            self._reply(200, files[path], {"X-Repo-Commit": commit, "ETag": f'"{git_oid(files[path])}"'})
 
         def _resolve(self, repo_id: str, path: str) -> None:
             files = hub.repos.get(repo_id)
