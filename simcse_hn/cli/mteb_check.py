@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from simcse_hn.data.sts import STS_FILES
+from simcse_hn.data.sts import STS_DATA_HINT, STS_FILES
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation import mteb_results
 
@@ -33,7 +33,8 @@ def mteb_task(name: str, data_dir: str):
 
     path = os.path.join(data_dir, STS_FILES[name])
     if not os.path.isfile(path):
-        raise DataError(f"{path}: file not found ({name} expects {STS_FILES[name]} in the data folder)")
+        where = f"{name} expects {STS_FILES[name]} in the data folder; {STS_DATA_HINT}"
+        raise DataError(f"{path}: file not found ({where})")
     rows = datasets.load_dataset("json", data_files=path, split="train")
     if name != "SICK-R":
         rows = rows.filter(lambda row: row["split"] == "test")

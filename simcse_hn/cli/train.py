@@ -22,7 +22,7 @@ from simcse_hn.data.collator import SimCSECollator
 from simcse_hn.data.guide import SELF, load_guide
 from simcse_hn.data.pairs import PairCollator, is_hub_source, load_pairs, num_negatives
 from simcse_hn.data.sentences import load_hub_dataset, load_sentence_stream, load_sentences
-from simcse_hn.data.sts import load_sts_pairs
+from simcse_hn.data.sts import dev_unreachable_line, load_dev_pairs
 from simcse_hn.errors import ConfigError, DataError
 from simcse_hn.evaluation.starting_point import own_pooling_start, start_summary
 from simcse_hn.export.hub import CheckpointPush, HubError, HubTarget, find_token, push_to_hub
@@ -105,10 +105,15 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         raise ConfigError("hub_model_id: required with push_to_hub (e.g. user/unsup-simcse-bert-base)")
     if training_args.push_to_hub and find_token(training_args.hub_token) is None:
         logger.warning("no Hugging Face token (HF_TOKEN or `hf auth login`): the model will be saved, not pushed")
-    if data_args.eval_file is None and training_args.eval_strategy != "no":
-        logger.warning("no eval_file: STS-B dev evaluation and best-model selection are off")
+    eval_pairs = load_dev_pairs(data_args.eval_file, data_args.eval_split, data_args.eval_optional)
+    if eval_pairs is None and training_args.eval_strategy != "no":
+        logger.warning("no STS-B dev pairs: STS-B dev evaluation and best-model selection are off")
         training_args = dataclasses.replace(
-            training_args, eval_strategy="no", load_best_model_at_end=False, metric_for_best_model=None
+            training_args,
+            eval_strategy="no",
+            load_best_model_at_end=False,
+            metric_for_best_model=None,
+            eval_on_start=False,
         )
     # The Trainer never pushes and never holds the token (it pickles its arguments into every checkpoint): train.py
     # keeps the Hub settings and pushes the finished folder itself.
@@ -186,7 +191,6 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
             )
         if training_args.topic_batches and training_args.topic_clusters > count:
             raise ConfigError(f"topic_clusters: {training_args.topic_clusters} clusters for {count} {unit}")
-    eval_pairs = load_sts_pairs(data_args.eval_file, data_args.eval_split) if data_args.eval_file else None
     dev = len(eval_pairs.scores) if eval_pairs else 0
     logger.info("%s training %s, %s STS dev pairs", count, unit, dev)
     guide = load_guide(guide_path) if guide_path is not None else None
@@ -306,6 +310,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         )
         if hub_target is not None:  # one push of the finished folder; SimCSETrainer never pushes by itself
             push_to_hub(training_args.output_dir, hub_target)
+        if eval_pairs is None and data_args.eval_file is not None:  # eval_optional, and the Hub out of reach
+            logger.warning("%s", dev_unreachable_line(data_args.eval_file))
     return trainer
 
 

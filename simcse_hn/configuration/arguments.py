@@ -183,7 +183,16 @@ class DataArguments:
         },
     )
     eval_split: str = field(
-        default="dev", metadata={"help": "Split of eval_file to score ('dev' locally, 'validation' on the Hub)."}
+        default="dev",
+        metadata={"help": "Split of eval_file to score ('dev' and 'validation' name one split, local or Hub)."},
+    )
+    eval_optional: bool = field(
+        default=False,
+        metadata={
+            "help": "When eval_file is a Hub dataset that cannot be had here (offline, or no network, and not in the "
+            "datasets cache), train without the STS-B dev evaluation instead of stopping; the run's last line "
+            "says how to get the STS data."
+        },
     )
     eval_max_seq_length: int | None = field(
         default=None,

@@ -65,6 +65,29 @@ def load_sts_pairs(path: str, split: str | None = None) -> STSPairs:
     return pairs
 
 
+def load_dev_pairs(eval_file: str | None, split: str, optional: bool = False) -> STSPairs | None:
+    """The trainer's STS-B dev pairs (load_sts_pairs), None without an eval_file, or with `optional` when eval_file
+    is a Hub dataset that cannot be had here (logged; `dev_unreachable_line` is the run's last line then)."""
+    if eval_file is None:
+        return None
+    try:
+        return load_sts_pairs(eval_file, split)
+    except STSDataUnreachable as e:
+        if not optional:
+            raise
+        logger.warning("%s; training without the STS-B dev evaluation (eval_optional)", e)
+        return None
+
+
+def dev_unreachable_line(eval_file: str) -> str:
+    """The last line of a run whose eval_file could not be had (load_dev_pairs with `optional`)."""
+    return (
+        f"STS-B dev was not scored: {eval_file} is not in the datasets cache and the Hub could not be reached; run "
+        f"online once (the cache keeps it), or build the STS folder where the Hub can be reached ({STS_DATA_COMMAND}) "
+        "and pass --eval_file DIR/stsb.jsonl"
+    )
+
+
 def load_hub_dataset_dict(name: str, revision: str | None = None, split: str | None = None):
     """`datasets.load_dataset(name)` (every split, or `split`), its failures one line: STSDataUnreachable when the
     Hub cannot be reached and nothing is cached, naming the command that builds a local copy; DataError otherwise."""
