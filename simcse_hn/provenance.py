@@ -4,10 +4,13 @@ records both in simcse_config.json; eval/sts.py records its own and the model's,
 
 from __future__ import annotations
 
+import argparse
 import glob
 import hashlib
 import os
+import shlex
 import subprocess
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -107,3 +110,55 @@ def check_own_checkout(script: str, allow_other: bool = False) -> str | None:
     if not allow_other:
         raise UserError(f"{problem} (run with PYTHONPATH={tree}, or --allow_other_code)")
     return problem
+
+
+def command_line(program: str, args: Iterable[str]) -> str:
+    """The command that made a record, as a reader would type it again: `program` and the arguments, quoted, with
+    every value of a flag that names a token or a secret left out and every local path said as files.portable_name
+    says it (a card goes to the Hub: no machine's absolute path, no credential)."""
+    words, secret = [], False
+    for arg in args:
+        flag, equals, value = arg.partition("=")
+        if secret:
+            arg, secret = "***", False
+        elif flag.startswith("--") and any(word in flag.lower() for word in ("token", "secret", "password")):
+            secret = not equals
+            arg = f"{flag}=***" if equals else arg
+        elif os.path.isabs(arg):
+            arg = portable_name(arg) or arg
+        words.append(arg)
+    return " ".join([program, *(shlex.quote(word) for word in words)])
+
+
+def invoked_as(script: str, console: str) -> str:
+    """How the running program was started, for command_line: `python train.py` (or `accelerate launch train.py`
+    under a launcher's several processes) when sys.argv[0] is the checkout's `script`, else its console `console`."""
+    if os.path.basename(sys.argv[0] or "") != os.path.basename(script):
+        return console
+    launcher = "accelerate launch" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python"
+    return f"{launcher} {script}"
+
+
+def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, required: tuple[str, ...]) -> list[str]:
+    """The flags of `args` (`--{dest}`, as the parser names them) that a user passed, as arguments again, in the
+    parser's order: the `required` ones, and every other whose value is not the parser's default. A switch that is
+    on is its flag alone; a list is the flag once per item."""
+    defaults = vars(parser.parse_args([word for name in required for word in (f"--{name}", "-")]))
+    words: list[str] = []
+    for key, value in vars(args).items():
+        if key not in required and (value is None or value is False or value == defaults.get(key)):
+            continue
+        if value is True:
+            words.append(f"--{key}")
+        elif isinstance(value, list):
+            words += [word for item in value for word in (f"--{key}", str(item))]
+        else:
+            words += [f"--{key}", str(value)]
+    return words
+
+
+def run_command(
+    program: str, parser: argparse.ArgumentParser, args: argparse.Namespace, required: tuple[str, ...]
+) -> str:
+    """command_line of a parsed run: `program` and the flags the user passed (given_flags)."""
+    return command_line(program, given_flags(parser, args, required))

@@ -56,13 +56,23 @@ def test_offline_with_nothing_cached_step_two_trains_and_ends_with_one_line(clon
         "reached; run online once (the cache keeps it), or build the STS folder where the Hub can be reached "
         "(simcse-hn-sts-data --output DIR) and pass --eval_file DIR/stsb.jsonl")
     assert "Traceback" not in result.stdout + result.stderr
-    assert "model selection" not in (out / "README.md").read_text()  # no dev score in the card
+    assert "STS-B dev Spearman" not in (out / "README.md").read_text()  # no dev score in the card
     again = step_two(clone, tmp_path, {"HF_HUB_OFFLINE": "1"}, "offline")  # a killed run's retry: it starts again
     assert again.returncode == 0, again.stderr[-2000:]
     resume = step_two(clone, tmp_path, {"HF_HUB_OFFLINE": "1"}, "offline", "--resume_from_checkpoint", "true")
     assert resume.returncode == 2  # nothing to resume from, said in one line
     expected = f"error: resume_from_checkpoint: no complete checkpoint of this run in {out}"
     assert resume.stderr.splitlines()[-1] == expected
+
+
+def test_without_eval_optional_an_unreachable_dev_set_stops_the_run_in_one_line(clone, tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    result = step_two(clone, tmp_path, env, "strict", "--eval_optional", "false")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith(
+        "error: sentence-transformers/stsb: could not reach the Hub and the datasets cache has no copy")
+    assert "simcse-hn-sts-data --output DIR" in result.stderr.splitlines()[-1]
+    assert not (tmp_path / "strict" / "model.safetensors").exists()
 
 
 def test_online_step_two_scores_stsb_dev_from_the_hub(clone, tmp_path):

@@ -105,7 +105,7 @@ def test_sts_writes_one_mteb_file_per_task_in_mteb_layout_with_mtebs_numbers(sui
         assert results["tasks"][name]["spearman"] == pytest.approx(100 * reference[name]["cosine_spearman"])
     assert results["tasks"]["SICK-R"]["pairs"] == 8 and record["tasks"]["SICK-R"]["pairs"] == 11
     text = (suite["report"] / "results.md").read_text()
-    assert "## MTEB result files" in text and "These hold MTEB's numbers, not the table above" in text
+    assert "## MTEB result files" in text and "the same number wherever the pairs are the same" in text
 
 
 def test_report_and_mteb_file_are_one_number_where_float32_ties_near_copies():

@@ -94,3 +94,15 @@ def test_train_records_data_hash_and_code_and_eval_compares(tiny_args, tmp_path,
     assert sts.main(["--model", str(out), "--output", str(tmp_path / "r3"), *tasks]) == 0
     assert json.loads((tmp_path / "r3" / "results.json").read_text())["settings"]["same_code"] is False
     assert "Code differs" in (tmp_path / "r3" / "results.md").read_text()
+
+
+def test_the_recorded_command_holds_no_token_and_no_machine_path(tmp_path):
+    """train.py and eval/sts.py record the command that made a folder or a report (issue 65); the card goes to the
+    Hub, so a token's value is starred and an absolute path said as records say paths."""
+    from simcse_hn.provenance import command_line
+
+    args = ["--config", "configs/q.yaml", "--hub_token", "hf_secret1", "--hub_token=hf_secret2"]
+    args += ["--output_dir", str(tmp_path / "far" / "out"), "--learning_rate", "3e-5"]
+    line = command_line("python train.py", args)
+    assert line.startswith("python train.py --config configs/q.yaml --hub_token '***' '--hub_token=***' --output_dir ")
+    assert "hf_secret" not in line and str(tmp_path) not in line and line.endswith("--learning_rate 3e-5")

@@ -15,8 +15,8 @@ It also writes one MTEB result file per task, in MTEB's layout and schema (simcs
 MTEB results cache (default --output/mteb): results/{org}__{model}/{revision}/{Task}.json and model_meta.json, holding
 MTEB's numbers (each task alone, SICK-R's 9,927 pairs), through mteb's own TaskResult when mteb is installed.
 --baseline MODEL[:POOLER] (repeatable) scores another encoder (the one a model was trained from, say) in the same run
-and protocol: a row beside the model's in results.md, results.png and the printed table; results.json "baselines".
-Without --data_dir the tasks come from the Hub (mteb/*-sts, sentence-transformers/stsb) through `datasets`.
+and protocol: a row beside the model's in results.md, results.png, the printed table and a simcse-hn folder's card
+(README.md, with the command; sts_results.json beside it). Without --data_dir: the Hub's copies, via `datasets`.
 No file in --output (or --mteb_results) that a report did not write is replaced (files.ReportFolder): one line refuses.
 User errors (a missing or malformed task file, a bad flag) print one `error: ...` line and exit with status 2.
 """
@@ -49,11 +49,11 @@ from simcse_hn.evaluation.scoring import (
     score_encoded_tasks,
 )
 from simcse_hn.export import hub
-from simcse_hn.export.model_card import save_sts_results
+from simcse_hn.export.model_card import save_sts_results, sts_card_is_ours
 from simcse_hn.files import SIMCSE_CONFIG, ReportFolder, portable_name
 from simcse_hn.modeling.loading import resolve_packaged
 from simcse_hn.modeling.model import POOLERS
-from simcse_hn.provenance import check_own_checkout, code_identity
+from simcse_hn.provenance import check_own_checkout, code_identity, run_command
 
 logger = logging.getLogger("eval.sts")
 
@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--save_to_model",
         action="store_true",
-        help="Also write sts_results.json into the local --model folder and update its model card (STS table and "
-        "model-index) when simcse-hn wrote the card.",
+        help="Write sts_results.json into the local --model folder and update its model card (STS table and "
+        "model-index) when simcse-hn wrote the card; a folder simcse-hn trained gets both without this flag.",
     )
     parser.add_argument(
         "--allow_other_code",
@@ -184,6 +184,7 @@ REPORT_FILES = ("results.json", "results.md", "results.png", PREDICTIONS)  # int
 
 
 def run(args: argparse.Namespace, script: str | None = None) -> int:
+    command = run_command("python eval/sts.py" if script else "simcse-hn-sts", build_parser(), args, ("model",))
     other_code = check_own_checkout(script, allow_other=args.allow_other_code) if script else None
     if other_code is not None:
         logger.warning("%s", other_code)
@@ -238,6 +239,7 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     scored = encode_and_score(args, args.model, args.pooler, tasks, (dev, dev_source), extra=mteb_extra)
     info = scored["info"]
     settings = {
+        "command": command,
         "tasks": names,
         "data": args.data_dir or "hub",
         "sources": {task.name: task.source for task in tasks},
@@ -287,8 +289,8 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
         written = report.commit()  # the MTEB cache inside --output moves with it
         if outside:
             written += [os.path.join(mteb_cache, name) for name in cache.commit()]
-    if args.save_to_model:
-        save_sts_results(args.model, results)
+    if args.save_to_model or (local_model and sts_card_is_ours(args.model)):
+        save_sts_results(args.model, record)
     print(results_table(rows) + f"protocol: {reports.protocol(results)}")  # the rows share it; the files say it too
     geometry = scored["geometry"]
     if geometry is not None:

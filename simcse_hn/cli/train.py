@@ -39,7 +39,7 @@ from simcse_hn.modeling.loading import (
     resolve_packaged,
 )
 from simcse_hn.modeling.model import SimCSEModel
-from simcse_hn.provenance import code_identity, data_sha256
+from simcse_hn.provenance import code_identity, command_line, data_sha256, invoked_as
 from simcse_hn.training import distributed
 from simcse_hn.training.checkpoints import (
     check_output_dir,
@@ -213,6 +213,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         "run_id": run_id,  # marks every checkpoint as this run family's (simcse_hn.training.checkpoints)
         "train_data_sha256": training_data_sha256(data_args, train_dataset),  # simcse_hn.provenance
         "code": code_identity(),
+        "command": command_line(invoked_as("train.py", "simcse-hn-train"), sys.argv[1:] if argv is None else argv),
     }
     if training_args.data_seed is not None:
         simcse_config["data_seed"] = training_args.data_seed

@@ -239,8 +239,10 @@ def markdown_section(record: dict) -> str:
     """results.md's part on the MTEB files: their scores x 100 beside the report's, and which protocol is which."""
     names = [MTEB_TASKS[task].name for task in record["tasks"]]
     lines = ["## MTEB result files", "", f"In `{record['folder']}` (written by {record['written_by']}), model "
-             f"`{record['model_name']}`, revision `{record['revision']}`. These hold MTEB's numbers, not the table "
-             f"above: {PROTOCOL}; scores there are fractions, here x 100. The table above is SimCSE's protocol.", "",
+             f"`{record['model_name']}`, revision `{record['revision']}`. These hold MTEB's numbers: {PROTOCOL}; "
+             "scores there are fractions, here x 100. The table above is SimCSE's protocol with MTEB's cosine: the "
+             "same number wherever the pairs are the same (STS12-16 under aggregation all, STS-B; not SICK-R's "
+             "test split).", "",
              "| Score | " + " | ".join(names) + " |", "|:---|" + "---:|" * len(names)]  # fmt: skip
     for key in ("cosine_spearman", "cosine_pearson", "spearman", "pearson"):
         lines.append(f"| {key} | " + " | ".join(f"{100 * t[key]:.2f}" for t in record["tasks"].values()) + " |")

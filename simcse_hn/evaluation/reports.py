@@ -131,8 +131,11 @@ def training_summary(training: dict | None) -> str:
     kwargs = training.get("loss_kwargs") or {}
     parts += [f"{key} {value}" for key, value in kwargs.items()]
     for key in ("seed", "base_model", "max_seq_length", "per_device_train_batch_size", "learning_rate"):
-        if training.get(key) is not None:
-            parts.append(f"{key} {training[key]}")
+        value = training.get(key)
+        if isinstance(value, dict) and "name" in value:  # a source record (files.source_record): its name
+            value = value["name"] + (" (local)" if value.get("local") else "")
+        if value is not None:
+            parts.append(f"{key} {value}")
     return ", ".join(parts)
 
 
@@ -162,6 +165,10 @@ def results_markdown(results: dict, label: str | None = None, baselines: Sequenc
                   "input length; the sections below are the model's.", ""]  # fmt: skip
     if results.get("training"):
         lines += [f"Trained with {training_summary(results['training'])}.", ""]
+        if results["training"].get("command"):
+            lines += [f"Training command: `{results['training']['command']}`.", ""]
+    if (results.get("settings") or {}).get("command"):
+        lines += [f"Made by `{results['settings']['command']}`.", ""]
     geometry = results.get("alignment_uniformity")
     if geometry:
         lines += [

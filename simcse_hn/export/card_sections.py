@@ -71,15 +71,22 @@ def sts_eval_results(sts_results: dict) -> list:
     return out
 
 
-def sts_section(sts_results: dict | None, model_name: str, command_model: str = "PATH_OR_HUB_ID") -> str:
-    """The STS results between markers, so `push_sts_results` can replace it in an existing card."""
-    if not sts_results or not sts_results.get("tasks"):
-        body = f"Not evaluated on the STS benchmarks yet (`python eval/sts.py --model {command_model} --output DIR`)."
-        return f"{STS_BEGIN}\n{body}\n{STS_END}"
+def _sts_row(label: str, sts_results: dict) -> str:
     scores, average = _sts_scores(sts_results)
+    return f"| {label} | " + " | ".join(_fmt(scores.get(t)) for t in STS_TASKS) + f" | {_fmt(average)} |"
+
+
+def sts_section(sts_results: dict | None, model_name: str, command_model: str = "PATH_OR_HUB_ID") -> str:
+    """The STS results between markers, so `push_sts_results` can replace it in an existing card: the model's row,
+    one row per encoder eval/sts.py scored beside it (`baselines`, e.g. the one it started from) and the command."""
+    if not sts_results or not sts_results.get("tasks"):
+        body = f"Not evaluated on the STS benchmarks yet (`python eval/sts.py --model {command_model}`)."
+        return f"{STS_BEGIN}\n{body}\n{STS_END}"
     header = "| Model | " + " | ".join(STS_TASKS) + " | Avg. |"
     rule = "|:--|" + "--:|" * (len(STS_TASKS) + 1)
-    row = f"| {model_name} | " + " | ".join(_fmt(scores.get(t)) for t in STS_TASKS) + f" | {_fmt(average)} |"
+    baselines = [b for b in sts_results.get("baselines") or [] if isinstance(b, dict) and b.get("tasks")]
+    label = f"{model_name} ({sts_results['pooler']})" if baselines and sts_results.get("pooler") else model_name
+    row = "\n".join([_sts_row(label, sts_results), *(_sts_row(b.get("label", "baseline"), b) for b in baselines)])
     notes = [
         f"aggregation `{sts_results.get('aggregation', 'all')}`",
         f"pooler `{sts_results.get('pooler', '?')}`",
@@ -90,10 +97,17 @@ def sts_section(sts_results: dict | None, model_name: str, command_model: str = 
             str(sickr), f"SICK-R: {sickr} pairs"))
     if sts_results.get("date"):
         notes.append(f"evaluated {sts_results['date']}")
+    below = ""
+    if baselines:
+        below = (
+            " The rows below the model's are encoders scored in the same run, with the same tasks, protocol and "
+            "input length (the one it was trained from, say)."
+        )
+    command = (sts_results.get("settings") or {}).get("command")
     body = (
         "Spearman correlation x 100 between the cosine similarity of the two sentences' embeddings and the gold "
-        "score, on the test sets (SimCSE's evaluation; the full numbers are in `sts_results.json`).\n\n"
-        f"{header}\n{rule}\n{row}\n\n" + "; ".join(notes) + "."
+        f"score, on the test sets (SimCSE's evaluation; the full numbers are in `sts_results.json`).{below}\n\n"
+        f"{header}\n{rule}\n{row}\n\n" + "; ".join(notes) + "." + (f" Made by `{command}`." if command else "")
     )
     return f"{STS_BEGIN}\n{body}\n{STS_END}"
 
@@ -106,7 +120,7 @@ def objective_section(config: dict) -> str:
     summary = (config.get("objective") or {}).get("summary") or (builtin.summary if builtin else f"`{loss}`")
     lines = [summary, "", "| setting | value |", "|:--|:--|", f"| loss | `{loss}` |"]
     for key, value in sorted((config.get("loss_kwargs") or {}).items()):
-        lines.append(f"| {key} | `{value}` |")
+        lines.append(f"| {key} | {plain_value(value)} |")
     if "contrast_form" in config:
         form = config["contrast_form"]
         meaning = "first views against second views" if form == "simcse" else "every row against all 2N-2 others"
@@ -154,9 +168,15 @@ def training_section(config: dict, dev_spearman: float | None) -> str:
     if pooler == "cls":
         head = " (MLP head in training only)" if config.get("mlp_only_train", True) else " + MLP head (dense+tanh)"
     rows = [("base model", source_cell(config.get("base_model")))]
+    if config.get("command"):
+        rows.append(("training command", f"`{config['command']}`"))
     rows.append(("pooler", f"`{pooler}`{head}"))
-    rows.append(("max_seq_length (training)", config.get("max_seq_length")))
-    rows.append(("max_seq_length (inference)", config.get("inference_max_seq_length")))
+    rows.append(("max_seq_length (training: tokens per sentence)", config.get("max_seq_length")))
+    inference = config.get("inference_max_seq_length")
+    rows.append(("max_seq_length (inference: what sentence-transformers truncates to)", inference))
+    evaluation = config.get("eval_max_seq_length")
+    if evaluation is not None:
+        rows.append(("eval_max_seq_length (the STS-B dev evaluation during training)", evaluation))
     batch, world = config.get("per_device_train_batch_size"), config.get("world_size", 1)
     accumulation = config.get("gradient_accumulation_steps", 1)
     if batch:
@@ -167,13 +187,30 @@ def training_section(config: dict, dev_spearman: float | None) -> str:
     rows.append(("learning rate", config.get("learning_rate")))
     rows.append(("training data", source_cell(config.get("train_file"))))
     if dev_spearman is not None:
-        rows.append(("STS-B dev Spearman x 100 (model selection)", f"{dev_spearman:.2f}"))
+        rows.append(("STS-B dev Spearman x 100 (the saved model)", f"{dev_spearman:.2f}"))
     shown = {"base_model", "pooler", "mlp_only_train", "max_seq_length", "per_device_train_batch_size", "world_size"}
     shown |= {"learning_rate", "train_file", "loss", "loss_kwargs", "objective", "contrast_form",
               "inference_max_seq_length"}  # fmt: skip
-    shown |= {"steps", "epochs", "sentences_seen", "gradient_accumulation_steps"}
-    rows += [(key, f"`{value}`") for key, value in sorted(config.items()) if key not in shown]
+    shown |= {"steps", "epochs", "sentences_seen", "gradient_accumulation_steps", "command", "eval_max_seq_length"}
+    rows += [(key, plain_value(value)) for key, value in sorted(config.items()) if key not in shown]
     return "\n".join(["| | |", "|:--|:--|"] + [f"| {k} | {v} |" for k, v in rows if v is not None])
+
+
+def plain_value(value) -> str | None:
+    """A record's value as a card or report shows it, never a Python repr: a source ({"name", "local"}) as
+    source_cell says it, a mapping as `key value` pairs, a list comma-separated; None for no value."""
+    if value is None or value == {} or value == []:
+        return None
+    if isinstance(value, dict) and set(value) == {"name", "local"}:
+        return source_cell(value)
+    if isinstance(value, dict):
+        parts = [f"{key} {plain_value(item)}" for key, item in value.items() if plain_value(item) is not None]
+        return ", ".join(parts) or None
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(plain_value(item)) for item in value)
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
 
 
 def _head_in_encoder_pooler(output_dir: str | None) -> bool:

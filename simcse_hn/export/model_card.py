@@ -33,6 +33,7 @@ from simcse_hn.files import (
     is_hub_id,
     read_json,
     record_files,
+    recorded_files,
     write_json,
 )
 from simcse_hn.losses import BASELINE
@@ -207,6 +208,16 @@ def card_is_ours(output_dir: str) -> bool:
         return CARD_MARKER in f.read()
 
 
+def sts_card_is_ours(folder: str) -> bool:
+    """Whether eval/sts.py writes its results into `folder` by itself: a model folder simcse-hn trained, whose
+    README.md simcse-hn wrote, and whose sts_results.json (if any) its manifest lists (a checkpoint, without a card,
+    and a user's file are left alone)."""
+    card, results = os.path.join(folder, CARD), os.path.join(folder, STS_RESULTS)
+    if not (os.path.isfile(os.path.join(folder, SIMCSE_CONFIG)) and os.path.isfile(card) and card_is_ours(folder)):
+        return False
+    return not os.path.exists(results) or STS_RESULTS in (recorded_files(folder) or [])
+
+
 def update_card_sts(card_text: str, results: dict, model_name: str | None = None) -> str:
     """An existing card with its STS section and STS model-index entries replaced by `results` (other metadata and
     other evaluation results are kept; a card without the section gets it appended)."""
@@ -228,7 +239,8 @@ def update_card_sts(card_text: str, results: dict, model_name: str | None = None
 
 def save_sts_results(folder: str, results: dict) -> None:
     """sts_results.json into the model folder (listed in its manifest, so a push uploads it) and the card updated:
-    its STS table and model-index replaced, the rest kept; a card simcse-hn did not write is left alone."""
+    its STS table (with the rows of `results["baselines"]` and the command of `results["settings"]`) and
+    model-index (the model's own scores) replaced, the rest kept; a card simcse-hn did not write is left alone."""
     with open(os.path.join(folder, STS_RESULTS), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2)
         f.write("\n")
