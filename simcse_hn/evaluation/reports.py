@@ -129,14 +129,20 @@ def training_summary(training: dict | None) -> str:
     if training.get("contrast_form"):
         parts.append(f"contrast form `{training['contrast_form']}`")
     kwargs = training.get("loss_kwargs") or {}
-    parts += [f"{key} {value}" for key, value in kwargs.items()]
+    parts += [f"{key} {_word(value)}" for key, value in kwargs.items()]
     for key in ("seed", "base_model", "max_seq_length", "per_device_train_batch_size", "learning_rate"):
         value = training.get(key)
         if isinstance(value, dict) and "name" in value:  # a source record (files.source_record): its name
             value = value["name"] + (" (local)" if value.get("local") else "")
         if value is not None:
-            parts.append(f"{key} {value}")
+            parts.append(f"{key} {_word(value)}")
     return ", ".join(parts)
+
+
+def _word(value) -> str:
+    """A record's value in a sentence: text as it is, anything else as JSON writes it (null, false, [1, 2]), never
+    a Python repr."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def results_markdown(results: dict, label: str | None = None, baselines: Sequence[tuple[str, dict]] = ()) -> str:
