@@ -109,11 +109,11 @@ def test_sts_writes_one_mteb_file_per_task_in_mteb_layout_with_mtebs_numbers(sui
 
 
 def test_report_and_mteb_file_are_one_number_where_float32_ties_near_copies():
-    """Issue 65's STS12: 72.3647 in a report, 72.3676 in its MTEB file, from one set of embeddings scored twice: the
-    report took float64 cosines (equal within 1e-12 counted as ties), the MTEB file takes MTEB's (scikit-learn's
-    paired cosine on float32), where cosines within float32's resolution of each other are one value. Near-copies
-    (cosine 1 - 1e-9 here) then tie with exact copies in one and rank below them in the other. The report now takes
-    MTEB's cosine: its number equals the MTEB file's and scikit-learn's, what MTEB's evaluator calls."""
+    """Issue 65's STS12: 72.3647 in a report, 72.3676 in its MTEB file. The report took float64 cosines (equal within
+    1e-12 counted as ties), the MTEB file takes MTEB's (scikit-learn's paired cosine on float32), where cosines
+    within float32's resolution of each other are one value: near-copies (cosine 1 - 1e-9 here) tie with exact copies
+    in one and rank below them in the other. The report now takes MTEB's cosine: from the same embeddings its number
+    equals the MTEB file's and scikit-learn's, what MTEB's evaluator calls."""
     from sklearn.metrics.pairwise import paired_cosine_distances
 
     from simcse_hn.data.sts import STSPairs, STSTask
