@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 from huggingface_hub import ModelCard
 from test_sts_cli import run_cli, write_data
@@ -24,9 +26,16 @@ def train(out, *extra: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_step_four_fills_the_card_with_its_table_the_baselines_and_both_commands(tmp_path):
-    out = tmp_path / "tiny"
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained") / "tiny"
     train(out, "--seed", "7")
+    return out
+
+
+def test_step_four_fills_the_card_with_its_table_the_baselines_and_both_commands(tmp_path, trained):
+    out = tmp_path / "tiny"
+    shutil.copytree(trained, out)
     card = (out / "README.md").read_text()
     assert "| training command | `python train.py --config configs/debug_tiny.yaml --output_dir tiny " in card
     assert "| max_seq_length (training: tokens per sentence) | 32 |" in card
@@ -61,9 +70,9 @@ def test_step_four_fills_the_card_with_its_table_the_baselines_and_both_commands
     assert not REPR.search(report), REPR.search(report).group(0)
 
 
-def test_a_card_simcse_hn_did_not_write_is_never_touched(tmp_path):
+def test_a_card_simcse_hn_did_not_write_is_never_touched(tmp_path, trained):
     out = tmp_path / "tiny"
-    train(out)
+    shutil.copytree(trained, out)
     (out / "README.md").write_text("# my own card\n")
     data = write_data(tmp_path / "sts")
     result = run_cli("--model", str(out), "--data_dir", str(data), "--no_progress_bar", cwd=tmp_path)
