@@ -31,6 +31,7 @@ import os
 import sys
 import time
 
+from simcse_hn.cli.answers import check_sts_flags
 from simcse_hn.data.sts import load_sts_task
 from simcse_hn.errors import DataError, UserError
 from simcse_hn.evaluation import mteb_results, reports
@@ -53,7 +54,6 @@ from simcse_hn.export import hub
 from simcse_hn.export.model_card import save_sts_results
 from simcse_hn.files import SIMCSE_CONFIG, ReportFolder, portable_name
 from simcse_hn.modeling.loading import resolve_packaged
-from simcse_hn.modeling.model import POOLERS
 from simcse_hn.provenance import check_own_checkout, code_identity
 
 logger = logging.getLogger("eval.sts")
@@ -188,6 +188,7 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     other_code = check_own_checkout(script, allow_other=args.allow_other_code) if script else None
     if other_code is not None:
         logger.warning("%s", other_code)
+    check_sts_flags(args)  # what the front refuses before torch is imported, refused alike here
     args.output = args.output or default_output(args.model)
     requested_model = args.model  # a builtin's Hub id names its MTEB files
     if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
@@ -199,8 +200,6 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     hub_repo = args.hub_model_id or (None if local_model else args.model)
     if args.push_to_hub and not hub_repo:
         raise DataError("--push_to_hub needs --hub_model_id when --model is a local folder")
-    if args.pooler is not None and args.pooler not in POOLERS:
-        raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
     baselines = [parse_baseline(spec) for spec in args.baseline]
     if args.device is not None and args.device.startswith("cuda"):
         import torch

@@ -15,6 +15,8 @@ import datasets
 import torch
 import transformers
 
+from simcse_hn.cli.answers import answer_train
+from simcse_hn.configuration.command_line import TRAIN_SOURCE_REQUIRED
 from simcse_hn.configuration.data_format import ResolvedData, resolve_data
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.configuration.resolved import resolve_run
@@ -100,7 +102,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
     if data_args.train_source is None:
-        raise ConfigError("train_file: required (a text/jsonl/csv file), or dataset_name (a Hub dataset id)")
+        raise ConfigError(TRAIN_SOURCE_REQUIRED)
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise ConfigError("hub_model_id: required with push_to_hub (e.g. user/unsup-simcse-bert-base)")
     if training_args.push_to_hub and find_token(training_args.hub_token) is None:
@@ -375,6 +377,10 @@ def final_dev_score(trainer: SimCSETrainer) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The run, after the front's answer (--help, or one error line for what is known before torch is imported)."""
+    code = answer_train(argv)
+    if code is not None:
+        return code
     try:
         run(argv)
     except (ConfigError, DataError, HubError) as e:  # a HubError comes after the model is saved
@@ -383,10 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def console() -> None:
-    """`simcse-hn-train`, `python train.py` and `accelerate launch train.py`: main(), then the exit a launched
-    process needs (not sys.exit: simcse_hn/training/process_exit.py)."""
-    finish(main())
+def console(argv: list[str] | None = None) -> None:
+    """`simcse-hn-train`, `python train.py` and `accelerate launch train.py` (through cli.front.train, which answers
+    before this module's imports when it can): main(), then the exit a launched process needs (not sys.exit:
+    simcse_hn/training/process_exit.py)."""
+    finish(main(argv))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from simcse_hn.choices import DATA_FORMATS
 from simcse_hn.data.collator import SimCSECollator, text_id
 from simcse_hn.data.sentences import (
     NAMED_PAIRS,
@@ -33,7 +34,6 @@ logger = logging.getLogger(__name__)
 
 LABEL_COLUMNS = ("label", "labels", "score", "scores")  # sentence-transformers' label columns: not texts
 NO_NEGATIVES = "none"  # --negative_columns none: no explicit negatives even if the file has more columns
-DATA_FORMATS = ("auto", "pairs", "sentences")  # --data_format
 _NEGATIVE_NAME = re.compile(r"(negative|hard_neg)(?:_(\d+))?$")
 TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 
 import yaml
 
-from simcse_hn.configuration.parser import ARGUMENT_CLASSES, load_yaml, parse_args
+from simcse_hn.configuration.command_line import load_yaml
+from simcse_hn.configuration.parser import ARGUMENT_CLASSES, parse_args
 from simcse_hn.data.sts import STS_FILES, read_sts_jsonl
 from simcse_hn.errors import ConfigError, UserError
 from simcse_hn.evaluation.scoring import parse_tasks
