@@ -90,7 +90,7 @@ def load_yaml(path: str) -> dict:
     return config
 
 
-_ARGUMENT = re.compile(r"argument (-[\w-]+)(?:/-[\w-]+)*: (.*)")
+_ARGUMENT = re.compile(r"argument (-*[\w-]+)(?:/-[\w-]+)*: (.*)")
 _CHOICE = re.compile(r"invalid choice: '(.*)' \(choose from (.*)\)")
 
 
