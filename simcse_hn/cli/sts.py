@@ -235,7 +235,8 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
             raise DataError(f"--curves needs a local training output folder; {args.model!r} is not one")
         curves = load_curves(args.model)
 
-    scored = encode_and_score(args, args.model, args.pooler, tasks, (dev, dev_source), extra=mteb_extra)
+    dev = (dev, dev_source)
+    scored = encode_and_score(args, args.model, args.pooler, tasks, dev, extra=mteb_extra, name=requested_model)
     info = scored["info"]
     settings = {
         "tasks": names,
@@ -259,7 +260,7 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
         rows = [(f"{label} ({pooling_name(args.model, info)})", results)]
         for name, path, pooler in baselines:
             length = info["max_seq_length"]
-            base = encode_and_score(args, path, pooler, tasks, (dev, dev_source), max_seq_length=length)
+            base = encode_and_score(args, path, pooler, tasks, dev, max_seq_length=length, name=name)
             used = {"encoder": base["info"]["backend"], "modules": base["info"]["modules"], "max_seq_length": length}
             record = sts_results(base["scores"], path, base["info"]["pooler"], args.sickr_all, used, base["geometry"],
                                  training_config(path))  # fmt: skip
@@ -305,10 +306,11 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     return 0
 
 
-def encode_and_score(args, model: str, pooler: str | None, tasks, dev, extra=(), max_seq_length=None) -> dict:
-    """Load `model`, encode the suite's sentences once (with those of STS-B dev, `dev` = (pairs or None, their
-    source), and `extra`), score every task.
+def encode_and_score(args, model: str, pooler: str | None, tasks, dev, extra=(), max_seq_length=None, name=None):
+    """Load `model` (`name`: as the user named it, for its progress bar), encode the suite's sentences once (with
+    those of STS-B dev, `dev` = (pairs or None, their source), and `extra`), score every task.
     -> {"info", "scores", "predictions", "geometry", "embeddings", "index", "seconds"}"""
+    shown = model_label(portable_name(name or model)) + (f" ({pooler} pooler)" if pooler else "")
     try:
         encode, info = load_encoder(
             model,
@@ -316,7 +318,7 @@ def encode_and_score(args, model: str, pooler: str | None, tasks, dev, extra=(),
             device=args.device,
             batch_size=args.batch_size,
             max_seq_length=max_seq_length or args.max_seq_length,
-            show_progress_bar=not args.no_progress_bar,
+            show_progress_bar=False if args.no_progress_bar else f"encoding {shown}",
         )
     except OSError as e:  # missing folder or Hub repo, no network, unreadable weights
         raise DataError(f"could not load model {model!r} ({str(e).splitlines()[0]})") from None

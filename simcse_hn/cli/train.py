@@ -20,7 +20,7 @@ from simcse_hn.configuration.command_line import TRAIN_SOURCE_REQUIRED
 from simcse_hn.configuration.data_format import ResolvedData, resolve_data
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.configuration.resolved import resolve_run
-from simcse_hn.data.collator import SimCSECollator
+from simcse_hn.data.collator import SimCSECollator, truncation_summary
 from simcse_hn.data.guide import SELF, load_guide
 from simcse_hn.data.pairs import PairCollator, is_hub_source, load_pairs, num_negatives
 from simcse_hn.data.sentences import load_hub_dataset, load_sentence_stream, load_sentences
@@ -288,8 +288,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         trainer.add_callback(CheckpointPush(hub_target))
     trainer.train(resume_from_checkpoint=checkpoint)
     if trainer.truncated_sentences:
-        logger.warning("%d of the %d sentences trained on were longer than %d tokens and were truncated",
-                       trainer.truncated_sentences, trainer.trained_sentences, data_args.max_seq_length)
+        logger.warning("%s", truncation_summary(trainer.truncated_sentences, trainer.trained_sentences,
+                                                data_args.max_seq_length))
     trainer.simcse_config.update(training_budget(trainer))  # the final folder says how much training it had
     trainer.save_model(training_args.output_dir)
     dev_spearman = final_dev_score(trainer) if eval_pairs is not None else None

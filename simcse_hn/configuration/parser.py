@@ -34,6 +34,8 @@ HELP_GROUPS = {
     "scale and speed": ("gather_across_devices", "cache_minibatch_size", "length_groups"),
 }
 HELP_OVERRIDES = {  # the Trainer's own help where simcse-hn gives the flag more meaning
+    "disable_tqdm": "Hide the progress bars. Default: shown in a terminal or notebook, hidden when stderr is not "
+    "one (a log file gets each logged line, no bar redraws).",
     "resume_from_checkpoint": "A checkpoint folder, or 'true' for the newest whole checkpoint of this run in "
     "output_dir (ones not whole, or foreign, are skipped with a warning).",
 }

@@ -194,7 +194,7 @@ class SimCSEModel(nn.Module):
         tokenizer,
         batch_size: int = 128,
         max_length: int | None = None,
-        show_progress_bar: bool = False,
+        show_progress_bar: bool | str = False,
     ) -> Tensor:
         """Embeddings (n, D), float32 on the CPU, in eval mode, in the order of `sentences`.
 
