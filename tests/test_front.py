@@ -342,3 +342,26 @@ def test_the_check_fails_where_a_command_needs_torch():
     argv = ["train.py", "--train_file", CORPUS, "--model_name_or_path", "builtin:tiny-bert", "--max_steps", "1"]
     result = without_torch(*argv)
     assert result.returncode != 0 and "imported before the answer" in result.stderr
+
+
+# --- did you mean: every name a user types ---
+
+
+def test_a_misspelt_name_gets_the_closest_known_one_and_a_far_one_none(tmp_path):
+    from simcse_hn.data.sentences import load_sentences
+    from simcse_hn.errors import did_you_mean
+    from simcse_hn.evaluation.scoring import parse_tasks
+    from simcse_hn.losses.hcl import HCLLoss
+
+    with pytest.raises(ValueError, match=r"unknown STS task 'stsbb' \(did you mean 'STS-B'\?\); choose from all,"):
+        parse_tasks("sts12,stsbb")
+    with pytest.raises(ValueError, match=r"bta: not an option of this objective \(did you mean 'beta'\?\)"):
+        HCLLoss.Options.from_mapping({"bta": 0.2})
+    table = tmp_path / "t.csv"
+    table.write_text("txt,label\nhello,1\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"no column 'text' \(did you mean 'txt'\?\) in header"):
+        load_sentences(str(table), "text")
+    assert did_you_mean("premise", ["sent0", "sent1"]) == ""
+    assert did_you_mean("--Learning-Rate", ["learning_rate"], lambda name: f"--{name}") == (
+        " (did you mean --learning_rate?)"
+    )

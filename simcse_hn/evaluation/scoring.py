@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from simcse_hn.data.sts import STS_TASKS, STSPairs, STSTask
-from simcse_hn.errors import DataError
+from simcse_hn.errors import DataError, did_you_mean
 from simcse_hn.evaluation.analysis import alignment_uniformity_encoded, positive_pairs
 from simcse_hn.evaluation.sts_metric import STSMetric
 
@@ -113,7 +113,8 @@ def parse_tasks(spec: str) -> list[str]:
     for item in spec.split(","):
         key = item.strip().lower().replace("-", "").replace("_", "")
         if key not in TASK_ALIASES:
-            raise ValueError(f"unknown STS task {item.strip()!r}; choose from all, {', '.join(STS_TASKS)}")
+            hint = did_you_mean(item.strip(), ["all", *STS_TASKS])
+            raise ValueError(f"unknown STS task {item.strip()!r}{hint}; choose from all, {', '.join(STS_TASKS)}")
         names.add(TASK_ALIASES[key])
     return [name for name in STS_TASKS if name in names]
 
