@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -365,3 +367,15 @@ def test_a_misspelt_name_gets_the_closest_known_one_and_a_far_one_none(tmp_path)
     assert did_you_mean("--Learning-Rate", ["learning_rate"], lambda name: f"--{name}") == (
         " (did you mean --learning_rate?)"
     )
+
+
+def test_the_answers_docs_training_shows_are_the_ones_train_py_gives():
+    """docs/training.md's example session, run: each `$ python train.py ...` line and the line it prints."""
+    text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    session = re.search(r"```text\n(\$ python train\.py .*?)```", text, flags=re.S).group(1).splitlines()
+    pairs = list(zip(session[::2], session[1::2], strict=True))
+    assert len(pairs) >= 2
+    for command, printed in pairs:
+        result = subprocess.run([sys.executable, *shlex.split(command[2:])[1:]], capture_output=True, text=True,
+                                cwd=ROOT, timeout=60)  # fmt: skip
+        assert (result.returncode, result.stderr) == (2, printed + "\n"), command
