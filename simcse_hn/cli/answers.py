@@ -187,6 +187,30 @@ def _group_word(title: str) -> str:
     return title.split()[0].lower() if title else ""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its usage and error as one `error: ...` line and an unknown flag named with the closest known
+    one: for the commands that build their parser without heavy imports (study, negatives, mine). Subcommands'
+    parsers are of this class too; `flag_names`: the names of the flags added, no dashes (a parser with
+    subcommands adds theirs)."""
+
+    def __init__(self, *args, **kwargs):
+        self.flag_names: list[str] = []
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names, **kwargs):
+        self.flag_names += [name[2:] for name in names if name.startswith("--")]
+        return super().add_argument(*names, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.exit(2, f"error: {unknown_arguments(extras, self.flag_names, self.prog)}\n")
+        return namespace
+
+    def error(self, message):
+        self.exit(2, f"error: {one_line(message, dashes=True)}\n")
+
+
 # --- the argparse commands ---
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from simcse_hn.cli import flag_table
-from simcse_hn.configuration.command_line import one_line, unknown_arguments
+from simcse_hn.cli.answers import OneLineParser
 from simcse_hn.errors import UserError
 from simcse_hn.study.plan_file import read_plan
 
@@ -28,32 +28,10 @@ if TYPE_CHECKING:
     from simcse_hn.study.plan import Plan
 
 
-class _OneLine(argparse.ArgumentParser):
-    """argparse's usage and error as one `error: ...` line, an unknown flag with the closest known one (the
-    subcommands' parsers are of this class too; `flag_names`: the names of the flags added, no dashes)."""
-
-    def __init__(self, *args, **kwargs):
-        self.flag_names: list[str] = []
-        super().__init__(*args, **kwargs)
-
-    def add_argument(self, *names, **kwargs):
-        self.flag_names += [name[2:] for name in names if name.startswith("--")]
-        return super().add_argument(*names, **kwargs)
-
-    def parse_args(self, args=None, namespace=None):
-        namespace, extras = self.parse_known_args(args, namespace)
-        if extras:
-            self.exit(2, f"error: {unknown_arguments(extras, self.flag_names, self.prog)}\n")
-        return namespace
-
-    def error(self, message):
-        self.exit(2, f"error: {one_line(message, dashes=True)}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Light on purpose, like every import at the top of this module: --help, a bad flag and a missing or malformed
     plan are answered before torch is imported (the commands import the study's modules when they run)."""
-    parser = _OneLine(prog="simcse-hn-study", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="simcse-hn-study", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser("plan", help="check the plan, print what it can detect, lock it")
     plan.add_argument("plan")
