@@ -124,7 +124,7 @@ def markdown(record: dict) -> str:
         "wall seconds), in the checkout before (commit "
         f"{record['before_commit']}) and after (commit {record['after_commit']}), taking turns, "
         f"{record['rounds']} runs each; offline.",
-        environment_line(record["environment"], load=False) + ".",
+        environment_line(record["environment"], load=False),
         "",
         f"1-minute load {record['load_start']} at the start and {record['load_end']} at the end, CPU steal over the "
         f"run {record['steal_percent']} %; {record['seconds']} s in all.",
