@@ -27,8 +27,13 @@ def real_parser(command: str):
     from simcse_hn.cli import compare, curves, mteb_check, sts
     from simcse_hn.configuration import parser
 
-    builders = {"train": parser.build_parser, "sts": sts.build_parser, "compare": compare.build_parser,
-                "curves": curves.build_parser, "mteb_check": mteb_check.build_parser}  # fmt: skip
+    builders = {
+        "train": parser.build_parser,
+        "sts": sts.build_parser,
+        "compare": compare.build_parser,
+        "curves": curves.build_parser,
+        "mteb_check": mteb_check.build_parser,
+    }
     return builders[command]()
 
 
@@ -185,8 +190,18 @@ def test_help_shows_the_common_flags_and_says_where_the_others_are(capsys, monke
     monkeypatch.setenv("COLUMNS", "119")
     code, text = help_text(["--help"], capsys)
     assert code == 0 and len(text.splitlines()) < 80, text
-    for name in ("model_name_or_path", "train_file", "eval_file", "loss", "per_device_train_batch_size",
-                 "learning_rate", "max_steps", "output_dir", "eval_steps", "config"):  # fmt: skip
+    for name in (
+        "model_name_or_path",
+        "train_file",
+        "eval_file",
+        "loss",
+        "per_device_train_batch_size",
+        "learning_rate",
+        "max_steps",
+        "output_dir",
+        "eval_steps",
+        "config",
+    ):
         assert f"--{name} " in text, name
     assert "--hcl_beta" not in text and "--adam_beta1" not in text
     assert "--help-all" in text and "docs/reference.md" in text and "--help FLAG" in text
@@ -293,8 +308,14 @@ else:  # a console script's entry point, module:function, which reads sys.argv a
 
 
 def without_torch(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", NO_TORCH, *argv], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60, env={**os.environ, "COLUMNS": "100"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", NO_TORCH, *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "100"},
+    )
 
 
 STUDY = "simcse_hn.cli.study:console"  # simcse-hn-study's entry point
@@ -333,8 +354,13 @@ def test_the_answer_comes_before_torch_or_transformers_is_imported(argv, code, w
 def test_every_console_script_answers_help_before_torch():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
     fronts = {name for name, entry in scripts.items() if entry.startswith("simcse_hn.cli.front:")}
-    assert fronts == {"simcse-hn-train", "simcse-hn-sts", "simcse-hn-compare", "simcse-hn-curves",
-                      "simcse-hn-mteb-check"}  # fmt: skip
+    assert fronts == {
+        "simcse-hn-train",
+        "simcse-hn-sts",
+        "simcse-hn-compare",
+        "simcse-hn-curves",
+        "simcse-hn-mteb-check",
+    }
     for name, entry in scripts.items():  # the others (mine, negatives, study) import the heavy modules late
         result = without_torch(entry, "--help")
         assert result.returncode == 0 and result.stdout.startswith("usage:"), (name, result.stderr[-2000:])
@@ -376,6 +402,7 @@ def test_the_answers_docs_training_shows_are_the_ones_train_py_gives():
     pairs = list(zip(session[::2], session[1::2], strict=True))
     assert len(pairs) >= 2
     for command, printed in pairs:
-        result = subprocess.run([sys.executable, *shlex.split(command[2:])[1:]], capture_output=True, text=True,
-                                cwd=ROOT, timeout=60)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, *shlex.split(command[2:])[1:]], capture_output=True, text=True, cwd=ROOT, timeout=60
+        )
         assert (result.returncode, result.stderr) == (2, printed + "\n"), command

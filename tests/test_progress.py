@@ -46,8 +46,17 @@ def test_a_piped_process_has_no_live_bar_and_a_terminal_has_one():
 
 def test_eval_sts_names_the_model_each_encoding_is_for_and_leaves_no_debris(tmp_path):
     data = write_data(tmp_path / "sts", pairs_per_subset=3)
-    result = run_cli("--model", "builtin:tiny-bert", "--baseline", "builtin:tiny-bert:avg", "--data_dir", str(data),
-                     "--output", str(tmp_path / "out"), "--no_mteb_results")  # fmt: skip
+    result = run_cli(
+        "--model",
+        "builtin:tiny-bert",
+        "--baseline",
+        "builtin:tiny-bert:avg",
+        "--data_dir",
+        str(data),
+        "--output",
+        str(tmp_path / "out"),
+        "--no_mteb_results",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "INFO simcse_hn.progress: encoding builtin:tiny-bert: " in result.stderr
     assert "INFO simcse_hn.progress: encoding builtin:tiny-bert (avg pooler): " in result.stderr
@@ -55,8 +64,22 @@ def test_eval_sts_names_the_model_each_encoding_is_for_and_leaves_no_debris(tmp_
 
 
 def test_a_logged_training_run_has_lines_and_no_bar_debris(tmp_path):
-    command = [sys.executable, "train.py", "--config", "configs/debug_tiny.yaml", "--output_dir", str(tmp_path / "o"),
-               "--max_steps", "4", "--eval_steps", "2", "--save_steps", "2", "--logging_steps", "2"]  # fmt: skip
+    command = [
+        sys.executable,
+        "train.py",
+        "--config",
+        "configs/debug_tiny.yaml",
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--max_steps",
+        "4",
+        "--eval_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--logging_steps",
+        "2",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -68,9 +91,24 @@ def test_a_logged_training_run_has_lines_and_no_bar_debris(tmp_path):
 def test_the_trainers_bars_are_named_where_they_are_shown(tmp_path, capsys):
     from simcse_hn.cli import train
 
-    argv = ["--config", str(ROOT / "configs" / "debug_tiny.yaml"), "--train_file", str(FIXTURES / "tiny_corpus.txt"),
-            "--eval_file", str(FIXTURES / "sts_tiny.jsonl"), "--output_dir", str(tmp_path / "o"), "--max_steps", "2",
-            "--eval_steps", "2", "--save_steps", "2", "--disable_tqdm", "false"]  # fmt: skip
+    argv = [
+        "--config",
+        str(ROOT / "configs" / "debug_tiny.yaml"),
+        "--train_file",
+        str(FIXTURES / "tiny_corpus.txt"),
+        "--eval_file",
+        str(FIXTURES / "sts_tiny.jsonl"),
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--max_steps",
+        "2",
+        "--eval_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--disable_tqdm",
+        "false",
+    ]
     train.run(argv)
     err = capsys.readouterr().err
     assert "training: 100%" in err and "evaluating: 100%" in err
