@@ -2,7 +2,7 @@
 
 import sys
 
-from simcse_hn.cli.curves import main
+from simcse_hn.cli.front import curves as main  # --help and bad flags answered before the imports
 
 if __name__ == "__main__":
     sys.exit(main())

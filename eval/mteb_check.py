@@ -3,7 +3,7 @@
 
 import sys
 
-from simcse_hn.cli.mteb_check import main
+from simcse_hn.cli.front import mteb_check as main  # --help and bad flags answered before the imports
 
 if __name__ == "__main__":
     sys.exit(main())

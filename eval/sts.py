@@ -13,7 +13,7 @@ spec = importlib.util.spec_from_file_location("simcse_hn", PACKAGE / "__init__.p
 sys.modules["simcse_hn"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sys.modules["simcse_hn"])
 
-from simcse_hn.cli.sts import main  # noqa: E402
+from simcse_hn.cli.front import sts as main  # noqa: E402  (answers --help and bad flags before torch is imported)
 
 if __name__ == "__main__":
     sys.exit(main(script=__file__))

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from simcse_hn.errors import DataError
+from simcse_hn.errors import ConfigError, DataError
 
 SIMCSE_CONFIG = "simcse_config.json"  # pooler, loss, hyper-parameters, training budget (SimCSEModel.save_pretrained)
 HEAD_WEIGHTS = "simcse_head.safetensors"  # SimCSE's MLP head
@@ -162,6 +162,34 @@ def safetensors_problem(path: str) -> str | None:
     if size != 8 + header_size + end:
         return f"{os.path.basename(path)} is truncated ({size} of {8 + header_size + end} bytes)"
     return None
+
+
+# what transformers' from_pretrained reads from a folder, in its order of preference
+WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
+)  # fmt: skip
+
+
+def is_local_path(name: str) -> bool:
+    """Whether a model's name can only be a path here: it starts with '.', '/' or '~', or it is not 'name' or
+    'owner/name' as Hub ids are."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model_folder(name_or_path: str, field: str = "model_name_or_path") -> None:
+    """What can be known of a model from the file system alone, without importing transformers: a ConfigError naming
+    `field` for a folder without config.json or weights, a truncated safetensors file, or a path that does not exist
+    (a name that could be a Hub id is left to the Hub)."""
+    if os.path.isdir(name_or_path):
+        if not os.path.isfile(os.path.join(name_or_path, "config.json")):
+            raise ConfigError(f"{field}: {name_or_path} is not a model folder (no config.json)")
+        if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in WEIGHT_FILES):
+            raise ConfigError(f"{field}: {name_or_path} has no weights ({', '.join(WEIGHT_FILES)})")
+        for name in sorted(os.listdir(name_or_path)):  # a truncated or corrupt file fails now, not after the data
+            if name.endswith(".safetensors") and (problem := safetensors_problem(os.path.join(name_or_path, name))):
+                raise ConfigError(f"{field}: {name_or_path}: {problem}")
+    elif is_local_path(name_or_path):
+        raise ConfigError(f"{field}: no such model folder: {name_or_path}")
 
 
 def file_sha256(path: str) -> str:

@@ -16,9 +16,10 @@ import inspect
 
 @dataclasses.dataclass(frozen=True)
 class PrivateMember:
-    """`owner.name`, a private member of another library (`owner`: its import path, e.g. "transformers.Trainer"):
-    simcse-hn `overrides` it (a method of a subclass) or `calls` it; `parameters`, those after `self` it is
-    overridden or called with (checked against the installed release; None: not checked)."""
+    """`owner.name`, a private member of another library (`owner`: its import path, e.g. "transformers.Trainer";
+    with "()" an instance of it, for an attribute each instance sets): simcse-hn `overrides` it (a method of a
+    subclass), `calls` it or `reads` it; `parameters`, those after `self` it is overridden or called with (checked
+    against the installed release; None: not checked)."""
 
     owner: str
     name: str
@@ -59,6 +60,12 @@ OTHER_PRIVATE_MEMBERS = (
                   "before os._exit (training.process_exit).", use="calls"),
     PrivateMember("accelerate.state.PartialState", "_prepare_backend", None, "the CPU stand-in for FSDP and "
                   "DeepSpeed runs them on gloo (testing.sharded_cpu; tests only).", essential=False),
+    PrivateMember("argparse.ArgumentParser()", "_actions", None, "a parser's flags in its order, which the flag "
+                  "tables record (cli.flag_table.describe); argparse lists them nowhere public. Without it the tables "
+                  "cannot be rewritten; the command line's front still reads the committed ones.", essential=False,
+                  use="reads"),
+    PrivateMember("argparse.ArgumentParser()", "_action_groups", None, "the groups --help prints, in order, which "
+                  "the flag tables record with the flags (cli.flag_table.describe).", essential=False, use="reads"),
     PrivateMember("mteb.results.TaskResult", "_round_scores", None, "a result file rounded as mteb rounds its own "
                   "(evaluation.mteb_results).", essential=False, use="calls"),
 )  # fmt: skip

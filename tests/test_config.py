@@ -129,8 +129,8 @@ def test_a_packaged_model_resolves_offline_and_is_recorded_by_its_hub_id(monkeyp
         resolve_packaged("builtin:all-MiniLM-L6-v2")
 
 
-def test_help_lists_the_projects_flags_first_by_group_with_choices():
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
+def test_help_all_lists_the_projects_flags_first_by_group_with_choices():
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help-all"], capture_output=True, text=True,
                             cwd=ROOT, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr
     text = result.stdout

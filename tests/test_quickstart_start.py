@@ -116,3 +116,20 @@ def test_the_readme_quick_start_commands_are_valid():
         for spec in build_parser().parse_args(argv).baseline:
             name, path, pooler = parse_baseline(spec)
             assert os.path.isfile(os.path.join(path, "config.json")) and pooler in (None, "cls", "avg")
+
+
+def test_the_start_in_the_encoders_own_pooling_shows_a_bar_naming_it(st_base, monkeypatch, capsys, caplog):
+    """Scoring the base model through its own modules takes 10-70 s on a 2-core CPU (MiniLM, STS-B dev): a bar
+    names it in a terminal, a log line in a log file."""
+    from simcse_hn import progress
+    from simcse_hn.evaluation.starting_point import own_pooling_start
+
+    pairs = load_sts_pairs(str(ROOT / DEV), "dev")
+    label = "STS-B dev before training: encoding with tiny-st's own pooling"
+    monkeypatch.setattr(progress, "live", lambda: True)
+    own_pooling_start(st_base, st_base, pairs, 32, "cpu", 16)
+    assert f"{label}: " in capsys.readouterr().err
+    monkeypatch.setattr(progress, "live", lambda: False)
+    with caplog.at_level("INFO", logger="simcse_hn.progress"):
+        assert own_pooling_start(st_base, st_base, pairs, 32, "cpu", 16)[0] == "tiny-st's own mean pooling"
+    assert any(message.startswith(f"{label}: ") for message in caplog.messages)

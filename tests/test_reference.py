@@ -27,8 +27,12 @@ def test_every_generated_flag_and_loss_class_can_be_found_on_the_page():
 def test_the_check_fails_on_a_stale_page_and_the_command_mends_it(tmp_path, capsys):
     page = tmp_path / "reference.md"
     page.write_text(reference.PAGE.read_text(encoding="utf-8").replace("`--hcl_beta`", "`--hcl_b`"), encoding="utf-8")
-    assert reference.main(["--check", "--page", str(page)]) == 1
-    assert "reference.md differs from the code: run `python -m simcse_hn.cli.reference`" in capsys.readouterr().err
-    assert reference.main(["--page", str(page)]) == 0
-    assert reference.main(["--check", "--page", str(page)]) == 0
+    tables = ["--tables", str(tmp_path / "flags")]  # the committed tables stay as they are
+    assert reference.main(["--check", "--page", str(page), *tables]) == 1
+    err = capsys.readouterr().err
+    assert "reference.md differs from the code: run `python -m simcse_hn.cli.reference`" in err
+    assert "train.json differs from the code" in err  # no table there yet
+    assert reference.main(["--page", str(page), *tables]) == 0
+    assert reference.main(["--check", "--page", str(page), *tables]) == 0
     assert page.read_text(encoding="utf-8") == reference.PAGE.read_text(encoding="utf-8")
+    assert (tmp_path / "flags" / "sts.json").read_text() == (reference.flag_table.TABLES / "sts.json").read_text()

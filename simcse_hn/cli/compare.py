@@ -268,7 +268,7 @@ def markdown(runs: list[dict], comparison: dict, resamples: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="results.json files or folders holding one.")
     parser.add_argument("--output", required=True, help="Folder for comparison.md, comparison.json and the charts.")
@@ -278,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=None, help="Group every other group is tested against.")
     parser.add_argument("--bootstrap", type=int, default=1000, help="Paired bootstrap resamples (0: none).")
     parser.add_argument("--title", default=None, help="Chart title.")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         ReportFolder(args.output).check(REPORT_FILES)  # a user's file in the way: refused before any work
         if args.bootstrap < 0:

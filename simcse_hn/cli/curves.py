@@ -27,7 +27,7 @@ from simcse_hn.evaluation.reports import model_label, unique_labels
 from simcse_hn.files import ReportFolder
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "runs", nargs="+", help="Training output folders (or checkpoint folders), or curves.json files it wrote."
@@ -37,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         "--labels", default=None, help="Comma-separated labels of the run folders (default: their names)."
     )
     parser.add_argument("--keys", default=None, help="Comma-separated metrics to draw (default: every one logged).")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         ReportFolder(args.output).check(("curves.md", "curves.json", "curves.png"))  # before any run is read
         folders = [run for run in args.runs if not (run.endswith(".json") and os.path.isfile(run))]

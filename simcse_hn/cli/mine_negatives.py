@@ -23,13 +23,14 @@ import logging
 import os
 import sys
 
+from simcse_hn.cli.answers import OneLineParser
 from simcse_hn.errors import UserError
 
 logger = logging.getLogger("simcse_hn.mine")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--train_file", required=True, help="Pairs: .jsonl/.csv/.tsv or a Hub dataset id (as train.py).")
     p.add_argument("--train_data_files", help="With a Hub dataset id: the file inside the repo.")
     p.add_argument("--anchor_column", help="The anchor column (default: anchor, sent0, else the first).")

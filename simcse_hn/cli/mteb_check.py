@@ -94,14 +94,18 @@ def same_pairs_score(results: dict, task: str) -> float | None:
     return float(entry["spearman"]) / 100
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--report", required=True, help="An eval/sts.py output folder (results.json, mteb/).")
     parser.add_argument("--model", required=True, help="The model the report scored (a folder or Hub id).")
     parser.add_argument("--data_dir", required=True, help="Its data folder (sts12..16, stsb, sickr).jsonl.")
     parser.add_argument("--tolerance", type=float, default=1e-6, help="Largest difference allowed per score.")
     parser.add_argument("--batch_size", type=int, default=32, help="MTEB's encode batch size.")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if not mteb_results.mteb_installed():
         print('error: mteb is not installed (pip install -e ".[mteb]")', file=sys.stderr)
         return 2

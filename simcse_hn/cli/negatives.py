@@ -23,13 +23,14 @@ import os
 import random
 import sys
 
+from simcse_hn.cli.answers import OneLineParser
 from simcse_hn.errors import UserError
 
 logger = logging.getLogger("eval.negatives")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", help="A SimCSE output folder, a Hub id or builtin:tiny-bert.")
     parser.add_argument("corpus", help="Training sentences: .txt (one per line), .jsonl or .csv (--text_column).")
     parser.add_argument("--text_column", default="text")

@@ -1,12 +1,16 @@
-"""docs/reference.md, written from the code: the names that code makes at import time, so that each can be found by
-grep. Every flag made from the objectives' options (`ObjectiveFlags`, made with `dataclasses.make_dataclass` in
-simcse_hn/configuration/objective.py) and every `SimCSE{Title}Loss` (made with `globals().update` in
-simcse_hn/export/st_losses.py).
+"""docs/reference.md and the flag tables, written from the code.
 
-    python -m simcse_hn.cli.reference           # writes docs/reference.md
-    python -m simcse_hn.cli.reference --check   # exit 1, naming the command, when docs/reference.md differs
+The page: the names that code makes at import time, so that each can be found by grep (every flag made from the
+objectives' options, `ObjectiveFlags`, made with `dataclasses.make_dataclass` in simcse_hn/configuration/objective.py,
+and every `SimCSE{Title}Loss`, made with `globals().update` in simcse_hn/export/st_losses.py), then every flag of
+train.py. The tables: simcse_hn/cli/flags/COMMAND.json, each command's flags as its real parser builds them, which the
+command line's front reads to answer --help and bad flags before torch is imported (simcse_hn/cli/front.py).
 
-tests/test_reference.py runs the check: a new objective or option is a page to regenerate in the same commit.
+    python -m simcse_hn.cli.reference           # writes docs/reference.md and simcse_hn/cli/flags/*.json
+    python -m simcse_hn.cli.reference --check   # exit 1, naming the command, when either differs
+
+tests/test_reference.py and tests/test_front.py run the check: a new objective, option or flag (a transformers
+release with new TrainingArguments too) is a page and a table to regenerate in the same commit.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+
+from simcse_hn.cli import flag_table
 
 COMMAND = "python -m simcse_hn.cli.reference"
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
@@ -28,7 +34,21 @@ def type_name(annotation: object) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
-def markdown() -> str:
+def tables() -> dict[str, dict]:
+    """Each command's flag table, from its real parser (the imports are the commands' own: torch, transformers)."""
+    from simcse_hn.cli import compare, curves, mteb_check, sts
+    from simcse_hn.configuration import parser
+    from simcse_hn.losses import BUILTIN
+
+    train = flag_table.describe(parser.build_parser())
+    train |= {"fields": parser.field_names(), "list_fields": parser.list_fields(), "objectives": list(BUILTIN)}
+    found = {"train": train}
+    for name, module in (("sts", sts), ("compare", compare), ("curves", curves), ("mteb_check", mteb_check)):
+        found[name] = flag_table.describe(module.build_parser())
+    return found
+
+
+def markdown(train: dict | None = None) -> str:
     from simcse_hn.configuration.objective import ObjectiveFlags
     from simcse_hn.export import st_losses
     from simcse_hn.losses import BUILTIN
@@ -79,22 +99,69 @@ def markdown() -> str:
             continue
         options = ", ".join(f"`{f.name}`" for f in dataclasses.fields(BUILTIN[objective].Options)) or "none"
         lines.append(f"| `{name}` | `{objective}` | {options} |")
+    lines += train_flags(train or tables()["train"])
     return "\n".join(lines) + "\n"
+
+
+def train_flags(table: dict) -> list[str]:
+    """The page's last section: every flag of train.py, by --help's groups, from its flag table."""
+    lines = [
+        "",
+        "## Every flag of train.py",
+        "",
+        "`python train.py --help` shows the common flags; `--help-all` prints every one, `--help FLAG` one flag, and",
+        "`--help GROUP` one group (`model`, `data`, `objective`, `hcl`, `training`, ...). The same flags, by group;",
+        "the last group is transformers' `TrainingArguments`, with SimCSE's defaults (installed release: its help).",
+        "Each flag also goes in a `--config` YAML as `name: value`.",
+    ]
+    for index, group in enumerate(table["groups"]):
+        flags = [flag for flag in table["flags"] if flag["group"] == index and flag["action"] != "help"]
+        if not flags:
+            continue
+        lines += ["", f"### {group['title']}", "", "| flag | value | default | help |", "|---|---|---|---|"]
+        for flag in flags:
+            names = ", ".join(f"`{name}`" for name in flag["option_strings"] if "-" not in name[2:])
+            default = flag["default"]["shown"] if isinstance(flag["default"], dict) else flag["default"]
+            shown = "" if flag["action"] != "store" or default == argparse.SUPPRESS else f"`{cell(default)}`"
+            lines.append(f"| {names} | {cell(value_name(flag))} | {shown} | {cell(flag['help'] or '')} |")
+    return lines
+
+
+def value_name(flag: dict) -> str:
+    """What a flag takes, as a reader names it: a choice's values, a type's name, nothing for a switch."""
+    if flag["action"] in ("store_true", "store_false", "store_const"):
+        return "(none)"
+    if flag["choices"]:
+        return " / ".join(flag["choices"])
+    kind = flag["type"]
+    shown = (
+        kind["enum"]
+        if isinstance(kind, dict)
+        else {"string_to_bool": "true / false", "choice": "text"}.get(kind, kind or "text")
+    )
+    return f"{shown} ..." if flag["nargs"] in ("+", "*") else f"[{shown}]" if flag["nargs"] == "?" else shown
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing: exit 1 when the page differs")
     parser.add_argument("--page", type=Path, default=PAGE, help="the page (default: docs/reference.md)")
+    parser.add_argument("--tables", type=Path, default=flag_table.TABLES, help="the flag tables' folder")
     args = parser.parse_args(argv)
-    text = markdown()
+    found = tables()
+    files = {args.page: markdown(found["train"])}
+    files |= {args.tables / f"{name}.json": flag_table.dumps(table) for name, table in found.items()}
     if args.check:
-        same = args.page.is_file() and args.page.read_text(encoding="utf-8") == text
-        if not same:
-            print(f"{args.page.name} differs from the code: run `{COMMAND}`", file=sys.stderr)
-        return 0 if same else 1
-    args.page.write_text(text, encoding="utf-8")
-    print(f"wrote {args.page}")
+        stale = [
+            path for path, text in files.items() if not path.is_file() or path.read_text(encoding="utf-8") != text
+        ]
+        for path in stale:
+            print(f"{path.name} differs from the code: run `{COMMAND}`", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
     return 0
 
 

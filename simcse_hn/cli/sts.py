@@ -31,6 +31,7 @@ import os
 import sys
 import time
 
+from simcse_hn.cli.answers import check_sts_flags
 from simcse_hn.data.sts import load_sts_task, parse_tasks
 from simcse_hn.errors import DataError, UserError
 from simcse_hn.evaluation import mteb_results, reports
@@ -52,7 +53,6 @@ from simcse_hn.export import hub
 from simcse_hn.export.model_card import save_sts_results, sts_card_is_ours
 from simcse_hn.files import SIMCSE_CONFIG, ReportFolder, portable_name
 from simcse_hn.modeling.loading import resolve_packaged
-from simcse_hn.modeling.model import POOLERS
 from simcse_hn.provenance import check_own_checkout, code_identity, run_command
 
 logger = logging.getLogger("eval.sts")
@@ -188,6 +188,7 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     other_code = check_own_checkout(script, allow_other=args.allow_other_code) if script else None
     if other_code is not None:
         logger.warning("%s", other_code)
+    check_sts_flags(args)  # what the front refuses before torch is imported, refused alike here
     args.output = args.output or default_output(args.model)
     requested_model = args.model  # a builtin's Hub id names its MTEB files
     if args.model.startswith("builtin:") and args.model != "builtin:tiny-bert":  # a pip package's copy of a model
@@ -199,8 +200,6 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     hub_repo = args.hub_model_id or (None if local_model else args.model)
     if args.push_to_hub and not hub_repo:
         raise DataError("--push_to_hub needs --hub_model_id when --model is a local folder")
-    if args.pooler is not None and args.pooler not in POOLERS:
-        raise DataError(f"--pooler must be one of {', '.join(POOLERS)}, got {args.pooler!r}")
     baselines = [parse_baseline(spec) for spec in args.baseline]
     if args.device is not None and args.device.startswith("cuda"):
         import torch
@@ -236,7 +235,8 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
             raise DataError(f"--curves needs a local training output folder; {args.model!r} is not one")
         curves = load_curves(args.model)
 
-    scored = encode_and_score(args, args.model, args.pooler, tasks, (dev, dev_source), extra=mteb_extra)
+    dev = (dev, dev_source)
+    scored = encode_and_score(args, args.model, args.pooler, tasks, dev, extra=mteb_extra, name=requested_model)
     info = scored["info"]
     settings = {
         "command": command,
@@ -261,7 +261,7 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
         rows = [(f"{label} ({pooling_name(args.model, info)})", results)]
         for name, path, pooler in baselines:
             length = info["max_seq_length"]
-            base = encode_and_score(args, path, pooler, tasks, (dev, dev_source), max_seq_length=length)
+            base = encode_and_score(args, path, pooler, tasks, dev, max_seq_length=length, name=name)
             used = {"encoder": base["info"]["backend"], "modules": base["info"]["modules"], "max_seq_length": length}
             record = sts_results(base["scores"], path, base["info"]["pooler"], args.sickr_all, used, base["geometry"],
                                  training_config(path))  # fmt: skip
@@ -307,10 +307,11 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     return 0
 
 
-def encode_and_score(args, model: str, pooler: str | None, tasks, dev, extra=(), max_seq_length=None) -> dict:
-    """Load `model`, encode the suite's sentences once (with those of STS-B dev, `dev` = (pairs or None, their
-    source), and `extra`), score every task.
+def encode_and_score(args, model: str, pooler: str | None, tasks, dev, extra=(), max_seq_length=None, name=None):
+    """Load `model` (`name`: as the user named it, for its progress bar), encode the suite's sentences once (with
+    those of STS-B dev, `dev` = (pairs or None, their source), and `extra`), score every task.
     -> {"info", "scores", "predictions", "geometry", "embeddings", "index", "seconds"}"""
+    shown = model_label(portable_name(name or model)) + (f" ({pooler} pooler)" if pooler else "")
     try:
         encode, info = load_encoder(
             model,
@@ -318,7 +319,7 @@ def encode_and_score(args, model: str, pooler: str | None, tasks, dev, extra=(),
             device=args.device,
             batch_size=args.batch_size,
             max_seq_length=max_seq_length or args.max_seq_length,
-            show_progress_bar=not args.no_progress_bar,
+            show_progress_bar=False if args.no_progress_bar else f"encoding {shown}",
         )
     except OSError as e:  # missing folder or Hub repo, no network, unreadable weights
         raise DataError(f"could not load model {model!r} ({str(e).splitlines()[0]})") from None

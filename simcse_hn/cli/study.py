@@ -15,21 +15,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import yaml
 
-from simcse_hn.cli.sts import build_parser as sts_parser
+from simcse_hn.cli import flag_table
+from simcse_hn.cli.answers import OneLineParser
 from simcse_hn.errors import UserError
-from simcse_hn.study import lock as locking
-from simcse_hn.study import pilot as piloting
-from simcse_hn.study.engines import run_submitit
-from simcse_hn.study.plan import Plan, PlanError, load_plan, power_lines
-from simcse_hn.study.report import write_report
-from simcse_hn.study.runs import pending, run_key, run_local
+from simcse_hn.study.plan_file import read_plan
+
+if TYPE_CHECKING:
+    from simcse_hn.study.plan import Plan
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="simcse-hn-study", description=__doc__.split("\n")[0])
+    """Light on purpose, like every import at the top of this module: --help, a bad flag and a missing or malformed
+    plan are answered before torch is imported (the commands import the study's modules when they run)."""
+    parser = OneLineParser(prog="simcse-hn-study", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser("plan", help="check the plan, print what it can detect, lock it")
     plan.add_argument("plan")
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry_run", action="store_true", help="list the runs left, and stop")
     report = commands.add_parser("report", help="the report: blind until every run is in")
     report.add_argument("plan")
+    parser.flag_names += [name for sub in commands.choices.values() for name in sub.flag_names]
     return parser
 
 
@@ -79,6 +82,10 @@ def _parameters(items: list[str]) -> dict:
 
 
 def plan_command(args: argparse.Namespace, plan: Plan) -> None:
+    from simcse_hn.study import lock as locking
+    from simcse_hn.study import pilot as piloting
+    from simcse_hn.study.plan import PlanError, power_lines
+
     problems = piloting.check(plan)
     if problems:
         raise PlanError(problems)
@@ -93,6 +100,10 @@ def plan_command(args: argparse.Namespace, plan: Plan) -> None:
 
 
 def run_command(args: argparse.Namespace, plan: Plan) -> int:
+    from simcse_hn.study import lock as locking
+    from simcse_hn.study.engines import run_submitit
+    from simcse_hn.study.runs import pending, run_key, run_local
+
     devices, parameters = _devices(args), _parameters(args.executor_param)  # before the lock is read
     version = locking.check_locked(plan, stage="confirmatory")
     todo = pending(plan, version)
@@ -113,11 +124,17 @@ def run_command(args: argparse.Namespace, plan: Plan) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        options = set(vars(sts_parser().parse_args(["--model", "-"])))  # eval/sts.py's every option, by its defaults
         for flag in ("jobs", "threads"):  # run's and pilot's counts: one line, not a pool's or torch's traceback
             value = getattr(args, flag, None)
             if value is not None and value < 1:
                 raise UserError(f"--{flag}: at least 1, got {value}")
+        read_plan(args.plan)  # a missing or malformed plan: before the imports below
+        from simcse_hn.study import pilot as piloting
+        from simcse_hn.study.plan import load_plan
+        from simcse_hn.study.report import write_report
+
+        # eval/sts.py's every option, from its flag table (cli.flag_table: the same as its parser's)
+        options = {flag["dest"] for flag in flag_table.load("sts")["flags"] if flag["action"] != "help"}
         plan = load_plan(args.plan, check_arms=args.command == "plan", eval_options=options)
         if args.command == "plan":
             plan_command(args, plan)

@@ -15,10 +15,12 @@ import datasets
 import torch
 import transformers
 
+from simcse_hn.cli.answers import answer_train
+from simcse_hn.configuration.command_line import TRAIN_SOURCE_REQUIRED
 from simcse_hn.configuration.data_format import ResolvedData, resolve_data
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.configuration.resolved import resolve_run
-from simcse_hn.data.collator import SimCSECollator
+from simcse_hn.data.collator import SimCSECollator, truncation_summary
 from simcse_hn.data.guide import SELF, load_guide
 from simcse_hn.data.pairs import PairCollator, is_hub_source, load_pairs, num_negatives
 from simcse_hn.data.sentences import load_hub_dataset, load_sentence_stream, load_sentences
@@ -100,7 +102,7 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
     logger.info("world size %d (process %d)", training_args.world_size, training_args.process_index)
 
     if data_args.train_source is None:
-        raise ConfigError("train_file: required (a text/jsonl/csv file), or dataset_name (a Hub dataset id)")
+        raise ConfigError(TRAIN_SOURCE_REQUIRED)
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise ConfigError("hub_model_id: required with push_to_hub (e.g. user/unsup-simcse-bert-base)")
     if training_args.push_to_hub and find_token(training_args.hub_token) is None:
@@ -291,8 +293,8 @@ def run(argv: list[str] | None = None) -> SimCSETrainer:
         trainer.add_callback(CheckpointPush(hub_target))
     trainer.train(resume_from_checkpoint=checkpoint)
     if trainer.truncated_sentences:
-        logger.warning("%d of the %d sentences trained on were longer than %d tokens and were truncated",
-                       trainer.truncated_sentences, trainer.trained_sentences, data_args.max_seq_length)
+        logger.warning("%s", truncation_summary(trainer.truncated_sentences, trainer.trained_sentences,
+                                                data_args.max_seq_length))
     trainer.simcse_config.update(training_budget(trainer))  # the final folder says how much training it had
     trainer.save_model(training_args.output_dir)
     dev_spearman = final_dev_score(trainer) if eval_pairs is not None else None
@@ -382,6 +384,10 @@ def final_dev_score(trainer: SimCSETrainer) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The run, after the front's answer (--help, or one error line for what is known before torch is imported)."""
+    code = answer_train(argv)
+    if code is not None:
+        return code
     try:
         run(argv)
     except (ConfigError, DataError, HubError) as e:  # a HubError comes after the model is saved
@@ -390,10 +396,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def console() -> None:
-    """`simcse-hn-train`, `python train.py` and `accelerate launch train.py`: main(), then the exit a launched
-    process needs (not sys.exit: simcse_hn/training/process_exit.py)."""
-    finish(main())
+def console(argv: list[str] | None = None) -> None:
+    """`simcse-hn-train`, `python train.py` and `accelerate launch train.py` (through cli.front.train, which answers
+    before this module's imports when it can): main(), then the exit a launched process needs (not sys.exit:
+    simcse_hn/training/process_exit.py)."""
+    finish(main(argv))
 
 
 if __name__ == "__main__":

@@ -7,12 +7,10 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 
-from simcse_hn.data.pairs import DATA_FORMATS
+from simcse_hn.choices import DATA_FORMATS, POOLERS, require_peft
 from simcse_hn.data.sts import STS_DATA_HINT
 from simcse_hn.errors import ConfigError
 from simcse_hn.files import is_hub_id
-from simcse_hn.modeling.lora import require_peft
-from simcse_hn.modeling.model import POOLERS
 
 
 def check_field(condition: bool, name: str, message: str) -> None:

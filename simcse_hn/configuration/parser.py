@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import re
 import types
 import typing
 from dataclasses import fields
 
-import yaml
 from transformers import HfArgumentParser
 
-from simcse_hn.configuration.arguments import DataArguments, ModelArguments, check_field
+from simcse_hn.configuration.arguments import DataArguments, ModelArguments
+from simcse_hn.configuration.command_line import configured_argv, one_line, unknown_arguments
 from simcse_hn.configuration.data_format import declared_data
 from simcse_hn.configuration.objective import HELP_GROUPS as OBJECTIVE_HELP_GROUPS
 from simcse_hn.configuration.resolved import resolve_run
@@ -26,8 +23,7 @@ from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
 from simcse_hn.errors import ConfigError
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, SimCSETrainingArguments)
-# Fields that say the same thing in two ways: one given on the command line replaces the other given in the YAML.
-ALTERNATIVE_FIELDS = (("train_file", "dataset_name"),)
+DATACLASS_NAMES = ("model", "data", "training")
 
 
 # --help: simcse-hn's own flags first, in these groups (in this order), then the Trainer's. A field goes to the
@@ -38,6 +34,8 @@ HELP_GROUPS = {
     "scale and speed": ("gather_across_devices", "cache_minibatch_size", "length_groups"),
 }
 HELP_OVERRIDES = {  # the Trainer's own help where simcse-hn gives the flag more meaning
+    "disable_tqdm": "Hide the progress bars. Default: shown in a terminal or notebook, hidden when stderr is not "
+    "one (a log file gets each logged line, no bar redraws).",
     "resume_from_checkpoint": "A checkpoint folder, or 'true' for the newest whole checkpoint of this run in "
     "output_dir (ones not whole, or foreign, are skipped with a warning).",
 }
@@ -56,8 +54,7 @@ class _Parser(HfArgumentParser):
                           "command line override it (configs/*.yaml).")  # fmt: skip
 
     def error(self, message):  # argparse would print usage and exit(2); we want one line naming the field
-        match = re.match(r"argument --([\w]+)(?:/--[\w-]+)*: (.*)", message)
-        raise ConfigError(f"{match.group(1)}: {match.group(2)}" if match else message)
+        raise ConfigError(one_line(message))
 
     def _add_dataclass_arguments(self, dtype):
         if dtype is not SimCSETrainingArguments:
@@ -76,64 +73,37 @@ class _Parser(HfArgumentParser):
             self._parse_dataclass_field(groups[title] if title else trainer, item)
 
 
-def _yaml_to_argv(config: dict, path: str, known: set[str], takes_lists: set[str]) -> list[str]:
-    argv = []
-    for key, value in config.items():
-        check_field(key in known, key, f"unknown key in {path}")
-        if value is None:
-            continue
-        if isinstance(value, dict):
-            value = json.dumps(value)
-        if isinstance(value, list):
-            check_field(key in takes_lists, key, f"expected one value, got a list {value} (in {path})")
-        values = value if isinstance(value, list) else [value]
-        argv.append(f"--{key}")
-        argv.extend(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
-    return argv
+def build_parser() -> HfArgumentParser:
+    """train.py's parser: every flag of the three argument classes, simcse-hn's first (--help's order)."""
+    return _Parser(ARGUMENT_CLASSES)
 
 
-def load_yaml(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise ConfigError(f"config: file not found: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"config: malformed YAML in {path}{where}: {problem}") from None
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise ConfigError(f"config: {path} must be a mapping of key: value, got {type(config).__name__}")
-    return config
+def field_names() -> dict[str, list[str]]:
+    """Each argument class's fields, by the dataclass HfArgumentParser builds from them (model, data, training)."""
+    return {name: [f.name for f in fields(cls) if f.init] for name, cls in zip(DATACLASS_NAMES, ARGUMENT_CLASSES)}
+
+
+def list_fields() -> list[str]:
+    """The fields that take several values (a YAML list), from the annotations: HfArgumentParser rewrites a field's
+    `str | list[str]` type to `str` in place."""
+    hints = [typing.get_type_hints(cls) for cls in ARGUMENT_CLASSES]
+    return sorted(name for types in hints for name, annotation in types.items() if "list" in str(annotation))
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, SimCSETrainingArguments]:
     """YAML `--config` gives defaults, CLI flags override them. Raises ConfigError (one line) on a bad value."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    known_args, rest = pre.parse_known_args(argv)
-    known = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls) if f.init}
-    # from the annotations: HfArgumentParser rewrites a field's `str | list[str]` type to `str` in place
-    hints = [typing.get_type_hints(cls) for cls in ARGUMENT_CLASSES]
-    takes_lists = {name for types in hints for name, annotation in types.items() if "list" in str(annotation)}
-    parser = _Parser(ARGUMENT_CLASSES)
-    config = load_yaml(known_args.config) if known_args.config else {}
-    for alternatives in ALTERNATIVE_FIELDS:  # a source given on the command line replaces the YAML's other one
-        if any(f"--{name}" in rest for name in alternatives):
-            config = {k: v for k, v in config.items() if k not in alternatives or f"--{k}" in rest}
-    yaml_argv = _yaml_to_argv(config, known_args.config, known, takes_lists)
+    known = {name for names in field_names().values() for name in names}
+    parser = build_parser()
+    configured = configured_argv(argv, known, set(list_fields()))
     try:
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=yaml_argv + rest)
+        _, extras = parser.parse_known_args(configured.argv)  # a misspelt flag first: it often explains the rest
+        if extras:
+            raise ConfigError(unknown_arguments(extras, known, parser.prog))
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=configured.argv)
         # the combinations the configuration alone shows (train.py checks the same, complete, on the resolved data)
         resolve_run(data_args, training_args, declared_data(data_args)).check()
     except ConfigError as e:
-        name = str(e).split(":")[0]
-        if name in config and f"--{name}" not in rest:
-            raise ConfigError(f"{e} (in {known_args.config})") from None
-        raise
+        raise configured.located(e) from None
     except ValueError as e:  # TrainingArguments' own checks
         raise ConfigError(str(e).strip().splitlines()[0]) from None
     except ImportError as e:  # a launch config for DeepSpeed without deepspeed installed

@@ -24,6 +24,7 @@ from simcse_hn.configuration.resolved import sentence_negatives
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.registry import BASELINE
 from simcse_hn.losses.targets import FORMS
+from simcse_hn.progress import live
 
 HUB_STRATEGIES = ("end", "every_save")
 
@@ -216,6 +217,8 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
             f"must be one of {', '.join(HUB_STRATEGIES)} (simcse-hn pushes model folders, never checkpoint state), "
             f"got {self.hub_strategy!r}",
         )
+        if self.disable_tqdm is None and not live():  # a log file: each log a line, no bar's \r and \x1b[A
+            self.disable_tqdm = True
         super().__post_init__()
         # the objective's own values here; what it refuses of the run (check_for_training), with the data's format,
         # the engine and the rest of the run's combinations: simcse_hn.configuration.resolved (parse_args and train.py)

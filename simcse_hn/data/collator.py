@@ -54,6 +54,24 @@ def repeat_words(special: list[int], rate: float, rng: random.Random, max_length
     return positions
 
 
+SIMCSE_MAX_LENGTH = 32  # the training length of SimCSE's own runs (max_seq_length in its run_unsup_example.sh)
+
+
+def truncation_note(max_length: int) -> str:
+    """What a truncation warning adds: whose setting the length is, and how to change it."""
+    larger = "a larger --max_seq_length keeps more of each sentence, at more memory and time per step"
+    return f"{max_length} tokens is SimCSE's setting; {larger}" if max_length == SIMCSE_MAX_LENGTH else larger
+
+
+def truncation_summary(truncated: int, trained: int, max_length: int) -> str:
+    """The end of a run's word on truncation: how many of the sentences it trained on were cut, and why."""
+    share = f"{100 * truncated / trained:.0f} %" if trained else "all"
+    return (
+        f"{truncated} of the {trained} sentences trained on ({share}) were longer than {max_length} tokens and were "
+        f"truncated: {truncation_note(max_length)}"
+    )
+
+
 class SimCSECollator:
     """Tokenises each sentence once and emits 2B rows [a, a', b, b', ...]: one forward pass in train mode then
     gives two dropout views of every sentence.
@@ -135,8 +153,8 @@ class SimCSECollator:
             batch = {key: value[first] for key, value in batch.items()}
             truncated = int(sample[~first].unique().numel())
             if not self.warned:
-                logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d)",
-                               self.max_length, truncated, len(texts))
+                logger.warning("sentences longer than %d tokens are truncated (%d in this batch of %d): %s",
+                               self.max_length, truncated, len(texts), truncation_note(self.max_length))
                 self.warned = True
         return dict(batch), truncated
 

@@ -11,13 +11,14 @@ import logging
 import torch
 from torch import Tensor, nn
 
+from simcse_hn.choices import GUIDE_SELF
 from simcse_hn.data.collator import GUIDE_PREFIX
 from simcse_hn.errors import ConfigError
 from simcse_hn.losses.targets import RowLayout
 
 logger = logging.getLogger(__name__)
 
-SELF = "self"
+SELF = GUIDE_SELF
 
 
 class Guide(nn.Module):

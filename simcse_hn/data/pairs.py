@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from simcse_hn.choices import DATA_FORMATS
 from simcse_hn.data.collator import SimCSECollator, text_id
 from simcse_hn.data.sentences import (
     NAMED_PAIRS,
@@ -26,14 +27,13 @@ from simcse_hn.data.sentences import (
     read_csv_table,
 )
 from simcse_hn.data.sts import short
-from simcse_hn.errors import DataError
+from simcse_hn.errors import DataError, did_you_mean
 from simcse_hn.losses.targets import RowLayout
 
 logger = logging.getLogger(__name__)
 
 LABEL_COLUMNS = ("label", "labels", "score", "scores")  # sentence-transformers' label columns: not texts
 NO_NEGATIVES = "none"  # --negative_columns none: no explicit negatives even if the file has more columns
-DATA_FORMATS = ("auto", "pairs", "sentences")  # --data_format
 _NEGATIVE_NAME = re.compile(r"(negative|hard_neg)(?:_(\d+))?$")
 TABLE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
 
@@ -93,10 +93,11 @@ def pair_columns(
     naming a missing column, or too few text columns, is a DataError naming `source`."""
     for flag, value in (("anchor_column", anchor), ("positive_column", positive)):
         if value is not None and value not in columns:
-            raise DataError(f"{source}: no column {value!r} in {columns} (set --{flag})")
+            raise DataError(f"{source}: no column {value!r}{did_you_mean(value, columns)} in {columns} (set --{flag})")
     for value in negatives or []:
         if value != NO_NEGATIVES and value not in columns:
-            raise DataError(f"{source}: no column {value!r} in {columns} (set --negative_columns)")
+            hint = did_you_mean(value, columns)
+            raise DataError(f"{source}: no column {value!r}{hint} in {columns} (set --negative_columns)")
     texts = [c for c in columns if c.lower() not in LABEL_COLUMNS]
     named = next((pair for pair in NAMED_PAIRS if set(pair) <= set(columns)), None)
     if anchor is None:

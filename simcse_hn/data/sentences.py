@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from simcse_hn.errors import DataError
+from simcse_hn.errors import DataError, did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,8 @@ def _read_csv_column(path: str, column: str) -> list[str]:
     if header is None or column not in header:
         if header and any(set(pair) <= set(header) for pair in NAMED_PAIRS):
             raise no_text_field(f"{path}:1", column, header)
-        raise DataError(f"{path}:1: no column {column!r} in header {header} (set --text_column)")
+        hint = did_you_mean(column, header)
+        raise DataError(f"{path}:1: no column {column!r}{hint} in header {header} (set --text_column)")
     index = header.index(column)
     return [row[index] if row else "" for _, row in records]
 
@@ -159,7 +160,8 @@ def _read_hub_column(
     if column not in dataset.column_names:
         if any(set(pair) <= set(dataset.column_names) for pair in NAMED_PAIRS):
             raise no_text_field(name, column, dataset.column_names)
-        raise DataError(f"{name}: no column {column!r} in {dataset.column_names} (set --text_column)")
+        hint = did_you_mean(column, dataset.column_names)
+        raise DataError(f"{name}: no column {column!r}{hint} in {dataset.column_names} (set --text_column)")
     return [t or "" for t in dataset[column]]
 
 

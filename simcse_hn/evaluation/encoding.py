@@ -49,7 +49,7 @@ def token_length_batches(
     tokenizer,
     batch_size: int,
     max_length: int | None = None,
-    show_progress_bar: bool = False,
+    show_progress_bar: bool | str = False,
 ) -> EncodeFn:
     """An encoder that feeds `encode_batch` batches of equal token length, longest first, and restores the order.
 
@@ -162,7 +162,7 @@ def _first_of_equal_rows(input_ids: Tensor, rows: Tensor, indices: list[int], co
 
 
 def simcse_encode_fn(
-    model, tokenizer, batch_size: int = 128, max_length: int | None = None, show_progress_bar: bool = False
+    model, tokenizer, batch_size: int = 128, max_length: int | None = None, show_progress_bar: bool | str = False
 ) -> EncodeFn:
     """SimCSEModel.encode: tokenised once, batches of equal token length."""
 
@@ -190,7 +190,7 @@ def _plain_sentence_transformer(model) -> bool:
 
 
 def sentence_transformers_encode_fn(
-    model, batch_size: int = 128, show_progress_bar: bool = False, side_by_side: bool = True
+    model, batch_size: int = 128, show_progress_bar: bool | str = False, side_by_side: bool = True
 ) -> EncodeFn:
     """A SentenceTransformer's embeddings in batches of equal token length. A plain text model (`_plain_sentence_
     transformer`) runs its own modules' forward on features its own `preprocess` made in this thread, each text
@@ -206,7 +206,9 @@ def sentence_transformers_encode_fn(
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:  # a model without a text tokenizer: its own batching
         return lambda sentences: (
-            model.encode(sentences, batch_size=batch_size, show_progress_bar=show_progress_bar, convert_to_tensor=True)
+            model.encode(
+                sentences, batch_size=batch_size, show_progress_bar=bool(show_progress_bar), convert_to_tensor=True
+            )
             .float()
             .cpu()
         )
@@ -253,12 +255,13 @@ def load_encoder(
     device: str | None = None,
     batch_size: int = 128,
     max_seq_length: int | None = None,
-    show_progress_bar: bool = False,
+    show_progress_bar: bool | str = False,
 ) -> tuple[EncodeFn, dict]:
     """-> (encode, info): info holds "backend", "pooler" (None for sentence-transformers), "modules", "device" and
     "max_seq_length", the length inputs are truncated to. Without `max_seq_length` both backends use the model's own
     inference length (a sentence-transformers model's max_seq_length, else the encoder's limit), so a base model and
-    a model trained from it are scored alike."""
+    a model trained from it are scored alike. `show_progress_bar`: True, or the bar's name (what the encoding is
+    for: simcse_hn.progress)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if encoder_backend(name_or_path, pooler) == "sentence-transformers":
         # a slow import: only where its models are used

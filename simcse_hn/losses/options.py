@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from simcse_hn.errors import did_you_mean
+
 
 def option(
     default: Any,
@@ -86,7 +88,8 @@ class ObjectiveOptions:
         for key in values:
             if key not in known:
                 listing = ", ".join(known) if known else "none"
-                raise ValueError(f"{key}: not an option of this objective (in {where}; its options: {listing})")
+                hint = did_you_mean(str(key), known)
+                raise ValueError(f"{key}: not an option of this objective{hint} (in {where}; its options: {listing})")
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any
 
+from simcse_hn.choices import OBJECTIVE_ENTRY_POINTS, unknown_objective
 from simcse_hn.losses.base import ContrastiveLoss, ReweightingLoss
 from simcse_hn.losses.hardness import HardnessLoss
 from simcse_hn.losses.hcl import DCLLoss, HCLLoss
@@ -24,7 +25,7 @@ from simcse_hn.losses.infonce import InfoNCELoss
 from simcse_hn.losses.progcl import ProGCLLoss
 from simcse_hn.losses.unremix import UnReMixLoss
 
-ENTRY_POINTS = "simcse_hn.objectives"
+ENTRY_POINTS = OBJECTIVE_ENTRY_POINTS
 BUILTIN: dict[str, type[ContrastiveLoss]] = {
     cls.name: cls for cls in (InfoNCELoss, DCLLoss, HCLLoss, HardnessLoss, ProGCLLoss, UnReMixLoss)
 }
@@ -61,9 +62,7 @@ def resolve_objective(name: str) -> type[ContrastiveLoss]:
     installed = installed_objectives()
     if name in installed:
         return _checked(installed[name].load(), name)
-    known = ", ".join([*BUILTIN, *sorted(installed)])
-    raise ObjectiveError(f"unknown loss {name!r}; choose one of {known}, or a class of yours as "
-                         "path/to/file.py:Class or package.module:Class")
+    raise ObjectiveError(unknown_objective(name, [*BUILTIN, *sorted(installed)]))
 
 
 def _import(module_name: str, name: str) -> Any:

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+
+from simcse_hn.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ def map_batches(
     fn,
     batches: Iterable,
     device=None,
-    show_progress_bar: bool = False,
+    show_progress_bar: bool | str = False,
     desc: str = "encoding",
     total: int | None = None,
 ) -> list:
@@ -33,20 +34,22 @@ def map_batches(
     several threads at once: a module's forward under inference mode is; a tokenizer is not, so callers tokenise
     before, or in `batches`: an iterator is drawn in the caller's thread while the first batches already run
     (tokenising overlaps encoding). `total`: how many batches an iterator yields (for the progress bar). `device`
-    None: one batch after the other."""
+    None: one batch after the other. `show_progress_bar`: a text names the bar (what is encoded, for what), else
+    `desc` does; a bar only where it can be watched, a line in a log file (simcse_hn.progress)."""
+    label = show_progress_bar if isinstance(show_progress_bar, str) else desc
     threads = torch.get_num_threads()
     total = len(batches) if isinstance(batches, Sized) else total
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         threads = 1  # a sharded module's forward runs collectives, which must come in the same order on every rank
     if device is None or torch.device(device).type != "cpu" or threads < 2 or (total is not None and total < 2):
-        iterator = tqdm(batches, desc=desc, unit="batch", total=total) if show_progress_bar else batches
+        iterator = progress(batches, label, total) if show_progress_bar else batches
         return [fn(batch) for batch in iterator]
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="simcse-hn-encode") as pool:
             results = pool.map(fn, batches)  # submits each batch as `batches` yields it
             if show_progress_bar:
-                results = tqdm(results, desc=desc, unit="batch", total=total)
+                results = progress(results, label, total)
             return list(results)
     finally:
         torch.set_num_threads(threads)

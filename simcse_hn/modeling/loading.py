@@ -17,8 +17,8 @@ from transformers.utils import cached_file
 from simcse_hn.errors import ConfigError
 from simcse_hn.files import (
     PACKAGED_MODELS,
+    check_model_folder,
     read_json,
-    safetensors_problem,
     write_json,
 )
 from simcse_hn.testing.models import (
@@ -63,12 +63,6 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-# what transformers' from_pretrained reads from a folder, in its order of preference
-_WEIGHT_FILES = (
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
-)  # fmt: skip
-
-
 def resolve_packaged(name_or_path: str, field: str = "model_name_or_path") -> str:
     """The folder of a model a pip package carries (files.PACKAGED_MODELS, e.g. builtin:all-MiniLM-L6-v2 from the
     `quickstart` extra), so it loads offline; any other name as it is."""
@@ -91,16 +85,7 @@ def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
         return tiny_bert_config()
     if name_or_path == TINY_LLAMA:
         return tiny_llama_config()
-    if os.path.isdir(name_or_path):
-        if not os.path.isfile(os.path.join(name_or_path, "config.json")):
-            raise ConfigError(f"{field}: {name_or_path} is not a model folder (no config.json)")
-        if not any(os.path.isfile(os.path.join(name_or_path, name)) for name in _WEIGHT_FILES):
-            raise ConfigError(f"{field}: {name_or_path} has no weights ({', '.join(_WEIGHT_FILES)})")
-        for name in sorted(os.listdir(name_or_path)):  # a truncated or corrupt file fails now, not after the data
-            if name.endswith(".safetensors") and (problem := safetensors_problem(os.path.join(name_or_path, name))):
-                raise ConfigError(f"{field}: {name_or_path}: {problem}")
-    elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path:
-        raise ConfigError(f"{field}: no such model folder: {name_or_path}")  # not 'name' or 'owner/name' (Hub ids)
+    check_model_folder(name_or_path, field)  # light: the command line's front makes the same check (cli.front)
     try:
         return AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:  # no such Hub repo, no network and not cached, unreadable config

@@ -14,23 +14,18 @@ peft is an optional dependency (`pip install 'simcse-hn[lora]'`): `require_peft`
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from simcse_hn.choices import require_peft
 from simcse_hn.errors import ConfigError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's names, so peft loads the folder
 ADAPTER_CONFIG = "adapter_config.json"
 _PREFIX = "base_model.model."  # PeftModel's prefix before the wrapped encoder's own keys
 _ADAPTER = "default"
-
-
-def require_peft(field: str = "lora_r") -> None:
-    if importlib.util.find_spec("peft") is None:
-        raise ConfigError(f"{field}: LoRA needs peft, which is not installed (pip install 'simcse-hn[lora]')")
 
 
 def is_lora(encoder: nn.Module) -> bool:

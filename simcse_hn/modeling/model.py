@@ -15,6 +15,7 @@ from transformers import (
     AutoModel,
 )
 
+from simcse_hn.choices import POOLERS
 from simcse_hn.files import (
     ADAPTER_DIR,
     HEAD_WEIGHTS,
@@ -38,7 +39,6 @@ from simcse_hn.testing.models import BUILTIN_MODELS, build_builtin
 logger = logging.getLogger(__name__)
 
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 
 
 class MLPHead(nn.Module):
@@ -194,7 +194,7 @@ class SimCSEModel(nn.Module):
         tokenizer,
         batch_size: int = 128,
         max_length: int | None = None,
-        show_progress_bar: bool = False,
+        show_progress_bar: bool | str = False,
     ) -> Tensor:
         """Embeddings (n, D), float32 on the CPU, in eval mode, in the order of `sentences`.
 

@@ -29,11 +29,13 @@ from dataclasses import asdict, dataclass
 
 import yaml
 
-from simcse_hn.configuration.parser import ARGUMENT_CLASSES, load_yaml, parse_args
+from simcse_hn.configuration.command_line import load_yaml
+from simcse_hn.configuration.parser import ARGUMENT_CLASSES, parse_args
 from simcse_hn.data.sts import STS_FILES, parse_tasks, read_sts_jsonl
 from simcse_hn.errors import ConfigError, UserError
 from simcse_hn.study.analysis import detectable_sd
 from simcse_hn.study.files import working_dir
+from simcse_hn.study.plan_file import problem_line, read_plan
 
 TOP_KEYS = ("name", "base", "arms", "baseline", "seeds", "evaluation", "endpoint", "test", "correction", "alpha",
             "smallest_effect", "spread", "output_dir", "pilot", "family")  # fmt: skip
@@ -101,29 +103,6 @@ class Plan:
         return parse_tasks(str(self.evaluation.get("tasks", "all")))
 
 
-def key_lines(text: str) -> dict[tuple, int]:
-    """(key, subkey, ...) -> the line it is on, for messages that name the line."""
-    lines: dict[tuple, int] = {}
-
-    def walk(node, path: tuple) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                lines[(*path, key.value)] = key.start_mark.line + 1
-                walk(value, (*path, key.value))
-
-    try:
-        walk(yaml.compose(text), ())
-    except yaml.YAMLError:
-        pass
-    return lines
-
-
-def problem_line(path: str, lines: dict[tuple, int], where: tuple, message: str) -> str:
-    """`file:line: key.subkey: message`, on the line of the longest part of `where` the file holds."""
-    line = next((lines[where[:k]] for k in range(len(where), 0, -1) if where[:k] in lines), None)
-    return f"{path}{f':{line}' if line else ''}: {'.'.join(map(str, where))}: {message}"
-
-
 def train_keys() -> set[str]:
     return {f.name for cls in ARGUMENT_CLASSES for f in cls.__dataclass_fields__.values() if f.init}
 
@@ -137,21 +116,6 @@ def eval_flags(evaluation: dict) -> list[str]:
         elif value is not False and value is not None:
             flags += [f"--{key}", str(value)]
     return flags
-
-
-def read_plan(path: str) -> tuple[dict, dict[tuple, int]]:
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: no such plan")
-    text = open(path, encoding="utf-8").read()
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(f"{path}:{mark.line + 1 if mark else '?'}: malformed YAML: {getattr(e, 'problem', e)}") \
-            from None  # fmt: skip
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a plan is a mapping of key: value, got {type(raw).__name__}")
-    return raw, key_lines(text)
 
 
 def load_plan(path: str, check_arms: bool = True, eval_options: set[str] | None = None,

@@ -29,6 +29,7 @@ from simcse_hn.data.sampling import NoDuplicatesSampler
 from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE, InForce, TopicBatchSampler, cluster_corpus
 from simcse_hn.errors import ConfigError
 from simcse_hn.evaluation.encoding import load_encoder
+from simcse_hn.files import portable_name
 from simcse_hn.training import distributed
 
 Encode = Callable[[list[str]], Tensor]  # texts -> embeddings (n, D)
@@ -113,8 +114,11 @@ class TrainingBatches(TrainerCallback):
         assignment = None
         if distributed.rank() == 0:
             texts = dataset["anchor" if "anchor" in dataset.column_names else "text"]
-            device = str(self.args.device)
-            encode = self.model_encoder() if encoder is None else load_encoder(encoder, device=device)[0]
+            if encoder is None:
+                encode = self.model_encoder()
+            else:
+                bar = f"topic batches: encoding the corpus with {portable_name(encoder)}"
+                encode = load_encoder(encoder, device=str(self.args.device), show_progress_bar=bar)[0]
             assignment = cluster_corpus(encode, texts, self.args.topic_clusters, seed=self.seed)
         return distributed.broadcast_object(assignment)
 

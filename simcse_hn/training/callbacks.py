@@ -1,6 +1,7 @@
 """SimCSETrainer's callbacks, each standing on its own (what it needs is given to it, not read from the trainer):
-the loss diagnostics' clamp warning (docs/losses.md section 2), the non-finite gradient guard, and checkpoint rotation
-over this run's checkpoints only. The training sampler's callback is training.batches'."""
+the loss diagnostics' clamp warning (docs/losses.md section 2), the non-finite gradient guard, checkpoint rotation
+over this run's checkpoints only, and the progress bars, named. The training sampler's callback is
+training.batches'."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 
 import torch
 from torch import Tensor
-from transformers import TrainerCallback
+from transformers import ProgressCallback, TrainerCallback
 
 from simcse_hn.losses.registry import flag_prefix
 from simcse_hn.training import distributed
@@ -129,3 +130,25 @@ class RotateCheckpoints(TrainerCallback):
         if args.should_save and self.limit == 1 and state.best_model_checkpoint is not None:
             # training is over: the best (whole, as every checkpoint it names) is what a resume finishes from
             rotate_checkpoints(args.output_dir, self.run_id, 1, {state.best_model_checkpoint}, keep_newest_whole=False)
+
+
+class NamedProgress(ProgressCallback):
+    """The Trainer's progress bars, each named for what it waits on: `training`, and inside it `evaluating`."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.training_bar is not None:
+            self.training_bar.set_description("training")
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        new = self.prediction_bar is None
+        super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
+        if new and self.prediction_bar is not None:
+            self.prediction_bar.set_description("evaluating")
+
+
+def name_progress_bars(trainer) -> None:
+    """The Trainer's bars named (NamedProgress); none when `disable_tqdm` (then its PrinterCallback prints each log
+    as a line, as in a log file: configuration.training_arguments)."""
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(NamedProgress)

@@ -92,6 +92,7 @@ class SimCSETrainer(Trainer):
         run_id = self.simcse_config.setdefault("run_id", checkpoints.new_run_id())
         self.rotation = callbacks.RotateCheckpoints(limit, run_id)
         self.simcse_config["checkpoint_manifest"] = checkpoints.CHECKPOINT_MANIFEST  # whole with one, written last
+        callbacks.name_progress_bars(self)
         for callback in (self.gradient_guard, callbacks.ClampWarningCallback(), self.batches):
             self.add_callback(callback)
         self.queue = QueueRun.for_run(args, self.layout.group_size)  # earlier steps' embeddings as negatives, or None
@@ -194,10 +195,11 @@ class SimCSETrainer(Trainer):
         return loader if loader is not None else super().get_train_dataloader()
 
     def _encode_with_model(self):
-        """An encoder of texts by the model as it is now (topic clustering)."""
+        """An encoder of texts by the model as it is now (topic clustering), with a bar naming it."""
         tokenizer = self.processing_class or getattr(self.data_collator, "tokenizer", None)
-        return simcse_encode_fn(self.accelerator.unwrap_model(self.model), tokenizer,
-                                max_length=getattr(self.data_collator, "max_length", None))  # fmt: skip
+        model, length = self.accelerator.unwrap_model(self.model), getattr(self.data_collator, "max_length", None)
+        bar = "topic batches: encoding the corpus with the model being trained"
+        return simcse_encode_fn(model, tokenizer, max_length=length, show_progress_bar=bar)
 
     # --- evaluation: STS-B dev Spearman x 100, through the Trainer's loop ---
 
