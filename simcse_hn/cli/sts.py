@@ -32,6 +32,7 @@ import sys
 import time
 
 from simcse_hn.cli.answers import check_sts_flags
+from simcse_hn.cli.sts_records import code_settings, training_config
 from simcse_hn.data.sts import load_sts_task, parse_tasks
 from simcse_hn.errors import DataError, UserError
 from simcse_hn.evaluation import mteb_results, reports
@@ -51,9 +52,9 @@ from simcse_hn.evaluation.scoring import (
 )
 from simcse_hn.export import hub
 from simcse_hn.export.model_card import save_sts_results, sts_card_is_ours
-from simcse_hn.files import SIMCSE_CONFIG, ReportFolder, portable_name
+from simcse_hn.files import ReportFolder, portable_name
 from simcse_hn.modeling.loading import resolve_packaged
-from simcse_hn.provenance import check_own_checkout, code_identity, run_command
+from simcse_hn.provenance import check_own_checkout, run_command
 
 logger = logging.getLogger("eval.sts")
 
@@ -353,42 +354,6 @@ def write_mteb_files(args, requested_model: str, scored: dict, mteb_tasks, resul
         "adapted_from": mteb_results.adapted_from(results.get("training")),
     }
     return mteb_results.write_report_folder(cache, cache, scores, mteb_tasks, fields)
-
-
-def code_settings(model: str, other_code: str | None, require_same: bool = False) -> dict:
-    """The evaluating code's identity, the model's recorded training code (None for a model simcse-hn did not train)
-    and whether they agree (None when there is no record to compare)."""
-    ours = code_identity()
-    config = training_config(model)
-    theirs = config.get("code") if isinstance(config, dict) else None
-    same = None if not isinstance(theirs, dict) else theirs.get("source_sha256") == ours["source_sha256"]
-    if require_same and same is not True:
-        why = "records no training code" if same is None else (
-            f"was trained by code {theirs['source_sha256'][:12]}, this evaluation runs {ours['source_sha256'][:12]}")
-        raise UserError(f"--require_same_code: {model_label(model)} {why}")
-    return {"code": ours, "training_code": theirs, "same_code": same, "other_code": other_code}
-
-
-def training_config(model: str) -> dict | None:
-    """The model's simcse_config.json (what it was trained with), from its folder or the Hub cache; None when it
-    has none (a model this project did not train) or it cannot be read."""
-    path = os.path.join(model, SIMCSE_CONFIG)
-    if not os.path.isdir(model):
-        try:
-            from huggingface_hub import hf_hub_download
-
-            path = hf_hub_download(model, SIMCSE_CONFIG)
-        except Exception:  # no such file, repo or network: the results stand without it
-            return None
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        logger.warning("%s: unreadable (%s); results.json gets no 'training' record", path, e)
-        return None
-    return config if isinstance(config, dict) else None
 
 
 def write_json(path: str, results: dict) -> None:
