@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from simcse_hn.data.sentences import read_lines, short
 from simcse_hn.data.senteval import SENTEVAL, label_rows
-from simcse_hn.errors import DataError
+from simcse_hn.errors import DataError, did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,8 @@ def parse_tasks(spec: str) -> list[str]:
     for item in spec.split(","):
         key = item.strip().lower().replace("-", "").replace("_", "")
         if key not in TASK_ALIASES:
-            raise ValueError(f"unknown STS task {item.strip()!r}; choose from all, {', '.join(STS_TASKS)}")
+            hint = did_you_mean(item.strip(), ["all", *STS_TASKS])
+            raise ValueError(f"unknown STS task {item.strip()!r}{hint}; choose from all, {', '.join(STS_TASKS)}")
         names.add(TASK_ALIASES[key])
     return [name for name in STS_TASKS if name in names]
 
