@@ -92,7 +92,8 @@ class SimCSETrainer(Trainer):
         run_id = self.simcse_config.setdefault("run_id", checkpoints.new_run_id())
         self.rotation = callbacks.RotateCheckpoints(limit, run_id)
         self.simcse_config["checkpoint_manifest"] = checkpoints.CHECKPOINT_MANIFEST  # whole with one, written last
-        for callback in (self.gradient_guard, callbacks.ClampWarningCallback(), self.batches):
+        self.clamped = callbacks.ClampedBatches.for_loss(loss_fn, callbacks.debiasing_setting(args))
+        for callback in (self.gradient_guard, callbacks.ClampWarningCallback(self.clamped), self.batches):
             self.add_callback(callback)
         self.queue = QueueRun.for_run(args, self.layout.group_size)  # earlier steps' embeddings as negatives, or None
         if self.queue is not None:
@@ -176,6 +177,7 @@ class SimCSETrainer(Trainer):
         if model.training:
             add_to_window(self._metric_sums, result.metrics)
             self._metric_count += 1
+            self.clamped.see(result.metrics, self.state.global_step + 1)
         return (result.loss, result) if return_outputs else result.loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
