@@ -37,6 +37,11 @@ class CachedSimCSELoss(CachedLossMixin, SimCSELoss):
         **kwargs,
     ):
         SimCSELoss.__init__(self, model, objective, **kwargs)
+        if any(True for _ in self.loss_fn.parameters()):  # the mixin backpropagates the loss itself, unscaled
+            raise ValueError(
+                f"CachedSimCSELoss: {self.objective_name}'s learned parameters would get their gradient outside the "
+                "trainer's scaling (gradient accumulation, fp16); use SimCSELoss, or the objective without them"
+            )
         if mini_batch_size < 1 or (mini_batch_num_tokens is not None and mini_batch_num_tokens < 1):
             raise ValueError(
                 f"mini_batch_size and mini_batch_num_tokens must be >= 1, got {mini_batch_size}, "
