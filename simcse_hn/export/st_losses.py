@@ -78,6 +78,7 @@ class BatchColumns:
 
     def __init__(self, features: list[dict[str, Tensor]], with_text_ids: bool):
         self.given = features
+        self.input_ids = [f.get("input_ids") for f in features]
         self.columns = features + [dict(features[0])] if len(features) == 1 else features
         self.text_ids: Tensor | None = None
         if with_text_ids:
@@ -85,7 +86,10 @@ class BatchColumns:
             self.text_ids = torch.stack(per_column, dim=1).reshape(-1)  # (B x columns,), example-major as the rows
 
     def same_batch(self, features: list[dict[str, Tensor]]) -> bool:
-        return len(features) == len(self.given) and all(f is g for f, g in zip(features, self.given))
+        """The same feature dicts holding the same token tensors (a dict refilled in place is another batch)."""
+        return len(features) == len(self.given) and all(
+            f is g and f.get("input_ids") is ids for f, g, ids in zip(features, self.given, self.input_ids)
+        )
 
 
 class SimCSELoss(nn.Module):
