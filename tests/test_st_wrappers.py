@@ -170,3 +170,32 @@ def test_a_wrapped_queue_run_stopped_and_resumed_ends_bit_equal(cached, st_folde
             torch.testing.assert_close(got["queues"][width]["buffer"][key], value, rtol=0, atol=0, msg=key)
     for name, value in want["momentum_encoder"].items():
         torch.testing.assert_close(got["momentum_encoder"][name], value, rtol=0, atol=0, msg=name)
+
+
+def test_adaptive_layer_loss_on_one_column_keeps_each_views_layers_apart(st_folder, tmp_path):  # noqa: F811
+    """One column is embedded twice, each view into features of its own: AdaptiveLayerLoss keeps every layer's
+    outputs in them for its later calls, so an earlier layer's two views differ as the final layer's do (dropout
+    on); with one shared dict the second view's layers would overwrite the first's (cosine 1)."""
+    seen = []
+
+    def make(model):
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.3
+        loss = SimCSELoss(model, "infonce", temperature=0.05)
+        compute = loss.compute_loss_from_embeddings
+
+        def recording(embeddings, labels=None):
+            if loss.model.training:
+                seen.append(torch.nn.functional.cosine_similarity(*embeddings).mean().item())
+            return compute(embeddings, labels)
+
+        loss.compute_loss_from_embeddings = recording
+        return AdaptiveLayerLoss(model, loss, n_layers_per_step=1)
+
+    model = SentenceTransformer(str(st_folder), device="cpu")
+    loss = make(model)
+    args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path), **{**SETTINGS, "max_steps": 2})
+    train = datasets.Dataset.from_dict({"text": texts()})
+    SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss).train()
+    assert len(seen) == 4 and all(0.5 < cosine < 0.9999 for cosine in seen)  # final, earlier, final, earlier
