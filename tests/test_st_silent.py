@@ -125,6 +125,14 @@ def test_a_schedule_without_the_trainers_step_is_refused_before_it_trains(st_fol
         trainer.train()
 
 
+def test_two_queues_for_one_trainer_are_refused(st_folder):  # noqa: F811
+    model = SentenceTransformer(str(st_folder), device="cpu")
+    losses = {name: SimCSELoss(model, "infonce", queue_size=8) for name in ("wiki", "pairs")}  # a DatasetDict's
+    with pytest.raises(ConfigError, match=r"^SimCSECallback: 2 losses with a queue; one trainer keeps one queue"):
+        SimCSECallback(losses)
+    assert len(SimCSECallback({"wiki": losses["wiki"], "plain": SimCSELoss(model)}).losses) == 2
+
+
 @pytest.mark.parametrize(
     "objective, options, said",
     [

@@ -20,6 +20,7 @@ from simcse_hn.errors import ConfigError
 from simcse_hn.export.st_losses import SimCSELoss
 from simcse_hn.export.st_topic import TopicBatchesSampler
 from simcse_hn.export.st_training import SimCSECallback, TopicBatches, token_text_ids
+from simcse_hn.training import distributed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SETTINGS = dict(
@@ -146,6 +147,16 @@ def test_a_dataset_dict_run_stopped_and_resumed_ends_bit_equal(st_folder, tmp_pa
     assert first.loss.batches + resumed.loss.batches == straight.loss.batches
     for name, want in straight.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], want, rtol=0, atol=0, msg=name)
+
+
+def test_a_dataset_dict_on_several_processes_is_refused(st_folder, tmp_path, monkeypatch):  # noqa: F811
+    """Two processes (as the callback counts them): the multi-dataset sampler would deal each process batches of
+    other datasets, so no gathered batch could be one cluster."""
+    trainer = trainer_for(st_folder, tmp_path, two_datasets(), TopicBatches(clusters=4))
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    with pytest.raises(ConfigError, match=r"^TopicBatches with a DatasetDict trains on one process"):
+        trainer.train()
+    assert trainer.state.global_step == 0
 
 
 def test_what_topic_batches_cannot_do_is_refused_before_the_first_step(st_folder, tmp_path):  # noqa: F811
