@@ -191,12 +191,14 @@ class SimCSELoss(nn.Module):
         layout = RowLayout(None if len(embeddings) == 2 else len(embeddings))
         rows = torch.stack(embeddings, dim=1)  # (B, columns, D): example i's rows together
         rows = rows.reshape(-1, rows.shape[-1])  # (B x columns, D)
-        width, training = rows.shape[-1], self.model.training
+        width = rows.shape[-1]
+        training = self.model.training
         queue = text_ids = None
         if self.queue is not None:
             if self._batch is None or self._batch.text_ids is None or len(self._batch.text_ids) != len(rows):
                 raise ValueError("the queue needs the batch's features: call the loss with them, not with embeddings")
-            queue, text_ids = self.queue.entries(width), self._batch.text_ids
+            queue = self.queue.entries(width)
+            text_ids = self._batch.text_ids
         step, max_steps = self._schedule(training)
         output = contrastive_loss(
             self.loss_fn,

@@ -52,7 +52,10 @@ class TrainerStep:
 
     def set(self, step: int, max_steps: int | None, batch: int = 0) -> None:
         """Outside a trainer: say where the training loop is before each call of the loss."""
-        self.step, self.max_steps, self.batch, self.bound = step, max_steps, batch, True
+        self.step = step
+        self.max_steps = max_steps
+        self.batch = batch
+        self.bound = True
 
     @property
     def key(self) -> tuple[int, int]:
@@ -92,7 +95,9 @@ class SentenceQueue:
             raise ValueError(f"queue_size must be >= 1, got {size}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        self.size, self.momentum, self.chunk_rows = size, momentum, chunk_rows
+        self.size = size
+        self.momentum = momentum
+        self.chunk_rows = chunk_rows
         self.queues: dict[int, NegativeQueue] = {}  # embedding width -> its queue
         self.pending: dict[tuple[tuple[int, int], int], QueueEntries] = {}  # (batch key, width) -> its entries
         self.encoder: SentenceMomentumEncoder | None = None
@@ -127,7 +132,8 @@ class SentenceQueue:
                 "SimCSELoss(queue_size=...) needs SimCSECallback(loss) in the trainer's callbacks: it "
                 "advances the queue after each optimizer step and saves it with each checkpoint"
             )
-        width, key = rows.shape[-1], self.clock.key
+        width = rows.shape[-1]
+        key = self.clock.key
         if (key, width) in self.pending:  # the batch gave its entries at this width already (a wrapper's 2nd call)
             return
         negative_rows = layout.negative_rows(rows.shape[0], rows.device)

@@ -75,7 +75,8 @@ class TopicBatchesSampler(DefaultBatchSampler):
             generator=generator,
             seed=seed,
         )
-        self.options, self.dataset = options, dataset
+        self.options = options
+        self.dataset = dataset
         self.default = default_batch_sampler(dataset, batch_size, drop_last, valid_label_columns, generator, seed)
         self.window = batch_size * distributed.world_size()
         columns = [c for c in dataset.column_names if c not in NOT_TEXT]
@@ -101,7 +102,8 @@ class TopicBatchesSampler(DefaultBatchSampler):
         problem = self.problem()
         if problem:
             raise ConfigError(f"TopicBatches: {problem}")
-        self.training, self.model = True, model
+        self.training = True
+        self.model = model
 
     def __len__(self) -> int:
         if self.iterated_as_default or (not self.training and self.problem()):
@@ -210,8 +212,12 @@ class TopicBatches:
                 "TopicBatches: recluster_steps must be >= 0, and 0 with an encoder of its own (a fixed "
                 f"encoder gives the same clusters again), got {recluster_steps}"
             )
-        self.clusters, self.share, self.recluster_steps = clusters, share, recluster_steps
-        self.column, self.encoder, self.no_duplicates = column, encoder, no_duplicates
+        self.clusters = clusters
+        self.share = share
+        self.recluster_steps = recluster_steps
+        self.column = column
+        self.encoder = encoder
+        self.no_duplicates = no_duplicates
         self.samplers: list[TopicBatchesSampler] = []  # every one made outside a train, the last train's among them
         self.bound = False  # a SimCSECallback in a trainer's callbacks (on_init_end or on_train_begin)
         self.in_training = False  # between its on_train_begin and on_train_end
@@ -263,7 +269,8 @@ class TopicSchedules:
         torch.save(saved, os.path.join(folder, TOPIC_CLUSTERS_FILE))
 
     def load_state(self, folder: str) -> None:
-        path, name = os.path.join(folder, TOPIC_CLUSTERS_FILE), os.path.basename(folder)
+        path = os.path.join(folder, TOPIC_CLUSTERS_FILE)
+        name = os.path.basename(folder)
         if not os.path.isfile(path):
             raise ConfigError(
                 f"TopicBatches: {name} holds no {TOPIC_CLUSTERS_FILE}: it was not trained with topic batches"
