@@ -88,7 +88,7 @@ class ClampWarningCallback(TrainerCallback):
     get no gradient, so the objective has mostly stopped training. Only for a debiased setting (an objective whose
     class prior tau+ is > 0); the message names it. Register it with `trainer.add_callback(ClampWarningCallback())`.
     With `clamped` (the trainer's ClampedBatches) each training log also carries `clamped_batches`, the batches so
-    far in which the clamp held for every anchor."""
+    far in which the clamp held for every anchor, and once that has warned (the same advice) this one stays quiet."""
 
     threshold = 0.5
 
@@ -102,6 +102,9 @@ class ClampWarningCallback(TrainerCallback):
             if state.log_history and state.log_history[-1].get("step") == state.global_step:
                 state.log_history[-1]["clamped_batches"] = self.clamped.count
         if self.warned or not logs or "clamp_frac" not in logs:
+            return
+        if self.clamped is not None and self.clamped.count:  # its warning, stronger, already said what to change
+            self.warned = True
             return
         setting = debiasing_setting(args)
         if setting is None or not logs["clamp_frac"] > self.threshold:
