@@ -38,7 +38,7 @@ def train(folder: str, output_dir: str, processes: int) -> dict:
     trainer.train()
     return {"weights": {k: v.clone() for k, v in model.state_dict().items()},
             "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
-            "queue": {k: v for k, v in loss.queue.entries()._asdict().items() if v is not None},
+            "queue": {k: v for k, v in loss.queue.entries(32)._asdict().items() if v is not None},
             "schedule": batches.samplers[-1].topic.schedule[0].assignment}  # fmt: skip
 
 

@@ -377,8 +377,8 @@ def test_the_check_fails_where_a_command_needs_torch():
 
 def test_a_misspelt_name_gets_the_closest_known_one_and_a_far_one_none(tmp_path):
     from simcse_hn.data.sentences import load_sentences
-    from simcse_hn.errors import did_you_mean
     from simcse_hn.data.sts import parse_tasks
+    from simcse_hn.errors import did_you_mean
     from simcse_hn.losses.hcl import HCLLoss
 
     with pytest.raises(ValueError, match=r"unknown STS task 'stsbb' \(did you mean 'STS-B'\?\); choose from all,"):

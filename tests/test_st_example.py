@@ -42,5 +42,6 @@ def test_the_example_trains_as_written(which, st_folder, tmp_path, monkeypatch):
     per_epoch = len(sentences) // 64 + (which == 0 and len(sentences) % 64 > 0)  # topic batches drop the last
     assert trainer.state.global_step == trainer.args.num_train_epochs * per_epoch
     if which:  # the queue filled once per optimizer step, the batches' cluster share logged
-        assert scope["loss"].queue.queue.position == trainer.state.global_step * 64 % 4096
+        (queue,) = scope["loss"].queue.queues.values()  # one embedding width, one queue
+        assert queue.position == trainer.state.global_step * 64 % 4096
         assert scope["batches"].samplers[-1].topic is not None and scope["loss"].queue.encoder is not None

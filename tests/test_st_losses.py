@@ -11,6 +11,7 @@ import torch
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
 from simcse_hn.export import st_losses
+from simcse_hn.export.st_training import SimCSECallback
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import build_tiny_bert
 from simcse_hn.training.step import contrastive_loss
@@ -76,7 +77,8 @@ def test_one_step_in_sentence_transformers_trainer_follows_simcse_hn_gradient(ca
     )  # fmt: skip
     loss = st_class(model, temperature=0.05, **kwargs)
     train = datasets.Dataset.from_dict({"anchor": ANCHORS, "positive": POSITIVES})
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss)
+    callbacks = [SimCSECallback(loss)] if loss.loss_fn.uses_schedule else []  # ProGCL reads the trainer's step
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss, callbacks=callbacks)
     trainer.train()
 
     logged = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
@@ -88,8 +90,9 @@ def test_one_step_in_sentence_transformers_trainer_follows_simcse_hn_gradient(ca
     assert math.isfinite(loss.last_metrics["pos_sim"].item())
 
 
-def test_dropout_pairs_train_and_bad_columns_are_refused(st_folder, tmp_path):
-    """SimCSE's unsupervised recipe (the same sentence twice, dropout on) runs; three columns are a clear error."""
+def test_dropout_pairs_train_and_a_form_the_objective_lacks_is_refused(st_folder, tmp_path):
+    """SimCSE's unsupervised recipe (the same sentence twice, dropout on) runs; a form the objective is not defined
+    on is a clear error (one column and explicit negatives: tests/test_st_columns.py)."""
     model = SentenceTransformer(str(st_folder), device="cpu")
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
@@ -100,7 +103,5 @@ def test_dropout_pairs_train_and_bad_columns_are_refused(st_folder, tmp_path):
     value = loss(features)
     assert torch.isfinite(value) and value.item() > 0
     assert 0.5 < loss.last_metrics["pos_sim"].item() < 1  # dropout: the two views differ
-    with pytest.raises(ValueError, match="3 columns"):
-        loss(features + [model.tokenize(POSITIVES)])
     with pytest.raises(ValueError, match="symmetric form"):
         st_losses.SimCSEHCLLoss(model, contrast_form="simcse")

@@ -93,8 +93,9 @@ def test_the_loss_per_step_is_simcse_hns_own_trainers(momentum, accumulation, st
     want, got = losses(own), losses(theirs)
     assert len(want) == len(got) == STEPS and want[0] < want[-1]  # the queue's negatives raise the loss
     assert got == pytest.approx(want, rel=2e-4)
-    assert loss.queue.queue.position == own.queue.queue.position == STEPS * BATCH % QUEUE
-    torch.testing.assert_close(loss.queue.entries().embeddings, own.queue.entries().embeddings, rtol=1e-3, atol=1e-4)
+    (queue,) = loss.queue.queues.values()  # one embedding width, one queue
+    assert queue.position == own.queue.queue.position == STEPS * BATCH % QUEUE
+    torch.testing.assert_close(queue.entries().embeddings, own.queue.entries().embeddings, rtol=1e-3, atol=1e-4)
 
 
 class StopAt(TrainerCallback):
@@ -119,9 +120,10 @@ def test_a_run_stopped_after_its_first_checkpoint_and_resumed_ends_at_the_uninte
     for name, want in straight.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], want, rtol=0, atol=0, msg=name)
     want, got = straight_loss.queue.state_dict(), resumed_loss.queue.state_dict()
-    for key, value in want["queue"]["buffer"].items():
+    assert list(want["queues"]) == list(got["queues"]) == [32]
+    for key, value in want["queues"][32]["buffer"].items():
         if value is not None:
-            torch.testing.assert_close(got["queue"]["buffer"][key], value, rtol=0, atol=0, msg=key)
+            torch.testing.assert_close(got["queues"][32]["buffer"][key], value, rtol=0, atol=0, msg=key)
     for name, value in want["momentum_encoder"].items():
         torch.testing.assert_close(got["momentum_encoder"][name], value, rtol=0, atol=0, msg=name)
     # never in the saved model: the folder holds the online encoder only, and loads in sentence-transformers
@@ -152,9 +154,10 @@ def test_what_cannot_be_exact_is_refused_in_one_line(st_folder, tmp_path, caplog
     with pytest.raises(ValueError, match="momentum needs a queue"):
         SimCSELoss(model, "infonce", momentum=0.9)
     # transformers' save_total_limit 1 can leave no whole checkpoint: a warning at the start
-    args = SimpleNamespace(fsdp="", deepspeed=None, save_total_limit=1, output_dir=str(tmp_path))
+    args = SimpleNamespace(fsdp="", deepspeed=None, save_total_limit=1, output_dir=str(tmp_path),
+                           gradient_accumulation_steps=1)
     with caplog.at_level(logging.WARNING, logger="simcse_hn.export.st_training"):
-        SimCSECallback(loss).on_train_begin(args, SimpleNamespace(global_step=0), None, model=model)
+        SimCSECallback(loss).on_train_begin(args, SimpleNamespace(global_step=0, max_steps=5), None, model=model)
     assert "save_total_limit 1: transformers deletes the last whole checkpoint" in caplog.text
     # the Trainer tells callbacks the step it resumes at, not the folder: one outside output_dir is refused
     resumed = SimpleNamespace(global_step=3)
@@ -168,8 +171,9 @@ def test_the_momentum_encoder_copies_the_unwrapped_model(st_folder):  # noqa: F8
     SentenceTransformer under it, and its parameters follow the model's by name."""
     model = SentenceTransformer(str(st_folder), device="cpu")
     loss = SimCSELoss(model, "infonce", queue_size=QUEUE, momentum=0.5)
-    loss.queue.advanced = True  # SimCSECallback's part, done by hand here
     loss.model = torch.nn.DataParallel(model)  # no device: it calls the model itself
+    loss.trainer_step.set(0, None)  # SimCSECallback's part, done by hand here
+    loss.queue.start(loss.model)
     model.train()
     loss([model.tokenize(texts()[:4]), model.tokenize(texts()[:4])])
     assert type(loss.queue.encoder.model) is SentenceTransformer
@@ -180,7 +184,7 @@ def test_the_momentum_encoder_copies_the_unwrapped_model(st_folder):  # noqa: F8
     loss.queue.step_end(model)
     for name, p in loss.queue.encoder.model.named_parameters():
         torch.testing.assert_close(p, 0.5 * before[name] + 0.5 * dict(model.named_parameters())[name])
-    assert loss.queue.entries().embeddings.shape == (QUEUE, 32) and loss.queue.queue.position == 4
+    assert loss.queue.entries(32).embeddings.shape == (QUEUE, 32) and loss.queue.queues[32].position == 4
 
 
 @pytest.mark.multiprocess

@@ -108,13 +108,13 @@ def test_topic_settings_are_refused_in_one_line(st_folder, tmp_path):  # noqa: F
                                                 max_steps=1, report_to=[], use_cpu=True, disable_tqdm=True,
                                                 batch_sampler=TopicBatches(clusters=4))  # fmt: skip
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs(), loss=SimCSELoss(model))
-    with pytest.raises(ConfigError, match=r"^TopicBatches clusters with the model being trained: pass callbacks="):
+    with pytest.raises(ConfigError, match=r"^TopicBatches needs SimCSECallback\(loss, batches\) in the trainer's"):
         trainer.train()
 
 
 def test_no_duplicates_and_a_clustering_encoder_of_its_own(st_folder, tmp_path):  # noqa: F811
     """Each anchor twice: one cluster gathers both copies, so batches repeat texts unless `no_duplicates`. With an
-    `encoder` the sampler clusters without the callback."""
+    `encoder` the sampler clusters with it, not with the model (the callback still tells training from evaluation)."""
     doubled = datasets.concatenate_datasets([pairs(32), pairs(32)])
     encoder = SentenceTransformer(str(st_folder), device="cpu")
     repeats = {}
@@ -127,7 +127,9 @@ def test_no_duplicates_and_a_clustering_encoder_of_its_own(st_folder, tmp_path):
             output_dir=str(tmp_path / str(no_duplicates)), max_steps=6, per_device_train_batch_size=BATCH,
             report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", batch_sampler=batches,
         )  # fmt: skip
-        SentenceTransformerTrainer(model=model, args=args, train_dataset=doubled, loss=loss).train()
+        callbacks = [SimCSECallback(None, batches)]
+        trainer = SentenceTransformerTrainer(model, args, train_dataset=doubled, loss=loss, callbacks=callbacks)
+        trainer.train()
         batches.samplers[-1].model = encoder  # for clusters_of's tokenizer only
         assert all(len(c) == 1 for c in clusters_of(batches, loss.batches))
         repeats[no_duplicates] = sum(len(batch) - len(set(batch)) for batch in loss.batches)

@@ -27,7 +27,8 @@ def code_settings(model: str, other_code: str | None, require_same: bool = False
             "records no training code"
             if same is None
             else (
-                f"was trained by code {theirs['source_sha256'][:12]}, this evaluation runs {ours['source_sha256'][:12]}"
+                f"was trained by code {theirs['source_sha256'][:12]}, "
+                f"this evaluation runs {ours['source_sha256'][:12]}"
             )
         )
         raise UserError(f"--require_same_code: {model_label(model)} {why}")

@@ -39,7 +39,7 @@ NOT_CURVES = {
     "train_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second",
 }  # fmt: skip
 FIRST = ("loss", "eval_stsb_spearman", "eval_alignment", "eval_uniformity")
-LAST = ("grad_norm", "learning_rate", "skipped_steps", "nonfinite_fallback")
+LAST = ("grad_norm", "learning_rate", "skipped_steps", "clamped_batches", "nonfinite_fallback")
 TITLES = {
     "loss": "training loss",
     "eval_stsb_spearman": "STS-B dev Spearman x 100",
@@ -48,6 +48,7 @@ TITLES = {
     "pos_sim": "positive cosine (mean)",
     "neg_sim": "negative cosine (mean)",
     "clamp_frac": "share of anchors clamped",
+    "clamped_batches": "batches with every anchor clamped (so far)",
     "grad_norm": "gradient norm",
     "learning_rate": "learning rate",
 }

@@ -36,19 +36,76 @@ def debiasing_setting(args) -> str | None:
     return ", ".join([f"loss {args.loss}"] + [f"{name} {value:g}" for name, value in named])
 
 
+def loss_setting(loss_fn) -> str:
+    """'dcl, tau_plus 0.001, temperature 0.05': an objective's class prior and setting, named by its options (a
+    sentence-transformers loss has no flags)."""
+    options = loss_fn.options.as_dict()
+    named = [(key, options[key]) for key in (loss_fn.class_prior, *loss_fn.setting) if key in options]
+    named.append(("temperature", loss_fn.temperature))
+    shown = [f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}" for key, value in named]
+    return ", ".join([loss_fn.name or type(loss_fn).__name__, *shown])
+
+
+class ClampedBatches:
+    """Counts the training batches in which the debiasing clamp of form (D) held for every anchor: no negative got a
+    gradient and each positive at most n e^{-(1 + s_ip)/t} of one (s_ip its cosine), so the batch trained next to
+    nothing (DCL's default prior on dropout pairs that the model already aligns). Warns once, at the first, naming
+    the setting and what to change. `see` reads clamp_frac from the device once per batch, for a debiased setting
+    only (prior > 0: without one the clamp cannot hold); SimCSETrainer and the sentence-transformers losses both
+    count, and their logs carry the count as `clamped_batches`."""
+
+    def __init__(self, setting: str | None):
+        self.setting = setting  # None: nothing to count (no prior)
+        self.count = 0
+        self.last_key: object = None
+
+    @classmethod
+    def for_loss(cls, loss_fn, setting: str | None = None) -> ClampedBatches:
+        """For objective `loss_fn`, its setting named by `setting` (the run's flags) or by its options."""
+        return cls((setting or loss_setting(loss_fn)) if loss_fn.prior() > 0 else None)
+
+    def see(self, metrics: dict[str, Tensor], step: int, key: object = None) -> None:
+        """One training batch's diagnostics, at optimizer step `step` (1-based); `key` names the batch, so that a
+        wrapper's several calls on one batch count it once."""
+        if self.setting is None or "clamp_frac" not in metrics or (key is not None and key == self.last_key):
+            return
+        if float(metrics["clamp_frac"]) < 1.0:
+            return
+        self.last_key = key
+        self.count += 1
+        if self.count == 1 and distributed.rank() == 0:
+            logger.warning(
+                "step %d: the debiasing clamp held for every anchor of the batch (%s): no negative got a gradient and "
+                "the positives next to none, so the batch trained nothing; lower the prior (tau_plus) or raise the "
+                "temperature (docs/losses.md section 2). Such batches are counted as clamped_batches in the logs",
+                step,
+                self.setting,
+            )
+
+
 class ClampWarningCallback(TrainerCallback):
     """Warns once when the debiasing clamp of form (D) held for more than half of the anchors, on average over a
     logging window (`clamp_frac` in the logs, which SimCSETrainer averages over the window): those anchors' negatives
     get no gradient, so the objective has mostly stopped training. Only for a debiased setting (an objective whose
-    class prior tau+ is > 0); the message names it. Register it with `trainer.add_callback(ClampWarningCallback())`."""
+    class prior tau+ is > 0); the message names it. Register it with `trainer.add_callback(ClampWarningCallback())`.
+    With `clamped` (the trainer's ClampedBatches) each training log also carries `clamped_batches`, the batches so
+    far in which the clamp held for every anchor, and once that has warned (the same advice) this one stays quiet."""
 
     threshold = 0.5
 
-    def __init__(self):
+    def __init__(self, clamped: ClampedBatches | None = None):
         self.warned = False
+        self.clamped = clamped
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.clamped is not None and self.clamped.setting is not None and logs and "loss" in logs:
+            logs["clamped_batches"] = self.clamped.count
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1]["clamped_batches"] = self.clamped.count
         if self.warned or not logs or "clamp_frac" not in logs:
+            return
+        if self.clamped is not None and self.clamped.count:  # its warning, stronger, already said what to change
+            self.warned = True
             return
         setting = debiasing_setting(args)
         if setting is None or not logs["clamp_frac"] > self.threshold:

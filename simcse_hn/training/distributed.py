@@ -7,9 +7,13 @@ Without an initialised process group every helper is the identity (one process, 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 
 def is_distributed() -> bool:
@@ -90,3 +94,15 @@ def all_gather_no_grad(tensor: Tensor) -> Tensor:
     dist.all_gather(parts, tensor.detach().contiguous())
     parts[rank()] = tensor
     return torch.cat(parts, dim=0)
+
+
+def warn_if_unsharded(requested: str | None, sharded: bool, device_type: str) -> None:
+    """A warning when the configuration asked for FSDP or DeepSpeed (`requested`) and accelerate, which decides what
+    runs, did not shard: it shards on GPUs (or other accelerators) only."""
+    if requested and not sharded:
+        logger.warning(
+            "%s was requested, but accelerate runs it on GPUs (or other accelerators) only: this run on %s is plain "
+            "data parallel (same results, unsharded memory)",
+            requested,
+            device_type,
+        )

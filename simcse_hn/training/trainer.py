@@ -24,7 +24,7 @@ from simcse_hn.evaluation.dev_sentences import DevSentences
 from simcse_hn.evaluation.encoding import simcse_encode_fn
 from simcse_hn.losses import ContrastiveLoss, LossOutput
 from simcse_hn.losses.targets import RowLayout
-from simcse_hn.training import callbacks, checkpoints, grad_cache
+from simcse_hn.training import callbacks, checkpoints, distributed, grad_cache
 from simcse_hn.training.batches import TrainingBatches
 from simcse_hn.training.queue import QueueCallback, QueueRun, resume_queue
 from simcse_hn.training.step import add_to_window, contrastive_loss, take_nonfinite_grads, window_means
@@ -93,7 +93,8 @@ class SimCSETrainer(Trainer):
         self.rotation = callbacks.RotateCheckpoints(limit, run_id)
         self.simcse_config["checkpoint_manifest"] = checkpoints.CHECKPOINT_MANIFEST  # whole with one, written last
         callbacks.name_progress_bars(self)
-        for callback in (self.gradient_guard, callbacks.ClampWarningCallback(), self.batches):
+        self.clamped = callbacks.ClampedBatches.for_loss(loss_fn, callbacks.debiasing_setting(args))
+        for callback in (self.gradient_guard, callbacks.ClampWarningCallback(self.clamped), self.batches):
             self.add_callback(callback)
         self.queue = QueueRun.for_run(args, self.layout.group_size)  # earlier steps' embeddings as negatives, or None
         if self.queue is not None:
@@ -106,11 +107,8 @@ class SimCSETrainer(Trainer):
             self.guide = (guide if guide is not None else load_guide(args.guide_model)).to(args.device)
         if hasattr(self.model, "length_groups"):  # a SimCSEModel (tests may train other modules)
             self.model.length_groups = args.forward_length_groups()
-        requested = args.sharding_engine()  # what the configuration asked for; accelerate decides what runs
-        if requested and not (self.is_fsdp_enabled or self.is_deepspeed_enabled):
-            logger.warning("%s was requested, but accelerate runs it on GPUs (or other accelerators) only: this "
-                           "run on %s is plain data parallel (same results, unsharded memory)", requested,
-                           args.device.type)  # fmt: skip
+        sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
+        distributed.warn_if_unsharded(args.sharding_engine(), sharded, args.device.type)
 
     def contrastive_loss(
         self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None, inputs=None
@@ -177,6 +175,7 @@ class SimCSETrainer(Trainer):
         if model.training:
             add_to_window(self._metric_sums, result.metrics)
             self._metric_count += 1
+            self.clamped.see(result.metrics, self.state.global_step + 1)
         return (result.loss, result) if return_outputs else result.loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
