@@ -62,6 +62,8 @@ class ModelRecord:
     eval_max_seq_length: int | None = field(metadata=_flag("eval_max_seq_length"))
     inference_max_seq_length: int | None = field(metadata=_flag("inference_max_seq_length"))
     lora: LoraRecord | None = field(metadata=_flag("lora_r", "no LoRA"))
+    # the tokenizer as it tokenizes (its tokenizer.json, else its vocabulary), whichever folder it came from
+    tokenizer_sha256: str | None = field(default=None, metadata=_flag("tokenizer_name_or_path (its files)"))
     license: str | None = None  # the base model's card's: read, not set
 
 
@@ -92,6 +94,7 @@ class DataRecord:
 class GuideRecord:
     model: str = field(metadata=_flag("guide_model"))
     margin: float = field(metadata=_flag("guide_margin"))
+    weights: str | None = field(default=None, metadata=_flag("guide_model (its weights)"))  # as ModelRecord.weights
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class TopicRecord:
     share: float = field(metadata=_flag("topic_share"))
     encoder: str = field(metadata=_flag("topic_encoder"))
     recluster_steps: int = field(metadata=_flag("topic_recluster_steps"))
+    encoder_weights: str | None = field(default=None, metadata=_flag("topic_encoder (its weights)"))
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,9 @@ class RunBuilder:
             topic_encoder=self.topic_encoder,
             code=code_identity(),
             command=command_line(invoked_as("train.py", "simcse-hn-train"), self.argv),
+            tokenizer_sha256=loading.tokenizer_sha256(tokenizer),
+            guide_weights=loading.weights_identity(self.guide_path) if self.guide_path else None,
+            topic_encoder_weights=loading.weights_identity(self.topic_encoder) if self.topic_encoder else None,
         )
         self.record = build_record(model_args, data_args, args, facts)
         if self.checkpoint is not None:  # one line naming a field the resume would change

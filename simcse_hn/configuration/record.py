@@ -112,6 +112,9 @@ class RunFacts:
     topic_encoder: str | None  # as resolved; None: the model being trained
     code: Mapping[str, Any]
     command: str | None = None  # the command line as given (provenance.command_line: no secret, no absolute path)
+    tokenizer_sha256: str | None = None
+    guide_weights: str | None = None  # a separate guide's (modeling.loading.weights_identity)
+    topic_encoder_weights: str | None = None
 
 
 def build_record(model_args, data_args, training_args, facts: RunFacts) -> RunRecord:
@@ -152,6 +155,7 @@ def _model(model_args, data_args, facts: RunFacts) -> ModelRecord:
         eval_max_seq_length=facts.eval_max_seq_length,
         inference_max_seq_length=facts.inference_max_seq_length,
         lora=lora,
+        tokenizer_sha256=facts.tokenizer_sha256,
         license=facts.license,
     )
 
@@ -189,12 +193,15 @@ def _method(training_args, facts: RunFacts) -> MethodRecord:
     pairs = facts.data.format == "pairs"
     guide = None
     if training_args.guide_model is not None:  # by name only: a local guide by its folder's name
-        guide = GuideRecord(source_record(training_args.guide_model)["name"], training_args.guide_margin)
+        name = source_record(training_args.guide_model)["name"]
+        guide = GuideRecord(name, training_args.guide_margin, facts.guide_weights)
     topics = None
     if training_args.topic_batches:
         encoder = source_record(facts.topic_encoder)["name"] if facts.topic_encoder else "the model being trained"
         every = training_args.topic_recluster_steps
-        topics = TopicRecord(training_args.topic_clusters, training_args.topic_share, encoder, every)
+        topics = TopicRecord(
+            training_args.topic_clusters, training_args.topic_share, encoder, every, facts.topic_encoder_weights
+        )
     queue = QueueRecord(training_args.queue_size, training_args.momentum) if training_args.queue_size else None
     no_duplicates = training_args.no_duplicates
     return MethodRecord(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import logging
 import os
 
@@ -123,6 +124,17 @@ def weights_identity(name_or_path: str) -> str | None:
     for file in files:
         digest.update(file.encode() + b"\0" + file_sha256(os.path.join(name_or_path, file)).encode())
     return f"sha256:{digest.hexdigest()}"
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """What a tokenizer is, as a hash: its tokenizer.json (a fast tokenizer's whole definition), else its
+    vocabulary and special tokens; the same tokenizer from another folder has the same hash."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        text = json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_tokenizer(name_or_path: str, field: str = "model_name_or_path"):

@@ -144,8 +144,8 @@ def check_resumed_record(
 
 
 def _relevant(found: list[Difference], now: RunRecord) -> list[Difference]:
-    """The differences that matter: the corpus's bytes first (its name may change, not its content); the number of
-    epochs only where max_steps does not set the run's length."""
+    """The differences that matter, the corpus's bytes first (its refusal names both files); the number of epochs
+    only where max_steps does not set the run's length."""
     found = sorted(found, key=lambda d: d.path != "data.sha256")
     steps = now.optimisation.max_steps
     return [d for d in found if not (d.path == "optimisation.num_train_epochs" and steps is not None and steps > 0)]
@@ -170,5 +170,5 @@ def _section(difference: Difference, value: Any) -> str:
         return difference.off
     fields = section_fields(difference.path)
     if isinstance(value, Mapping) and fields:
-        return ", ".join(f"{flag} {_shown(value.get(key))}" for key, flag in fields)
+        return ", ".join(f"{flag} {_shown(value.get(key))}" for key, flag in fields if value.get(key) is not None)
     return _shown(value)
