@@ -18,10 +18,11 @@ last. Moments:
 * first: as soon as the first checkpoint (checkpoint-4) exists without its manifest (anywhere in its writing): no
   checkpoint is whole yet;
 * final: as soon as the final folder's model.safetensors exists and its simcse_config.json does not (the final save);
-* writers: no kill; a second process starts on the same folder after a delay drawn within the first's wall time,
-  alternately a fresh run with another seed (43) and a resume; exactly one of the two must finish (exit 0), the
-  other be refused in one line naming the holder (exit 2), and the folder's final weights be the finisher's
-  uninterrupted run's (a second that started first is the one that finishes);
+* writers: no kill; a second process starts on the same folder at once or after a delay drawn within 0.3 of the first's
+  wall time, alternately a fresh run with another seed (43) and a resume; where they meet, exactly one must finish
+  (exit 0) and the other be refused in one line naming the holder (exit 2); a second that came after the first had
+  ended must be refused (another seed: the folder holds the earlier run's checkpoints) or finish without a step (a
+  resume); the folder's final weights must be the finisher's uninterrupted run's;
 * push: the run pushes every save (`--push_to_hub true --hub_strategy every_save`) to the stand-in Hub of
   simcse_hn/testing/hub_server.py on 127.0.0.1 (HF_ENDPOINT); killed as soon as the stand-in has answered the
   preupload of push number K (K drawn from 1..7: six checkpoints, then the final folder), i.e. while that upload
@@ -188,25 +189,32 @@ def resume(out: Path, extra: list[str] | None = None, env: dict | None = None, r
 
 def two_writers(out: Path, seconds: float, second: str, rng: random.Random, run: str = "plain") -> dict:
     """The run, and after a delay a second process on the same folder (`second`: "other seed" or "resume"); both to
-    their end. -> which finished, what the other said, and the finisher's seed."""
+    their end. -> what each did: `overlapped` when one of them was refused by the other's lock (they met), else the
+    second came after the first had ended and must be what a later command on a finished folder is (another seed:
+    refused, the folder holds the earlier run's checkpoints; a resume: finishes without a step)."""
     extra = OTHER_SEED if second == "other seed" else ["--resume_from_checkpoint", "true"]
     first = subprocess.Popen(
         command(out, run), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    delay = rng.uniform(0.0, seconds)
+    delay = rng.choice([0.0, rng.uniform(0.0, 0.3 * seconds)])  # at once (a race for the lock), or while it trains
     time.sleep(delay)
     later = subprocess.run(command(out, run) + extra, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     first_err = first.communicate(timeout=600)[1]
     codes = (first.returncode, later.returncode)
-    refused = first_err if codes == (2, 0) else later.stderr if codes == (0, 2) else ""
-    lines = [line for line in refused.splitlines() if line.startswith("error:")]
+    errors = [[line for line in err.splitlines() if line.startswith("error:")] for err in (first_err, later.stderr)]
+    locked = [len(lines) == 1 and "is in use by another run (pid " in lines[0] for lines in errors]
+    overlapped = any(locked)
+    if overlapped:
+        ended_well = sorted(codes) == [0, 2] and locked[codes.index(2)]
+    else:  # one after the other: the second on a finished folder
+        ended_well = codes == ((0, 2) if second == "other seed" else (0, 0)) and all(len(e) <= 1 for e in errors)
     return {
         "second": second,
         "delay_s": round(delay, 2),
         "returncodes": list(codes),
-        "one_finished": sorted(codes) == [0, 2],
-        "refusal": lines[-1].replace(str(out), "<out>") if lines else "",
-        "refusal_names_holder": len(lines) == 1 and "is in use by another run (pid " in lines[0],
+        "overlapped": overlapped,
+        "ended_well": ended_well,
+        "refusal": next((lines[0].replace(str(out), "<out>") for lines in errors if lines), ""),
         "finisher_seed": 43 if codes == (2, 0) and second == "other seed" else 7,
     }
 
@@ -217,7 +225,7 @@ def writers_trial(out: Path, seconds: float, second: str, rng: random.Random, re
     reference = references["plain 43"] if trial["finisher_seed"] == 43 else references["plain"]
     got = weights(out) if (out / "simcse_config.json").exists() else {}
     trial["final_equal"] = got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
-    landed = trial["one_finished"] and trial["refusal_names_holder"]
+    landed = trial["overlapped"]
     no_resume = {"resumed_from": None, "chosen_complete": True, "chosen_was_newest_complete": True}
     return {**trial, "killed": landed, "target": None, "after_s": trial["delay_s"], **no_resume}
 
@@ -240,7 +248,7 @@ def failed(trial: dict) -> bool:
     """A trial whose run did not end as it should (see the module docstring)."""
     resumed = trial["final_equal"] and trial["chosen_complete"] and trial["chosen_was_newest_complete"]
     hub = trial.get("hub_equal", True) and trial.get("hub_last_is_final", True)
-    writers = trial.get("one_finished", True) and trial.get("refusal_names_holder", True)
+    writers = trial.get("ended_well", True)
     finished = trial.get("returncode", 0) == 0
     return not (resumed and hub and not trial.get("hub_partial_commits", 0) and writers and finished)
 
@@ -271,8 +279,9 @@ def markdown(data: dict) -> str:
              "uninterrupted run's, a resume chose a checkpoint that was not the newest whole one, or, for push, "
              "the stand-in Hub's model differs from the uninterrupted run's, its last commit is not the final "
              "folder's, or a stored commit lacks part of a model).", "",
-             "For `writers` a kill landed means: one of the two processes finished and the other was refused in one "
-             "line naming the holder; for `first`, the resume started the run again from step 0 (no checkpoint was "
+             "For `writers` a kill landed means: the two processes met (one was refused in one line naming the other, "
+             "which finished); a second that came after the first had ended must be refused (another seed) or finish "
+             "without a step (a resume). For `first`, the resume started the run again from step 0 (no checkpoint was "
              f"whole): {sum(t.get('started_again', False) for t in trials if t['moment'] == 'first')} of "
              f"{sum(t['moment'] == 'first' for t in trials)} did.", "",
              "| run, moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
