@@ -4,8 +4,9 @@ uninterrupted run's.
 Each trial starts train.py (configs/debug_tiny.yaml, 24 steps, a checkpoint every 4, save_total_limit 2, no dev
 evaluation) as one of three runs (`--runs`): plain; queue (HCL with a 40-entry queue and a momentum encoder, whose
 checkpoints hold negative_queue.pt); topic (topic batches, 4 clusters, whose checkpoints hold topic_clusters.pt). It
-kills it once with SIGKILL at one moment, then runs the same command again with `--resume_from_checkpoint true` (or,
-when the kill came before any checkpoint was whole, afresh with `--overwrite_output_dir true`) until it finishes.
+kills it once with SIGKILL at one moment, then runs the same command again with `--resume_from_checkpoint true`, as a
+restart script that always passes it would (a run killed before any checkpoint was whole starts again from step 0:
+docs/reliability.md, "No dead ends").
 A checkpoint is written in this order (simcse_hn/training/checkpoints.py): the Trainer's files (model, optimizer,
 scheduler, RNG, then trainer_state.json), then the run's parts (queue, topic clusters), then checkpoint_manifest.json,
 last. Moments:
@@ -14,7 +15,14 @@ last. Moments:
   Trainer writes its files);
 * commit: as soon as checkpoint-N has its trainer_state.json and no checkpoint_manifest.json (between the Trainer's
   files and the manifest: the parts may be unwritten);
+* first: as soon as the first checkpoint (checkpoint-4) exists without its manifest (anywhere in its writing): no
+  checkpoint is whole yet;
 * final: as soon as the final folder's model.safetensors exists and its simcse_config.json does not (the final save);
+* writers: no kill; a second process starts on the same folder at once or after a delay drawn within 0.3 of the first's
+  wall time, alternately a fresh run with another seed (43) and a resume; where they meet, exactly one must finish
+  (exit 0) and the other be refused in one line naming the holder (exit 2); a second that came after the first had
+  ended must be refused (another seed: the folder holds the earlier run's checkpoints) or finish without a step (a
+  resume); the folder's final weights must be the finisher's uninterrupted run's;
 * push: the run pushes every save (`--push_to_hub true --hub_strategy every_save`) to the stand-in Hub of
   simcse_hn/testing/hub_server.py on 127.0.0.1 (HF_ENDPOINT); killed as soon as the stand-in has answered the
   preupload of push number K (K drawn from 1..7: six checkpoints, then the final folder), i.e. while that upload
@@ -57,12 +65,15 @@ from simcse_hn.training.checkpoints import (
     read_run_id,
 )
 
-MOMENTS = ("random", "checkpoint", "commit", "final", "push")
+MOMENTS = ("random", "checkpoint", "commit", "first", "final", "push", "writers")
+OTHER_SEED = ["--seed", "43"]  # the second writer's other run (argparse takes the last --seed)
 RUNS = {  # the run kinds and their flags
     "plain": [],
     "queue": ["--loss", "hcl", "--queue_size", "40", "--momentum", "0.9"],
     "topic": ["--topic_batches", "true", "--topic_clusters", "4"],
 }
+PLAIN_ONLY = ("push", "writers")  # moments run with the plain run only
+SECONDS = ("other seed", "resume")  # the second writer, in turn
 FINAL_SUMMARY = "Upload SimCSE sentence encoder"  # the final folder's commit (tests/test_hub.py)
 WHOLE_MODEL = {"model.safetensors", "config.json", "tokenizer.json"}  # in every stored commit (push moment)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -109,6 +120,8 @@ def preuploads(server, repo: str) -> int:
 
 
 def _in_window(moment: str, out: Path, target: str) -> bool:
+    if moment == "first":
+        return (out / target).is_dir() and not (out / target / CHECKPOINT_MANIFEST).exists()
     if moment == "checkpoint":
         return (out / target).is_dir() and not (out / target / "trainer_state.json").exists()
     if moment == "commit":
@@ -120,6 +133,8 @@ def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: ra
                hub: tuple | None = None, run: str = "plain") -> dict:
     """Start the run and SIGKILL it at `moment`; -> what happened. `hub`: (server, repo) for the push moment."""
     target = f"checkpoint-{rng.choice(range(4, 25, 4))}"  # which checkpoint's writing a "checkpoint" kill hits
+    if moment == "first":
+        target = "checkpoint-4"
     if moment == "push":
         target = f"push-{rng.randint(1, 7)}"
     proc = subprocess.Popen(command(out, run) + extra, cwd=ROOT, env=env or ENV, stdout=subprocess.DEVNULL,
@@ -131,7 +146,7 @@ def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: ra
         if moment == "push" and hub and preuploads(*hub) >= int(target.split("-")[1]):
             hit = True
             break
-        if moment in ("checkpoint", "commit", "final") and _in_window(moment, out, target):
+        if moment in ("checkpoint", "commit", "first", "final") and _in_window(moment, out, target):
             hit = True
             break
         time.sleep(0.002)
@@ -140,7 +155,7 @@ def killed_run(moment: str, out: Path, extra: list[str], seconds: float, rng: ra
         proc.wait()
         hit = hit or moment == "random"
     return {"killed": hit and proc.returncode == -signal.SIGKILL,
-            "target": target if moment in ("checkpoint", "commit", "push") else None,
+            "target": target if moment in ("checkpoint", "commit", "first", "push") else None,
             "after_s": round(time.perf_counter() - start, 2)}
 
 
@@ -154,7 +169,7 @@ def resume(out: Path, extra: list[str] | None = None, env: dict | None = None, r
     run_id = read_run_id(str(out))
     newest = last_complete_checkpoint(str(out), run_id) if run_id else None
     before = checkpoint_snapshot(out)
-    again = ["--resume_from_checkpoint", "true"] if newest else ["--overwrite_output_dir", "true"]
+    again = ["--resume_from_checkpoint", "true"]  # always, as a restart script would
     result = subprocess.run(command(out, run) + (extra or []) + again, cwd=ROOT, env=env or ENV, capture_output=True,
                             text=True, timeout=600)  # fmt: skip
     chosen = re.search(r"resuming from (\S+)", result.stdout + result.stderr)
@@ -166,8 +181,59 @@ def resume(out: Path, extra: list[str] | None = None, env: dict | None = None, r
         == (os.path.basename(newest) if newest else None),
         "chosen_complete": chosen is None or before.get(os.path.basename(chosen)) is True,
         "checkpoints_after_kill": before,
+        "started_again": "starting it again from step 0" in result.stdout + result.stderr
+        or "starting it at step 0" in result.stdout + result.stderr,
         "tail": "" if result.returncode == 0 else (result.stdout + result.stderr)[-2000:].replace(str(out), "<out>"),
     }
+
+
+def two_writers(out: Path, seconds: float, second: str, rng: random.Random, run: str = "plain") -> dict:
+    """The run, and after a delay a second process on the same folder (`second`: "other seed" or "resume"); both to
+    their end. -> what each did: `overlapped` when one of them was refused by the other's lock (they met), else the
+    second came after the first had ended and must be what a later command on a finished folder is (another seed:
+    refused, the folder holds the earlier run's checkpoints; a resume: finishes without a step)."""
+    extra = OTHER_SEED if second == "other seed" else ["--resume_from_checkpoint", "true"]
+    first = subprocess.Popen(
+        command(out, run), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    delay = rng.choice([0.0, rng.uniform(0.0, 0.3 * seconds)])  # at once (a race for the lock), or while it trains
+    time.sleep(delay)
+    later = subprocess.run(command(out, run) + extra, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    first_err = first.communicate(timeout=600)[1]
+    codes = (first.returncode, later.returncode)
+    errors = [[line for line in err.splitlines() if line.startswith("error:")] for err in (first_err, later.stderr)]
+    locked = [len(lines) == 1 and "is in use by another run (pid " in lines[0] for lines in errors]
+    overlapped = any(locked)
+    if overlapped:
+        ended_well = sorted(codes) == [0, 2] and locked[codes.index(2)]
+    else:  # one after the other: the second on a finished folder
+        ended_well = codes == ((0, 2) if second == "other seed" else (0, 0)) and all(len(e) <= 1 for e in errors)
+    return {
+        "second": second,
+        "delay_s": round(delay, 2),
+        "returncodes": list(codes),
+        "overlapped": overlapped,
+        "ended_well": ended_well,
+        "refusal": next((lines[0].replace(str(out), "<out>") for lines in errors if lines), ""),
+        "finisher_seed": 43 if codes == (2, 0) and second == "other seed" else 7,
+    }
+
+
+def writers_trial(out: Path, seconds: float, second: str, rng: random.Random, references: dict) -> dict:
+    """A "writers" trial of the plain run: two_writers, then the folder's final weights against the finisher's."""
+    trial = {"run": "plain", "moment": "writers", **two_writers(out, seconds, second, rng)}
+    reference = references["plain 43"] if trial["finisher_seed"] == 43 else references["plain"]
+    got = weights(out) if (out / "simcse_config.json").exists() else {}
+    trial["final_equal"] = got.keys() == reference.keys() and all(torch.equal(got[k], reference[k]) for k in reference)
+    landed = trial["overlapped"]
+    no_resume = {"resumed_from": None, "chosen_complete": True, "chosen_was_newest_complete": True}
+    return {**trial, "killed": landed, "target": None, "after_s": trial["delay_s"], **no_resume}
+
+
+def kinds(args) -> list[tuple[str, str]]:
+    """(run, moment) of each trial of a round: push and writers with the plain run only."""
+    every = [(run, moment) for run in args.runs for moment in args.moments]
+    return [(run, moment) for run, moment in every if run == "plain" or moment not in PLAIN_ONLY]
 
 
 def _hub_column(trial: dict) -> str:
@@ -178,15 +244,22 @@ def _kind(trial: dict) -> str:
     return f"{trial.get('run', 'plain')} {trial['moment']}"
 
 
+def failed(trial: dict) -> bool:
+    """A trial whose run did not end as it should (see the module docstring)."""
+    resumed = trial["final_equal"] and trial["chosen_complete"] and trial["chosen_was_newest_complete"]
+    hub = trial.get("hub_equal", True) and trial.get("hub_last_is_final", True)
+    writers = trial.get("ended_well", True)
+    finished = trial.get("returncode", 0) == 0
+    return not (resumed and hub and not trial.get("hub_partial_commits", 0) and writers and finished)
+
+
 def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[dict, list[dict]]:
     """bench/results/<name>.{json,md} from the trials so far (rewritten after each trial)."""
-    kinds = [f"{run} {m}" for run in args.runs for m in args.moments if run == "plain" or m != "push"]
+    names = [f"{run} {moment}" for run, moment in kinds(args)]
     per = {k: {"trials": sum(_kind(t) == k for t in trials), "kills": sum(_kind(t) == k and t["killed"]
                for t in trials), "equal": sum(_kind(t) == k and t["final_equal"] for t in trials)}
-           for k in kinds}  # fmt: skip
-    bad = [t for t in trials if not (t["final_equal"] and t["chosen_complete"] and t["chosen_was_newest_complete"]
-                                     and t.get("hub_equal", True) and t.get("hub_last_is_final", True)
-                                     and not t.get("hub_partial_commits", 0))]  # fmt: skip
+           for k in names}  # fmt: skip
+    bad = [t for t in trials if failed(t)]
     data = {"environment": env, "reference_seconds": round(seconds, 1), "per_moment": per, "failures": len(bad),
             "kills": sum(t["killed"] for t in trials), "load_average_now": load_average(), "trials": trials,
             "trials_per_moment": args.trials}
@@ -206,6 +279,11 @@ def markdown(data: dict) -> str:
              "uninterrupted run's, a resume chose a checkpoint that was not the newest whole one, or, for push, "
              "the stand-in Hub's model differs from the uninterrupted run's, its last commit is not the final "
              "folder's, or a stored commit lacks part of a model).", "",
+             "For `writers` a kill landed means: the two processes met (one was refused in one line naming the other, "
+             "which finished); a second that came after the first had ended must be refused (another seed) or finish "
+             "without a step (a resume). For `first`, the resume started the run again from step 0 (no checkpoint was "
+             f"whole): {sum(t.get('started_again', False) for t in trials if t['moment'] == 'first')} of "
+             f"{sum(t['moment'] == 'first' for t in trials)} did.", "",
              "| run, moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
              *[f"| {m} | {v['trials']} | {v['kills']} | {v['equal']} |" for m, v in per.items()], "",
              "| run, moment | target | killed after s | killed | resumed from | chosen whole | final equal "
@@ -223,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="fault_injection")
     parser.add_argument("--moments", nargs="+", choices=MOMENTS, default=list(MOMENTS))
-    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="push: plain runs only")
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="push, writers: plain only")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="fault_injection_"))
@@ -234,14 +312,24 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(command(work / f"reference-{run}", run), cwd=ROOT, env=ENV, check=True, capture_output=True)
         seconds = max(seconds, time.perf_counter() - start)
         references[run] = weights(work / f"reference-{run}")
+    if "writers" in args.moments:  # the second writer's own run, for when it is the one that finishes
+        second = command(work / "reference-43", "plain") + OTHER_SEED
+        subprocess.run(second, cwd=ROOT, env=ENV, check=True, capture_output=True)
+        references["plain 43"] = weights(work / "reference-43")
     trials: list[dict] = []
     from simcse_hn.testing.hub_server import HubStandIn
 
     with HubStandIn(max_requests=10**9) as server:
         for i in range(args.trials):
             # in turn, so that results written so far cover every run and moment
-            for run, moment in [(r, m) for r in args.runs for m in args.moments if r == "plain" or m != "push"]:
+            for run, moment in kinds(args):
                 out, reference = work / f"{run}-{moment}{i}", references[run]
+                if moment == "writers":
+                    trials.append(writers_trial(out, seconds, SECONDS[i % 2], rng, references))
+                    print(json.dumps(trials[-1]), flush=True)
+                    shutil.rmtree(out, ignore_errors=True)
+                    per, bad = write_results(args, env, seconds, trials)
+                    continue
                 repo = f"{server.user}/fault-{i}"
                 extra = push_args(repo) if moment == "push" else []
                 run_env = hub_env(server, work / "hf_home") if moment == "push" else ENV

@@ -147,6 +147,12 @@ def checkpoints_by_step(output_dir: str) -> list[tuple[int, str]]:
     )
 
 
+def checkpoint_step(folder: str) -> int | None:
+    """N of a folder named checkpoint-N, else None."""
+    match = _CHECKPOINT.match(os.path.basename(os.path.normpath(folder)))
+    return int(match.group(1)) if match else None
+
+
 def safetensors_problem(path: str) -> str | None:
     """Why a safetensors file cannot be read (one phrase: no header, truncated), or None."""
     size = os.path.getsize(path)

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
 class PrivateMember:
     """`owner.name`, a private member of another library (`owner`: its import path, e.g. "transformers.Trainer";
-    with "()" an instance of it, for an attribute each instance sets): simcse-hn `overrides` it (a method of a
-    subclass), `calls` it or `reads` it; `parameters`, those after `self` it is overridden or called with (checked
-    against the installed release; None: not checked)."""
+    with "()" an instance of it, for an attribute each instance sets; `instance`, for one whose class takes
+    arguments, makes one): simcse-hn `overrides` it (a method of a subclass), `calls` it or `reads` it (an attribute,
+    through getattr too); `parameters`, those after `self` it is overridden or called with (checked against the
+    installed release; None: not checked)."""
 
     owner: str
     name: str
@@ -27,6 +29,8 @@ class PrivateMember:
     why: str
     essential: bool = True
     use: str = "overrides"
+    # an instance attribute (set in __init__, absent from the class): how to make one that has it, for the check
+    instance: Callable[[], object] | None = None
 
 
 PRIVATE_TRAINER_OVERRIDES = (
@@ -70,7 +74,54 @@ OTHER_PRIVATE_MEMBERS = (
                   "(evaluation.mteb_results).", essential=False, use="calls"),
 )  # fmt: skip
 
-PRIVATE_MEMBERS = PRIVATE_TRAINER_OVERRIDES + PRIVATE_PARSER_MEMBERS + OTHER_PRIVATE_MEMBERS
+
+def _compiled_module() -> object:
+    import torch  # noqa: PLC0415 - made only when the check runs
+
+    return torch.compile(torch.nn.Linear(1, 1))
+
+
+def _dataset() -> object:
+    import datasets  # noqa: PLC0415 - made only when the check runs
+
+    return datasets.Dataset.from_dict({"text": ["a"]})
+
+
+# read through getattr (a string): attributes with no public accessor
+PRIVATE_ATTRIBUTES = (
+    PrivateMember(
+        "torch._dynamo.eval_frame.OptimizedModule",
+        "_orig_mod",
+        None,
+        "the model inside torch.compile's wrapper, which the momentum encoder copies and follows (training.queue."
+        "bare_model: accelerate's unwrap_model may keep the wrapper). Without it the copy is of the wrapper.",
+        essential=False,
+        use="reads",
+        instance=_compiled_module,
+    ),
+    PrivateMember(
+        "datasets.Dataset",
+        "_fingerprint",
+        None,
+        "the hash of a Hub dataset as read (provenance.data_sha256, the run's record): datasets' fingerprint of its "
+        "content and transforms, which no public attribute gives. Without it such a run cannot record its data and "
+        "refuses to start.",
+        use="reads",
+        instance=_dataset,
+    ),
+    PrivateMember(
+        "transformers.PreTrainedModel",
+        "_no_split_modules",
+        None,
+        "the encoder's layer classes, which SimCSEModel passes on under the same name for accelerate's FSDP "
+        "TRANSFORMER_BASED_WRAP (modeling.model). Without it FSDP wraps the model whole.",
+        essential=False,
+        use="reads",
+    ),
+)
+
+PRIVATE_MEMBERS = PRIVATE_TRAINER_OVERRIDES + PRIVATE_PARSER_MEMBERS + OTHER_PRIVATE_MEMBERS + PRIVATE_ATTRIBUTES
+
 
 
 def problems(owner: object, members: tuple[PrivateMember, ...]) -> list[tuple[PrivateMember, str]]:
@@ -80,7 +131,7 @@ def problems(owner: object, members: tuple[PrivateMember, ...]) -> list[tuple[Pr
     shown_owner = getattr(owner, "__name__", str(owner))
     for member in members:
         where = f"{shown_owner}.{member.name}"
-        if not hasattr(owner, member.name):
+        if not hasattr(member.instance() if member.instance is not None else owner, member.name):
             found_problems.append((member, f"{where} is gone ({member.why})"))
             continue
         if member.parameters is None:

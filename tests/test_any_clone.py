@@ -61,7 +61,8 @@ def test_offline_with_nothing_cached_step_two_trains_and_ends_with_one_line(clon
     assert again.returncode == 0, again.stderr[-2000:]
     resume = step_two(clone, tmp_path, {"HF_HUB_OFFLINE": "1"}, "offline", "--resume_from_checkpoint", "true")
     assert resume.returncode == 2  # nothing to resume from, said in one line
-    expected = f"error: resume_from_checkpoint: no complete checkpoint of this run in {out}"
+    expected = (f"error: resume_from_checkpoint: {out} holds this run's finished model (3 steps) and no checkpoint: "
+                "there is nothing to resume")
     assert resume.stderr.splitlines()[-1] == expected
 
 

@@ -12,6 +12,7 @@ from simcse_hn.data.sts import load_sts_pairs
 from simcse_hn.errors import ConfigError, DataError
 from simcse_hn.losses.targets import contrastive_targets
 from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.run_record import Source
 from simcse_hn.testing.models import build_tiny_bert
 
 
@@ -183,7 +184,7 @@ def test_dataset_name_route_passes_config_split_and_files_to_datasets(monkeypatc
     trainer = train.run(argv)
     assert calls == [("owner/corpus", "en", "part.txt", "train[:40]")]
     assert len(trainer.train_dataset) == 40
-    assert trainer.simcse_config["train_file"] == {"name": "owner/corpus", "local": False}
+    assert trainer.record.data.source == Source("owner/corpus", local=False)
     fixture = str(FIXTURES / "tiny_corpus.txt")
     with pytest.raises(ConfigError, match="dataset_name: give train_file or dataset_name, not both"):
         parse_args(["--train_file", fixture, "--dataset_name", "owner/corpus"])

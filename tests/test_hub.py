@@ -4,6 +4,7 @@ network."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from simcse_hn.export import hub, model_card
 from simcse_hn.export.hub import HubTarget
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.run_record import RunRecord, Source
 from simcse_hn.testing.hub_server import HubStandIn
 from simcse_hn.testing.models import TINY_MODEL
 
@@ -100,7 +102,9 @@ def auto_model_embeddings(path: Path, pooler: str, mlp_only_train: bool) -> torc
 
 
 def files_snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file's bytes, but the folder's lock (simcse_run.lock: each run that holds it writes who it is)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "simcse_run.lock"}  # fmt: skip
 
 
 @pytest.fixture
@@ -187,7 +191,7 @@ def test_train_py_folder_loads_in_sentence_transformers_and_transformers_with_si
     assert str(out) not in card and str(FIXTURES) not in card and f'"path/to/{out.name}"' in card
     assert "local file `tiny_corpus.txt`" in card and "2 steps" in card and "sentences seen" in card
     saved = json.loads((out / "simcse_config.json").read_text())
-    assert saved["train_file"] == {"name": "tiny_corpus.txt", "local": True} and saved["steps"] == 2
+    assert saved["data"]["source"] == {"name": "tiny_corpus.txt", "local": True} and saved["budget"]["steps"] == 2
 
 
 @pytest.mark.parametrize("pooler", ["avg_first_last", "avg_top2"])
@@ -297,13 +301,14 @@ def test_card_metadata_and_sts_table(tmp_path, saved_folder):
     base = tmp_path / "base"
     base.mkdir()
     (base / "README.md").write_text("---\nlicense: mit\n---\n# a base encoder\n")
-    config = {
-        **json.loads((saved_folder / "simcse_config.json").read_text()),
-        "base_model": str(base),
-        "loss": "hcl",
-        "loss_kwargs": {"temperature": 0.05, "beta": 0.1, "tau_plus": 0.0},
-        "train_file": "princeton-nlp/datasets-for-simcse",
-    }
+    saved = RunRecord.from_json(json.loads((saved_folder / "simcse_config.json").read_text()))
+    config = dataclasses.replace(
+        saved,
+        model=dataclasses.replace(saved.model, base_model=Source(str(base), True), license="mit"),
+        method=dataclasses.replace(saved.method, loss="hcl", objective_name=None, objective_summary=None,
+                                   objective_citation=None, options={"beta": 0.1, "tau_plus": 0.0}),
+        data=dataclasses.replace(saved.data, source=Source("princeton-nlp/datasets-for-simcse", False)),
+    )
     path = model_card.write_model_card(
         str(tmp_path), config, STS_RESULTS, repo_id="tester/tiny-hcl", dev_spearman=81.5
     )

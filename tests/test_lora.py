@@ -69,7 +69,7 @@ def test_only_the_adapters_and_the_head_train_and_the_folder_holds_merged_weight
     assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"} <= set(files)
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (4, 16, TINY_MODEL)
-    assert json.loads((out / "simcse_config.json").read_text())["lora"]["r"] == 4
+    assert json.loads((out / "simcse_config.json").read_text())["model"]["lora"]["r"] == 4
 
     from peft import PeftModel
 
@@ -111,7 +111,8 @@ def test_a_resumed_lora_run_ends_with_the_uninterrupted_adapter(tmp_path):
     train.run(train_args(stopped, *common, "--max_steps", "2"))  # the same run, ended after its checkpoint-2
     checkpoint = stopped / "checkpoint-2"
     assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
-    resumed = train.run(train_args(stopped, *common, "--max_steps", "4", "--resume_from_checkpoint", str(checkpoint)))
+    extended = ["--max_steps", "4", "--extend_schedule", "true"]  # a constant rate: the same as planned for 4 steps
+    resumed = train.run(train_args(stopped, *common, *extended, "--resume_from_checkpoint", str(checkpoint)))
     assert resumed.state.global_step == 4
     for name in ("adapter/adapter_model.safetensors", "simcse_head.safetensors", "model.safetensors"):
         want, got = load_file(str(straight / name)), load_file(str(stopped / name))

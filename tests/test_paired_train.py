@@ -15,6 +15,7 @@ from conftest import FIXTURES
 from simcse_hn.cli import train
 from simcse_hn.data.pairs import load_pairs
 from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.run_record import RunRecord
 from simcse_hn.testing.models import build_tiny_bert
 
 
@@ -101,10 +102,10 @@ def test_train_on_mined_pairs_with_a_guide_model(encoder, pairs, tmp_path, tiny_
     assert len(logged) == 3 and all("guide_removed" in entry for entry in logged)
     assert all(entry["nonfinite_fallback"] == 0 for entry in logged)
     assert 0 < sum(entry["guide_removed"] for entry in logged) / 3 < 15  # of 15 negatives per anchor
-    saved = json.loads((tmp_path / "out" / "simcse_config.json").read_text())
-    assert saved["data_format"] == "pairs" and saved["negatives_per_example"] == 1
-    assert saved["hard_negative_weight"] == 0.5 and saved["no_duplicates"] is True
-    assert saved["guide_model"] == os.path.basename(encoder) and "contrast_form" not in saved
+    saved = RunRecord.from_json(json.loads((tmp_path / "out" / "simcse_config.json").read_text()))
+    assert saved.data.format == "pairs" and saved.data.negatives_per_example == 1
+    assert saved.method.hard_negative_weight == 0.5 and saved.method.no_duplicates is True
+    assert saved.method.guide.model == os.path.basename(encoder) and saved.method.contrast_form is None
     card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
     assert "| data_format | `pairs` |" in card and "| guide_model |" in card and encoder not in card
 

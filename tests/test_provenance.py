@@ -75,9 +75,10 @@ def test_train_records_data_hash_and_code_and_eval_compares(tiny_args, tmp_path,
     train.run(tiny_args + ["--max_steps", "2", "--eval_steps", "2", "--save_steps", "2"])
     out = tmp_path / "out"
     saved = json.loads((out / "simcse_config.json").read_text())
-    assert saved["train_data_sha256"] == data_sha256(str(FIXTURES / "tiny_corpus.txt"))
-    assert saved["code"]["source_sha256"] == source_sha256()
-    assert not any(str(ROOT) in json.dumps(v) for v in saved["code"].values())
+    assert saved["data"]["sha256"] == data_sha256(str(FIXTURES / "tiny_corpus.txt"))
+    code = saved["provenance"]["code"]
+    assert code["source_sha256"] == source_sha256()
+    assert str(ROOT) not in json.dumps(saved)  # no path of this machine anywhere in the record
 
     from simcse_hn.cli import sts
 
@@ -85,9 +86,9 @@ def test_train_records_data_hash_and_code_and_eval_compares(tiny_args, tmp_path,
     assert sts.main(["--model", str(out), "--output", str(tmp_path / "r"), "--require_same_code", *tasks]) == 0
     results = json.loads((tmp_path / "r" / "results.json").read_text())
     assert results["settings"]["same_code"] is True
-    assert results["settings"]["training_code"]["source_sha256"] == saved["code"]["source_sha256"]
+    assert results["settings"]["training_code"]["source_sha256"] == code["source_sha256"]
 
-    saved["code"]["source_sha256"] = "0" * 64
+    code["source_sha256"] = "0" * 64
     (out / "simcse_config.json").write_text(json.dumps(saved))
     assert sts.main(["--model", str(out), "--output", str(tmp_path / "r2"), "--require_same_code", *tasks]) == 2
     assert "--require_same_code" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from test_hub import train_args
 from transformers import BertConfig, DebertaV2Config, MPNetConfig, RobertaConfig
 
-from simcse_hn.cli import train
+from simcse_hn.cli import run_data, train
 from simcse_hn.modeling.loading import model_max_length
 from simcse_hn.modeling.model import SimCSEModel
 
@@ -24,7 +24,7 @@ def nothing_loads(monkeypatch):
         return refuse
 
     monkeypatch.setattr(SimCSEModel, "from_pretrained", fail("a model was loaded"))
-    monkeypatch.setattr(train, "load_sentences", fail("the training data was read"))
+    monkeypatch.setattr(run_data, "load_sentences", fail("the training data was read"))
 
 
 def _roberta_folder(path):

@@ -17,7 +17,7 @@ from test_resume import _run, _weights
 
 from simcse_hn.cli import train
 from simcse_hn.errors import ConfigError
-from simcse_hn.training.checkpoints import resolve_resume
+from simcse_hn.training.checkpoints import resolve_resume, write_checkpoint_manifest
 
 
 def _truncate(path, keep: float = 0.5) -> None:
@@ -42,7 +42,22 @@ BROKEN = {  # how the newest checkpoint is broken -> the reason the warning give
         "written by another run (run_id 0123abcd",
     ),
     "not simcse-hn's": (lambda c: os.remove(c / "simcse_config.json"), "not written by simcse-hn"),
+    "a renamed copy": (  # a stray checkpoint-6 that is checkpoint-4, renamed
+        lambda c: (_rewrite_json(c / "trainer_state.json", global_step=4), write_checkpoint_manifest(str(c), 4)),
+        "its trainer_state.json is of step 4, not 6 (a copy or a rename)",
+    ),
+    "manifest of another step": (
+        lambda c: write_checkpoint_manifest(str(c), 4),
+        "checkpoint_manifest.json is of step 4, its trainer_state.json of step 6",
+    ),
 }
+
+
+def _copy_as_step(checkpoint, folder, step: int) -> None:
+    """A whole checkpoint of step `step`: a copy of `checkpoint` whose trainer_state.json and manifest say `step`."""
+    shutil.copytree(checkpoint, folder)
+    _rewrite_json(folder / "trainer_state.json", global_step=step)
+    write_checkpoint_manifest(str(folder), step)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +73,7 @@ def run_folder(tmp_path_factory):
 def test_a_broken_or_foreign_newest_checkpoint_is_skipped_with_the_reason(run_folder, kind, caplog):
     breaks, reason = BROKEN[kind]
     newest = run_folder / "checkpoint-6"
-    shutil.copytree(run_folder / "checkpoint-4", newest)
+    _copy_as_step(run_folder / "checkpoint-4", newest, 6)
     try:
         breaks(newest)
         with caplog.at_level("WARNING"):

@@ -137,6 +137,7 @@ def test_sts_cli_adds_the_evaluated_runs_curves(trained, tmp_path):
     assert (report / "curves" / "curves.md").read_text().startswith("# Training curves")
     assert (report / "curves" / "curve_loss.png").is_file()
     results = json.loads((report / "results.json").read_text())
-    assert results["training"]["loss"] == "infonce" and results["training"]["contrast_form"] == "symmetric"
+    method = results["training"]["method"]
+    assert method["loss"] == "infonce" and method["contrast_form"] == "symmetric"
     argv = ["--model", "builtin:tiny-bert", "--data_dir", str(data), "--output", str(report), "--curves"]
     assert sts.main(argv) == 2  # not a training folder: one error line, before the model loads

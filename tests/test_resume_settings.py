@@ -13,6 +13,7 @@ from doc_examples import write_objective
 from test_hub import train_args
 
 from simcse_hn.cli import train
+from simcse_hn.modeling.model import SimCSEModel
 
 TOPIC = ["--topic_batches", "true", "--topic_clusters", "4"]
 QUEUE = ["--queue_size", "16", "--momentum", "0.5"]
@@ -70,6 +71,34 @@ CASES = {  # how the resume differs -> (its arguments, the line's start after "e
     "max_seq_length": (lambda t: _argv(t, TOPIC, QUEUE, LOSS, "--max_seq_length", "16"), "max_seq_length: "
                        "checkpoint-2 was trained with 32; this run has 16"),
 }
+# every other setting that changes a number: the model, its pooler and tokenizer, the optimisation, the length
+OTHERS = {
+    "learning_rate": (["--learning_rate", "0.002"], "learning_rate: checkpoint-2 was trained with 0.001; this run has "
+                      "0.002"),
+    "lr_scheduler_type": (["--lr_scheduler_type", "constant"], "lr_scheduler_type: checkpoint-2 was trained with "
+                          "linear; this run has constant"),
+    "warmup_steps": (["--warmup_steps", "1"], "warmup_steps: checkpoint-2 was trained with 0; this run has 1"),
+    "weight_decay": (["--weight_decay", "0.01"], "weight_decay: checkpoint-2 was trained with 0; this run has 0.01"),
+    "adam_beta2": (["--adam_beta2", "0.99"], "adam_beta2: checkpoint-2 was trained with 0.999; this run has 0.99"),
+    "max_grad_norm": (["--max_grad_norm", "0.5"], "max_grad_norm: checkpoint-2 was trained with 1; this run has 0.5"),
+    "accumulation": (["--gradient_accumulation_steps", "2"], "gradient_accumulation_steps: checkpoint-2 was trained "
+                     "with 1; this run has 2"),
+    "dropout": (["--dropout", "0.2"], "dropout: checkpoint-2 was trained with none; this run has 0.2"),
+    "pooler cls -> avg": (["--pooler", "avg"], "pooler: checkpoint-2 was trained with cls; this run has avg"),
+    "pooler cls -> last": (["--pooler", "last"], "pooler: checkpoint-2 was trained with cls; this run has last"),
+    "mlp_only_train": (["--mlp_only_train", "false"], "mlp_only_train: checkpoint-2 was trained with true; this run "
+                       "has false"),
+    "tokenizer": (["--tokenizer_name_or_path", "builtin:tiny-bert"], "tokenizer_name_or_path: checkpoint-2 was "
+                  "trained with the model's own; this run has builtin:tiny-bert"),
+    "another architecture": (["--model_name_or_path", "builtin:tiny-llama", "--pooler", "last"], "model_name_or_path:"
+                             " checkpoint-2 was trained with builtin:tiny-bert; this run has builtin:tiny-llama"),
+    "data_seed": (["--data_seed", "7"], "data_seed: checkpoint-2 was trained with none; this run has 7"),
+    "max_steps raised": (["--max_steps", "4"], "max_steps: checkpoint-2 was trained with 2; this run has 4: the "
+                         "learning-rate schedule would change mid-run; pass --extend_schedule true to extend it"),
+    "max_steps lowered": (["--max_steps", "1", "--extend_schedule", "true"], "max_steps: checkpoint-2 was trained "
+                          "with 2; this run has 1: the learning-rate schedule would change mid-run; a shorter run has "
+                          "another schedule"),
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -80,6 +109,19 @@ def test_a_resume_that_changes_a_setting_is_refused_in_one_line(trained, tmp_pat
     argv = argv_of(tmp_path)
     argv[argv.index("--output_dir") + 1] = str(out)
     assert train.main(argv + ["--resume_from_checkpoint", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {start}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("case", list(OTHERS))
+def test_a_resume_that_changes_anything_else_that_counts_is_refused_in_one_line(trained, tmp_path, capsys, monkeypatch,
+                                                                               case):
+    """Before any model loads: SimCSEModel.from_pretrained would fail the test."""
+    monkeypatch.setattr(SimCSEModel, "from_pretrained", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "out"
+    shutil.copytree(trained, out)
+    extra, start = OTHERS[case]
+    assert train.main(_argv(out, TOPIC, QUEUE, LOSS, *extra, "--resume_from_checkpoint", "true")) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {start}") and err.count("\n") == 1, err
 
@@ -103,8 +145,8 @@ def test_a_users_objective_resumes_from_its_file_moved_not_changed(user_objectiv
     code, trained = user_objective_run
     out = tmp_path / "out"
     shutil.copytree(trained, out)
-    record = json.loads((out / "simcse_config.json").read_text())["objective"]
-    assert record["file"] == f"{code.parent.name}/focal.py" and len(record["sha256"]) == 64
+    record = json.loads((out / "simcse_config.json").read_text())["method"]
+    assert record["objective_file"] == f"{code.parent.name}/focal.py" and len(record["objective_sha256"]) == 64
     moved = tmp_path / "elsewhere" / "focal.py"
     moved.parent.mkdir()
     shutil.copy(code, moved)
@@ -112,6 +154,7 @@ def test_a_users_objective_resumes_from_its_file_moved_not_changed(user_objectiv
     moved.write_text(moved.read_text() + "# changed\n")
     assert train.main(train_args(out, "--loss", f"{moved}:FocalLoss", "--resume_from_checkpoint", "true")) == 2
     err = capsys.readouterr().err
+    sha = record["objective_sha256"][:12]
     assert err.startswith(f"error: loss: checkpoint-2 was trained with --loss focal.py:FocalLoss (file "
-                          f"{code.parent.name}/focal.py, sha256 {record['sha256'][:12]}); this run's file has sha256 ")
+                          f"{code.parent.name}/focal.py, sha256 {sha}); this run's file has sha256 ")
     assert err.count("\n") == 1

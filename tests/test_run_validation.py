@@ -12,12 +12,14 @@ import yaml
 from conftest import FIXTURES, ROOT
 from test_scale_config import HAS_DEEPSPEED, deepspeed_errors, zero
 
-from simcse_hn.cli import train
+from simcse_hn.cli import run_data, train
 from simcse_hn.configuration.data_format import ResolvedData, resolve_data
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.configuration.resolved import CHECKS, resolve_run
 from simcse_hn.data.sentences import load_sentences
 from simcse_hn.errors import ConfigError, DataError
+from simcse_hn.modeling import loading
+from simcse_hn.modeling.model import SimCSEModel
 
 STREAM_PAIRS = ("streaming: streams single-sentence corpora only; paired data (data_format pairs, "
                 "hard_negative_weight) ")
@@ -48,10 +50,10 @@ def nothing_loads(monkeypatch):
 
         return refuse
 
-    monkeypatch.setattr(train, "load_encoder_config", fail("the model config was read"))
-    monkeypatch.setattr(train.SimCSEModel, "from_pretrained", fail("a model was loaded"))
+    monkeypatch.setattr(loading, "load_encoder_config", fail("the model config was read"))
+    monkeypatch.setattr(SimCSEModel, "from_pretrained", fail("a model was loaded"))
     for reader in ("load_sentences", "load_pairs", "load_sentence_stream"):
-        monkeypatch.setattr(train, reader, fail(f"{reader} ran"))
+        monkeypatch.setattr(run_data, reader, fail(f"{reader} ran"))
 
 
 def _main(tmp_path, capsys, cli: list[str], keys: dict | None = None) -> str:

@@ -17,6 +17,7 @@ from conftest import ROOT
 from simcse_hn.cli import train
 from simcse_hn.configuration.parser import parse_args
 from simcse_hn.errors import ConfigError
+from simcse_hn.modeling.model import SimCSEModel
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
@@ -107,7 +108,7 @@ def test_lora_without_peft_is_one_line(tmp_path, monkeypatch):
 
 
 def test_a_first_token_pooler_on_a_decoder_only_model_is_refused_before_loading(tiny_args, capsys, monkeypatch):
-    monkeypatch.setattr(train.SimCSEModel, "from_pretrained", None)  # nothing may load
+    monkeypatch.setattr(SimCSEModel, "from_pretrained", None)  # nothing may load
     code = train.main(tiny_args + ["--model_name_or_path", "builtin:tiny-llama", "--pooler", "cls"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0

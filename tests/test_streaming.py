@@ -106,7 +106,8 @@ def test_a_resumed_streamed_run_goes_on_with_the_sentences_an_uninterrupted_run_
     assert all(torch.equal(a, b) for a, b in zip(seen, straight[:2]))  # the same start
     seen.clear()
     checkpoint = str(tmp_path / "stopped" / "checkpoint-2")
-    train.run(train_args(tmp_path / "stopped", *common, "--max_steps", "4", "--resume_from_checkpoint", checkpoint))
+    extended = ["--max_steps", "4", "--extend_schedule", "true"]  # a constant rate: the same as planned for 4 steps
+    train.run(train_args(tmp_path / "stopped", *common, *extended, "--resume_from_checkpoint", checkpoint))
     assert len(seen) == 2
     assert all(torch.equal(a, b) for a, b in zip(seen, straight[2:])), "not the batches the straight run saw next"
     for name in ("model.safetensors", "simcse_head.safetensors"):

@@ -212,8 +212,8 @@ def test_train_paired_data_with_topic_batches_grad_cache_and_re_clustering(tiny_
     assert [(e["epoch"], e["window"], e["step"]) for e in saved] == [(0, 0, 0), (0, 3, 2)]
     assert all(len(e["assignment"]) == 96 for e in saved)
     record = json.loads((Path(trainer.args.output_dir) / "checkpoint-4" / "simcse_config.json").read_text())
-    assert record["topic_batches"] == {"clusters": 4, "share": 1.0, "encoder": "the model being trained",
-                                       "recluster_steps": 2}  # fmt: skip
+    assert record["method"]["topic_batches"] == {"clusters": 4, "share": 1.0, "encoder": "the model being trained",
+                                                 "recluster_steps": 2, "encoder_weights": None}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,7 @@ def test_debug_tiny_trains_evaluates_saves_and_reloads(tiny_args, tmp_path, monk
     ):
         assert (out / name).is_file(), name
     saved_config = json.loads((out / "simcse_config.json").read_text())
-    assert saved_config["pooler"] == "cls" and saved_config["loss"] == "infonce"
+    assert saved_config["pooler"] == "cls" and saved_config["method"]["loss"] == "infonce"
 
     reloaded = SimCSEModel.from_pretrained(str(out))
     tokenizer = load_tokenizer(str(out))

@@ -172,5 +172,5 @@ def test_a_tiny_run_trains_on_repeated_positives_and_records_the_rate(tiny_args,
     lengths = batch["attention_mask"].sum(1)  # (2B,)
     assert (lengths[1::2] >= lengths[0::2]).all() and (lengths[1::2] > lengths[0::2]).any()
     out = tmp_path / "out"
-    assert json.loads((out / "simcse_config.json").read_text())["word_repetition"] == 0.3
+    assert json.loads((out / "simcse_config.json").read_text())["data"]["word_repetition"] == 0.3
     assert "| word_repetition | `0.3` |" in (out / "README.md").read_text(encoding="utf-8")

@@ -56,17 +56,16 @@ def trained(objective, tmp_path_factory):
 
 
 def test_the_docs_objective_trains_from_the_command_line_and_is_recorded(trained, objective):
-    config = json.loads((trained / "simcse_config.json").read_text())
-    assert config["loss"] == "focal.py:FocalLoss"  # the file's name, not this machine's folder
-    assert config["objective"]["class"] == "focal.py:FocalLoss"
-    assert config["objective"]["file"] == f"{objective.parent.name}/focal.py"  # its folder, not this machine's path
-    assert config["objective"]["sha256"] == hashlib.sha256(objective.read_bytes()).hexdigest()
+    method = json.loads((trained / "simcse_config.json").read_text())["method"]
+    assert method["loss"] == "focal.py:FocalLoss"  # the file's name, not this machine's folder
+    assert method["objective_class"] == "focal.py:FocalLoss"
+    assert method["objective_file"] == f"{objective.parent.name}/focal.py"  # its folder, not this machine's path
+    assert method["objective_sha256"] == hashlib.sha256(objective.read_bytes()).hexdigest()
     state = json.loads((trained / "checkpoint-20" / "trainer_state.json").read_text())
     logged = [entry for entry in state["log_history"] if "loss" in entry]  # each step's record counts dropped rows
     assert logged and all(entry["nonfinite_grad_rows"] == 0 for entry in logged)
-    assert config["loss_kwargs"] == {"temperature": 0.05, "gamma": 1.0}
-    record = config["objective"]
-    assert (record["name"], record["title"], record["options"]) == ("focal", "Focal InfoNCE", {"gamma": 1.0})
+    assert (method["temperature"], method["options"]) == (0.05, {"gamma": 1.0})
+    assert (method["objective_name"], method["objective_title"]) == ("focal", "Focal InfoNCE")
     card = (trained / "README.md").read_text()
     assert "Focal InfoNCE: InfoNCE with each anchor's loss scaled by (1 - p)^gamma" in card
     assert "| gamma | `1.0` |" in card
@@ -110,7 +109,7 @@ def test_the_docs_objective_trains_in_two_processes(objective, tmp_path):
     result = run(doc_command(commands()[1], objective, output))
     assert result.returncode == 0, result.stderr[-3000:]
     config = json.loads((output / "simcse_config.json").read_text())
-    assert (config["world_size"], config["objective"]["options"]) == (2, {"gamma": 2.0})
+    assert (config["optimisation"]["processes"], config["method"]["options"]) == (2, {"gamma": 2.0})
 
 
 def test_its_options_are_checked_by_its_dataclass(objective, tmp_path):

@@ -37,6 +37,7 @@ from simcse_hn.evaluation.comparison_plots import plot_deltas, plot_geometry, pl
 from simcse_hn.evaluation.reports import model_label, protocol, results_table, training_summary, unique_labels
 from simcse_hn.evaluation.results import PREDICTIONS, load_predictions
 from simcse_hn.files import ReportFolder, portable_name
+from simcse_hn.run_record import RunRecord
 
 RESULT_FILES = ("results.json", "sts_results.json")
 REPORT_FILES = ("comparison.md", "comparison.json", "comparison.png", "comparison_delta.png",
@@ -294,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for label, (_, results, path) in zip(labels, loaded):
             npz = os.path.join(os.path.dirname(path), PREDICTIONS)
-            seed = (results.get("training") or {}).get("seed")
+            training = results.get("training")
+            seed = RunRecord.from_json(training).optimisation.seed if training else None
             runs.append({"label": label, "path": path, "results": results, "seed": seed,
                          "predictions": load_predictions(npz) if os.path.isfile(npz) else None})  # fmt: skip
         for run, group in zip(runs, split_list(args.group, len(runs), "--group") or group_names(runs)):

@@ -139,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Skip alignment and uniformity on STS-B dev (by default measured when the data has that split).",
     )
+    add_report_arguments(parser)
+    return parser
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """The MTEB result files' flags and --curves."""
     parser.add_argument(
         "--mteb_results",
         default=None,
@@ -159,7 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="Also draw the training curves of --model (a training output or checkpoint folder: trainer_state.json, "
         "TensorBoard events) into --output/curves.",
     )
-    return parser
 
 
 def main(argv: list[str] | None = None, script: str | None = None) -> int:
@@ -256,40 +261,9 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     }
     results = sts_results(scored["scores"], args.model, info["pooler"], args.sickr_all, settings, scored["geometry"],
                           training_config(args.model))  # fmt: skip
-    label = model_label(args.model)
-    rows = [(label, results)]
-    if baselines:  # the same tasks, protocol and input length as the model's
-        rows = [(f"{label} ({pooling_name(args.model, info)})", results)]
-        for name, path, pooler in baselines:
-            length = info["max_seq_length"]
-            base = encode_and_score(args, path, pooler, tasks, dev, max_seq_length=length, name=name)
-            used = {"encoder": base["info"]["backend"], "modules": base["info"]["modules"], "max_seq_length": length}
-            record = sts_results(base["scores"], path, base["info"]["pooler"], args.sickr_all, used, base["geometry"],
-                                 training_config(path))  # fmt: skip
-            record["label"] = f"{model_label(portable_name(name))} ({pooling_name(path, base['info'])})"
-            rows.append((record["label"], record))
+    rows = score_rows(args, results, info, baselines, tasks, dev)
 
-    outside = mteb_tasks and not mteb_inside  # an MTEB cache of its own: its own mark
-    with ReportFolder(args.output) as report, (ReportFolder(mteb_cache, "--mteb_results") if outside
-                                               else contextlib.nullcontext()) as cache:  # fmt: skip
-        if mteb_tasks:
-            cache_dir = cache.path() if outside else report.path(os.path.relpath(mteb_cache, args.output))
-            mteb_record = write_mteb_files(args, requested_model, scored, mteb_tasks, results, cache_dir)
-            mteb_record["folder"] = os.path.relpath(os.path.join(mteb_cache, mteb_record["folder"]), args.output)
-            results["settings"]["mteb_results"] = mteb_record  # results.md's MTEB section reads it
-        record = results | ({"baselines": [r for _, r in rows[1:]]} if baselines else {})
-        write_json(report.path("results.json"), record)
-        save_predictions(report.path(PREDICTIONS), scored["predictions"])
-        with open(report.path("results.md"), "w", encoding="utf-8") as f:
-            f.write(results_markdown(results, rows[0][0], baselines=rows[1:]))
-        plot_results(rows, report.path("results.png"), title=label)
-        if curves is not None:
-            write_curves([curves], report.path("curves"))
-        if outside:
-            cache.check(cache.staged())  # before anything moves into either folder
-        written = report.commit()  # the MTEB cache inside --output moves with it
-        if outside:
-            written += [os.path.join(mteb_cache, name) for name in cache.commit()]
+    written, record = write_reports(args, requested_model, rows, scored, mteb_tasks, (mteb_cache, mteb_inside), curves)
     if args.save_to_model or (local_model and sts_card_is_ours(args.model)):
         save_sts_results(args.model, record)
     print(results_table(rows) + f"protocol: {reports.protocol(results)}")  # the rows share it; the files say it too
@@ -306,6 +280,54 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
             return 2
         logger.info("pushed STS results to %s", hub_repo)
     return 0
+
+
+def score_rows(args, results: dict, info: dict, baselines, tasks, dev) -> list[tuple[str, dict]]:
+    """(label, results) of the model, then of each --baseline, scored with the same tasks, protocol and input length
+    as the model's."""
+    label = model_label(args.model)
+    if not baselines:
+        return [(label, results)]
+    rows = [(f"{label} ({pooling_name(args.model, info)})", results)]
+    for name, path, pooler in baselines:
+        length = info["max_seq_length"]
+        base = encode_and_score(args, path, pooler, tasks, dev, max_seq_length=length, name=name)
+        used = {"encoder": base["info"]["backend"], "modules": base["info"]["modules"], "max_seq_length": length}
+        record = sts_results(base["scores"], path, base["info"]["pooler"], args.sickr_all, used, base["geometry"],
+                             training_config(path))  # fmt: skip
+        record["label"] = f"{model_label(portable_name(name))} ({pooling_name(path, base['info'])})"
+        rows.append((record["label"], record))
+    return rows
+
+
+def write_reports(args, requested_model: str, rows, scored, mteb_tasks, mteb, curves) -> tuple[list[str], dict]:
+    """results.json, predictions.npz, results.md, results.png (and curves) into --output, and the MTEB result files
+    into their cache (`mteb`: its folder, and whether it is inside --output), each folder checked before anything
+    moves into either. -> (the files written, the results record with its baselines)"""
+    (label, results), baselines = rows[0], rows[1:]
+    mteb_cache, mteb_inside = mteb
+    outside = mteb_tasks and not mteb_inside  # an MTEB cache of its own: its own mark
+    with ReportFolder(args.output) as report, (ReportFolder(mteb_cache, "--mteb_results") if outside
+                                               else contextlib.nullcontext()) as cache:  # fmt: skip
+        if mteb_tasks:
+            cache_dir = cache.path() if outside else report.path(os.path.relpath(mteb_cache, args.output))
+            mteb_record = write_mteb_files(args, requested_model, scored, mteb_tasks, results, cache_dir)
+            mteb_record["folder"] = os.path.relpath(os.path.join(mteb_cache, mteb_record["folder"]), args.output)
+            results["settings"]["mteb_results"] = mteb_record  # results.md's MTEB section reads it
+        record = results | ({"baselines": [r for _, r in baselines]} if baselines else {})
+        write_json(report.path("results.json"), record)
+        save_predictions(report.path(PREDICTIONS), scored["predictions"])
+        with open(report.path("results.md"), "w", encoding="utf-8") as f:
+            f.write(results_markdown(results, label, baselines=baselines))
+        plot_results(rows, report.path("results.png"), title=model_label(args.model))
+        if curves is not None:
+            write_curves([curves], report.path("curves"))
+        if outside:
+            cache.check(cache.staged())  # before anything moves into either folder
+        written = report.commit()  # the MTEB cache inside --output moves with it
+        if outside:
+            written += [os.path.join(mteb_cache, name) for name in cache.commit()]
+    return written, record
 
 
 def encode_and_score(args, model: str, pooler: str | None, tasks, dev, extra=(), max_seq_length=None, name=None):

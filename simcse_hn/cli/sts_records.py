@@ -11,6 +11,7 @@ from simcse_hn.errors import UserError
 from simcse_hn.evaluation.reports import model_label
 from simcse_hn.files import SIMCSE_CONFIG
 from simcse_hn.provenance import code_identity
+from simcse_hn.run_record import RunRecord
 
 logger = logging.getLogger("eval.sts")
 
@@ -20,8 +21,9 @@ def code_settings(model: str, other_code: str | None, require_same: bool = False
     and whether they agree (None when there is no record to compare)."""
     ours = code_identity()
     config = training_config(model)
-    theirs = config.get("code") if isinstance(config, dict) else None
-    same = None if not isinstance(theirs, dict) else theirs.get("source_sha256") == ours["source_sha256"]
+    recorded = dict(RunRecord.from_json(config).provenance.code) if isinstance(config, dict) else {}
+    theirs = recorded or None  # a record (of any version) without the code's identity compares with nothing
+    same = None if theirs is None else theirs.get("source_sha256") == ours["source_sha256"]
     if require_same and same is not True:
         why = (
             "records no training code"

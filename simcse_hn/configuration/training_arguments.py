@@ -176,6 +176,14 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
         metadata={"help": "Every trainable parameter is used each step (the encoder's own pooler is frozen)."},
     )
     remove_unused_columns: bool = field(default=False, metadata={"help": "The collator needs the text column."})
+    extend_schedule: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume with a larger max_steps (or num_train_epochs) than the checkpoint's run: from the "
+            "second step after the checkpoint the learning rate follows the new length's schedule "
+            "(docs/reliability.md); recorded in simcse_config.json's history. Without it such a resume is refused."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={

@@ -15,13 +15,29 @@ from collections.abc import Sequence
 from simcse_hn.data.sts import STS_TASKS, STSTask
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.reports import protocol
+from simcse_hn.run_record import RunRecord
 
 FIELDS = ("protocol", "tasks", "data", "pooler", "max_seq_length")
 WORDS = {"protocol": "protocols", "tasks": "tasks", "data": "data", "pooler": "poolers",
          "max_seq_length": "input lengths (max_seq_length)"}  # fmt: skip
-# keys of a training record that say nothing of the objective or its budget: random ids, derived values
-TRAINING_NOISE = frozenset({"seed", "run_id", "base_model_license"})
-OBJECTIVE_KEYS = ("loss", "contrast_form", "loss_kwargs")  # what makes two runs the same objective
+# fields of a training record that say nothing of the objective or its budget: random ids, derived values, when
+TRAINING_NOISE = frozenset({"optimisation.seed", "run_id", "model.license", "provenance.started", "record_version"})
+
+
+def flat_record(training: dict | None) -> dict[str, object]:
+    """A training record (of any version) as {field path: value}, sections and mappings opened."""
+    flat: dict[str, object] = {}
+
+    def walk(value: object, path: str) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(item, f"{path}.{key}" if path else key)
+        else:
+            flat[path] = value
+
+    if training:
+        walk(RunRecord.from_json(training).to_json(), "")
+    return flat
 
 
 def data_fingerprint(task: STSTask) -> str:
@@ -134,27 +150,30 @@ def scored_alike(runs: list[dict], split: bool, baseline: str | None) -> list[st
 # --- eval/compare.py's default groups: one per objective ---
 
 
-def objective(training: dict | None) -> tuple | None:
-    if not training or "loss" not in training:
+def objective_settings(training: dict | None) -> dict | None:
+    """What makes a run's objective (its training record, of any version): its loss, contrast form, temperature and
+    options; None for a run without a record."""
+    if not training:
         return None
-    return tuple(json.dumps(training.get(key), sort_keys=True) for key in OBJECTIVE_KEYS)
+    method = RunRecord.from_json(training).method
+    if method.loss is None:
+        return None
+    temperature = {} if method.temperature is None else {"temperature": method.temperature}
+    return {"loss": method.loss, "contrast_form": method.contrast_form, **temperature, **method.options}
 
 
 def group_names(runs: list[dict]) -> list[str]:
     """A name per run: its objective's loss, with the settings that tell it from other groups of the same loss."""
-    keys = [objective(run["results"].get("training")) for run in runs]
-    fields = {}
-    for key, run in zip(keys, runs):
-        if key is not None:
-            training = run["results"]["training"]
-            fields[key] = {"contrast_form": training.get("contrast_form"), **(training.get("loss_kwargs") or {})}
+    settings = [objective_settings(run["results"].get("training")) for run in runs]
+    keys = [None if s is None else json.dumps(s, sort_keys=True) for s in settings]
+    fields = {key: {k: v for k, v in s.items() if k != "loss"} for key, s in zip(keys, settings) if key is not None}
     names = []
-    for key, run in zip(keys, runs):
+    for key, run, setting in zip(keys, runs, settings):
         if key is None:
             names.append(run["label"])
             continue
-        loss = run["results"]["training"]["loss"]
-        rivals = [other for other in fields if other != key and json.loads(other[0]) == loss]
+        loss = setting["loss"]
+        rivals = [other for other in fields if other != key and json.loads(other)["loss"] == loss]
         differing = [f for f in fields[key] if any(fields[other].get(f) != fields[key][f] for other in rivals)]
         names.append(loss + (" (" + ", ".join(f"{f} {fields[key][f]}" for f in differing) + ")" if differing else ""))
     return names
@@ -162,7 +181,7 @@ def group_names(runs: list[dict]) -> list[str]:
 
 def settings_notes(group: str, members: list[dict]) -> list[str]:
     """What differs inside a group besides the seed (base model, learning rate, ...): a reviewer's first question."""
-    trainings = [m["results"].get("training") or {} for m in members]
+    trainings = [flat_record(m["results"].get("training")) for m in members]
     keys = sorted({k for t in trainings for k in t} - TRAINING_NOISE)  # run ids differ in every group
     notes = []
     for key in keys:

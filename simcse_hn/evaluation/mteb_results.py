@@ -29,7 +29,8 @@ from torch import Tensor
 from simcse_hn.data.sts import STS_TASKS, STSTask
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.mteb_scores import SCORE_KEYS, SIMILARITIES, sts_scores  # noqa: F401  (SCORE_KEYS: a task file's score keys, public here)
-from simcse_hn.files import PACKAGED_MODELS, is_hub_id, portable_name, source_record
+from simcse_hn.files import PACKAGED_MODELS, is_hub_id, portable_name
+from simcse_hn.run_record import RunRecord
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,10 @@ def model_name(model: str, hub_model_id: str | None = None) -> str:
 def adapted_from(training: dict | None) -> str | None:
     """The Hub id a trained model was adapted from (MTEB's adapted_from): its simcse_config's base_model when that is
     one ({"name", "local"}, files.source_record; a bare string from an older folder)."""
-    base = (training or {}).get("base_model")
-    record = source_record(base) if isinstance(base, str) else base
-    if not isinstance(record, dict) or record.get("local") or not is_hub_id(record.get("name")):
+    base = RunRecord.from_json(training).model.base_model if training else None
+    if base is None or base.local or not is_hub_id(base.name):
         return None
-    return record["name"]
+    return base.name
 
 
 def model_revision(path: str) -> str:

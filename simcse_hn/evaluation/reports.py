@@ -17,6 +17,7 @@ from simcse_hn.evaluation.scoring import AGGREGATION_HELP
 from simcse_hn.files import is_generic_folder, is_hub_id
 from simcse_hn.modeling.loading import resolve_packaged
 from simcse_hn.modeling.model import POOLERS
+from simcse_hn.run_record import RunRecord
 from simcse_hn.testing.models import BUILTIN_MODELS
 
 logger = logging.getLogger(__name__)
@@ -122,21 +123,30 @@ def results_table(runs: Sequence[tuple[str, dict]]) -> str:
 
 
 def training_summary(training: dict | None) -> str:
-    """One line for the objective a results file was trained with (its simcse_config.json), or ''."""
+    """One line for the objective a results file was trained with (its simcse_config.json, of any version), or ''."""
     if not training:
         return ""
-    parts = [f"loss `{training.get('loss', '?')}`"]
-    if training.get("contrast_form"):
-        parts.append(f"contrast form `{training['contrast_form']}`")
-    kwargs = training.get("loss_kwargs") or {}
-    parts += [f"{key} {_word(value)}" for key, value in kwargs.items()]
-    for key in ("seed", "base_model", "max_seq_length", "per_device_train_batch_size", "learning_rate"):
-        value = training.get(key)
-        if isinstance(value, dict) and "name" in value:  # a source record (files.source_record): its name
-            value = value["name"] + (" (local)" if value.get("local") else "")
-        if value is not None:
-            parts.append(f"{key} {_word(value)}")
+    record = RunRecord.from_json(training)
+    method, optimisation = record.method, record.optimisation
+    parts = [f"loss `{method.loss or '?'}`"]
+    if method.contrast_form:
+        parts.append(f"contrast form `{method.contrast_form}`")
+    options = {"temperature": method.temperature, **method.options} if method.temperature is not None else {}
+    parts += [f"{key} {_word(value)}" for key, value in (options or method.options).items()]
+    shown = {
+        "seed": optimisation.seed,
+        "base_model": _source(record.model.base_model),
+        "max_seq_length": record.model.max_seq_length,
+        "per_device_train_batch_size": optimisation.per_device_train_batch_size,
+        "learning_rate": optimisation.learning_rate,
+    }
+    parts += [f"{key} {_word(value)}" for key, value in shown.items() if value is not None]
     return ", ".join(parts)
+
+
+def _source(source) -> str | None:
+    """A recorded source by its name, `(local)` after a local one's."""
+    return None if source is None else source.name + (" (local)" if source.local else "")
 
 
 def _word(value) -> str:
@@ -171,8 +181,9 @@ def results_markdown(results: dict, label: str | None = None, baselines: Sequenc
                   "input length; the sections below are the model's.", ""]  # fmt: skip
     if results.get("training"):
         lines += [f"Trained with {training_summary(results['training'])}.", ""]
-        if results["training"].get("command"):
-            lines += [f"Training command: `{results['training']['command']}`.", ""]
+        command = RunRecord.from_json(results["training"]).provenance.command
+        if command:
+            lines += [f"Training command: `{command}`.", ""]
     if (results.get("settings") or {}).get("command"):
         lines += [f"Made by `{results['settings']['command']}`.", ""]
     geometry = results.get("alignment_uniformity")

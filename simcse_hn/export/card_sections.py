@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 from huggingface_hub import EvalResult
 from safetensors import safe_open
@@ -14,9 +15,10 @@ from simcse_hn.evaluation.mteb_results import HF_SUBSET, MTEB_TASKS, SPLIT
 from simcse_hn.files import (
     HEAD_WEIGHTS,
     is_hub_id,
-    source_record,
 )
 from simcse_hn.losses import BASELINE, BUILTIN
+from simcse_hn.record_compare import record_paths
+from simcse_hn.run_record import RunRecord, Source
 
 logger = logging.getLogger(__name__)
 
@@ -112,48 +114,41 @@ def sts_section(sts_results: dict | None, model_name: str, command_model: str = 
     return f"{STS_BEGIN}\n{body}\n{STS_END}"
 
 
-def objective_section(config: dict) -> str:
-    """The objective as the run recorded it (`simcse_config["objective"]`, its own summary): nothing is imported."""
-    loss = config.get("loss", BASELINE)
+def objective_section(record: RunRecord) -> str:
+    """The objective as the run recorded it (its own summary, in the record): nothing is imported."""
+    method = record.method
+    loss = method.loss or BASELINE
     # a built-in's own text for a record without it (nothing of the user's is imported)
     builtin = BUILTIN.get(loss)
-    summary = (config.get("objective") or {}).get("summary") or (builtin.summary if builtin else f"`{loss}`")
+    summary = method.objective_summary or (builtin.summary if builtin else f"`{loss}`")
     lines = [summary, "", "| setting | value |", "|:--|:--|", f"| loss | `{loss}` |"]
-    for key, value in sorted((config.get("loss_kwargs") or {}).items()):
+    options = dict(method.options)
+    if method.temperature is not None:
+        options["temperature"] = method.temperature
+    for key, value in sorted(options.items()):
         lines.append(f"| {key} | {plain_value(value)} |")
-    if "contrast_form" in config:
-        form = config["contrast_form"]
+    if method.contrast_form is not None:
+        form = method.contrast_form
         meaning = "first views against second views" if form == "simcse" else "every row against all 2N-2 others"
         lines.append(f"| contrast_form | `{form}` ({meaning}) |")
     return "\n".join(lines)
 
 
-def _source(value) -> dict | None:
-    """simcse_config's record of a source ({"name", "local"}, files.source_record); a bare string from an older
-    folder is taken as it is."""
-    if value is None or isinstance(value, dict):
-        return value
-    return source_record(str(value))
-
-
-def source_cell(value) -> str | None:
-    source = _source(value)
+def source_cell(source: Source | None) -> str | None:
     if source is None:
         return None
-    kind = "file" if os.path.splitext(source["name"])[1] else "folder"
-    return f"local {kind} `{source['name']}`" if source["local"] else f"`{source['name']}`"
+    kind = "file" if os.path.splitext(source.name)[1] else "folder"
+    return f"local {kind} `{source.name}`" if source.local else f"`{source.name}`"
 
 
-def hub_name(value) -> str | None:
-    source = _source(value)
-    return None if source is None or source["local"] or not is_hub_id(source["name"]) else source["name"]
+def hub_name(source: Source | None) -> str | None:
+    return None if source is None or source.local or not is_hub_id(source.name) else source.name
 
 
-def _budget(config: dict) -> str | None:
-    steps = config.get("steps")
-    if steps is None:
+def _budget(record: RunRecord) -> str | None:
+    if record.budget is None:
         return None
-    epochs, seen = config.get("epochs"), config.get("sentences_seen")
+    steps, epochs, seen = record.budget.steps, record.budget.epochs, record.budget.sentences_seen
     text = f"{steps:,} steps"
     if epochs is not None:
         text += f" ({epochs:.2f} epochs)"
@@ -162,48 +157,91 @@ def _budget(config: dict) -> str | None:
     return text
 
 
-def training_section(config: dict, dev_spearman: float | None) -> str:
-    pooler = config.get("pooler", "cls")
+# settings the card shows, by their flags, when the run set them (the whole record is simcse_config.json)
+CARD_SETTINGS = (
+    "data.negatives_per_example",
+    "data.max_train_samples",
+    "data.drop_duplicates",
+    "data.word_repetition",
+    "data.streaming",
+    "method.hard_negative_weight",
+    "method.no_duplicates",
+    "method.guide.model",
+    "method.guide.margin",
+    "method.topic_batches.clusters",
+    "method.topic_batches.share",
+    "method.topic_batches.encoder",
+    "method.topic_batches.recluster_steps",
+    "method.queue.size",
+    "method.queue.momentum",
+    "model.dropout",
+    "model.lora.r",
+    "model.lora.alpha",
+    "model.lora.dropout",
+    "model.lora.target_modules",
+    "optimisation.seed",
+    "optimisation.data_seed",
+)
+CARD_ARGUMENTS = ("lr_scheduler_type", "warmup_steps", "weight_decay", "bf16", "fp16")
+
+
+def training_section(record: RunRecord, dev_spearman: float | None) -> str:
+    model, optimisation = record.model, record.optimisation
+    pooler = model.pooler or "cls"
     head = ""
     if pooler == "cls":
-        head = " (MLP head in training only)" if config.get("mlp_only_train", True) else " + MLP head (dense+tanh)"
-    rows = [("base model", source_cell(config.get("base_model")))]
-    if config.get("command"):
-        rows.append(("training command", f"`{config['command']}`"))
+        head = " (MLP head in training only)" if model.mlp_only_train is not False else " + MLP head (dense+tanh)"
+    rows = [("base model", source_cell(model.base_model))]
+    if record.provenance.command:
+        rows.append(("training command", f"`{record.provenance.command}`"))
     rows.append(("pooler", f"`{pooler}`{head}"))
-    rows.append(("max_seq_length (training: tokens per sentence)", config.get("max_seq_length")))
-    inference = config.get("inference_max_seq_length")
+    rows.append(("max_seq_length (training: tokens per sentence)", model.max_seq_length))
+    inference = model.inference_max_seq_length
     rows.append(("max_seq_length (inference: what sentence-transformers truncates to)", inference))
-    evaluation = config.get("eval_max_seq_length")
-    if evaluation is not None:
-        rows.append(("eval_max_seq_length (the STS-B dev evaluation during training)", evaluation))
-    batch, world = config.get("per_device_train_batch_size"), config.get("world_size", 1)
-    accumulation = config.get("gradient_accumulation_steps", 1)
+    if model.eval_max_seq_length is not None:
+        rows.append(("eval_max_seq_length (the STS-B dev evaluation during training)", model.eval_max_seq_length))
+    batch, world = optimisation.per_device_train_batch_size, optimisation.processes or 1
+    accumulation = optimisation.gradient_accumulation_steps or 1
     if batch:
-        total = batch * world * accumulation
         steps = f" x {accumulation} accumulation steps" if accumulation > 1 else ""
-        rows.append(("batch size", f"{batch} per device x {world} process(es){steps} = {total} sentences"))
-    rows.append(("training budget", _budget(config)))
-    rows.append(("learning rate", config.get("learning_rate")))
-    rows.append(("training data", source_cell(config.get("train_file"))))
+        total = f"{record.global_batch} sentences"
+        rows.append(("batch size", f"{batch} per device x {world} process(es){steps} = {total}"))
+    rows.append(("training budget", _budget(record)))
+    rows.append(("learning rate", optimisation.learning_rate))
+    rows.append(("training data", source_cell(record.data.source)))
+    if record.data.format == "pairs":
+        rows.append(("data_format", "`pairs`"))
     if dev_spearman is not None:
         rows.append(("STS-B dev Spearman x 100 (the saved model)", f"{dev_spearman:.2f}"))
-    shown = {"base_model", "pooler", "mlp_only_train", "max_seq_length", "per_device_train_batch_size", "world_size"}
-    shown |= {"learning_rate", "train_file", "loss", "loss_kwargs", "objective", "contrast_form",
-              "inference_max_seq_length"}  # fmt: skip
-    shown |= {"steps", "epochs", "sentences_seen", "gradient_accumulation_steps", "command", "eval_max_seq_length"}
-    rows += [(key, plain_value(value)) for key, value in sorted(config.items()) if key not in shown]
+    flags = dict(record_paths())
+    for path in CARD_SETTINGS:
+        value = _field(record, path)
+        if value not in (None, False, 0, 0.0, ()):
+            rows.append((flags[path], plain_value(value)))
+    arguments = optimisation.arguments
+    rows += [(key, plain_value(arguments[key])) for key in CARD_ARGUMENTS if key in arguments]
     return "\n".join(["| | |", "|:--|:--|"] + [f"| {k} | {v} |" for k, v in rows if v is not None])
 
 
+def _field(record: RunRecord, path: str):
+    value = record
+    for name in path.split("."):
+        value = getattr(value, name, None)
+        if value is None:
+            return None
+    return list(value) if isinstance(value, tuple) else value
+
+
 def plain_value(value) -> str | None:
-    """A record's value as a card or report shows it, never a Python repr: a source ({"name", "local"}) as
-    source_cell says it, a mapping as `key value` pairs, a list comma-separated; None for no value."""
+    """A record's value as a card or report shows it, never a Python repr: a source (a Source, or {"name", "local"})
+    as source_cell says it, a mapping as `key value` pairs, a list comma-separated; None for no value."""
     if value is None or value == {} or value == []:
         return None
-    if isinstance(value, dict) and set(value) == {"name", "local"}:
+    if isinstance(value, Mapping) and set(value) == {"name", "local"}:
+        value = Source(value["name"], bool(value["local"]))
+    if isinstance(value, Source):
         return source_cell(value)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         parts = [f"{key} {plain_value(item)}" for key, item in value.items() if plain_value(item) is not None]
         return ", ".join(parts) or None
     if isinstance(value, (list, tuple)):
@@ -226,9 +264,9 @@ def _head_in_encoder_pooler(output_dir: str | None) -> bool:
         return key is not None and w.get_tensor(key).equal(h.get_tensor("dense.weight"))
 
 
-def _transformers_pooling(config: dict, output_dir: str | None, local: bool = False) -> tuple[str, str]:
+def _transformers_pooling(record: RunRecord, output_dir: str | None, local: bool = False) -> tuple[str, str]:
     """(forward keyword arguments, code that turns `out`/`mask` into `embeddings`) for the card's snippet."""
-    pooler = config.get("pooler", "cls")
+    pooler = record.model.pooler or "cls"
     mean = 'mask = batch["attention_mask"].unsqueeze(-1).float()\nembeddings = (hidden * mask).sum(1) / mask.sum(1)'
     if pooler == "avg":
         return "", f"hidden = out.last_hidden_state\n{mean}"
@@ -242,7 +280,7 @@ def _transformers_pooling(config: dict, output_dir: str | None, local: bool = Fa
             "last = (mask * torch.arange(mask.shape[1])).argmax(1)  # the last real token, either padding side\n"
             "embeddings = out.last_hidden_state[torch.arange(len(last)), last]"
         )
-    if pooler == "cls" and not config.get("mlp_only_train", True):
+    if pooler == "cls" and record.model.mlp_only_train is False:
         if _head_in_encoder_pooler(output_dir):
             return "", "embeddings = out.pooler_output  # SimCSE's MLP head over [CLS], stored as the encoder's pooler"
         imports = "import os\n" if local else "from huggingface_hub import hf_hub_download\n"
@@ -257,10 +295,10 @@ def _transformers_pooling(config: dict, output_dir: str | None, local: bool = Fa
     return "", "embeddings = out.last_hidden_state[:, 0]  # [CLS]"
 
 
-def usage_section(config: dict, model_id: str | None, model_name: str, output_dir: str | None) -> str:
+def usage_section(record: RunRecord, model_id: str | None, model_name: str, output_dir: str | None) -> str:
     """Snippets for both libraries; without a Hub id they load `path/to/<model_name>`, this folder (a placeholder a
     reader replaces, not an id that would fail on the Hub)."""
-    forward_kwargs, pooling = _transformers_pooling(config, output_dir, local=model_id is None)
+    forward_kwargs, pooling = _transformers_pooling(record, output_dir, local=model_id is None)
     model_id = model_id or f"path/to/{model_name}"
     try:
         # a slow import: only where its models are used
@@ -298,8 +336,8 @@ print(F.cosine_similarity(embeddings[0], embeddings[1], dim=0))
 ```"""
 
 
-def citations(config: dict) -> str:
+def citations(record: RunRecord) -> str:
     """SimCSE's BibTeX, and the objective's own when it has one of another paper."""
-    builtin = BUILTIN.get(config.get("loss", ""))
-    own = ((config.get("objective") or {}).get("citation") or (builtin.citation if builtin else "")).strip()
+    builtin = BUILTIN.get(record.method.loss or "")
+    own = (record.method.objective_citation or (builtin.citation if builtin else "")).strip()
     return SIMCSE_BIBTEX if not own or own == SIMCSE_BIBTEX.strip() else f"{SIMCSE_BIBTEX}\n\n{own}"

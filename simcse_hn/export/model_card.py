@@ -37,6 +37,7 @@ from simcse_hn.files import (
     write_json,
 )
 from simcse_hn.losses import BASELINE
+from simcse_hn.run_record import RunRecord
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +81,9 @@ def base_model_license(base_model: str | None) -> str | None:
     return KNOWN_LICENSES.get(base_model)
 
 
-def card_data(config: dict, sts_results: dict | None, model_name: str):
-    base, data, loss = hub_name(config.get("base_model")), hub_name(config.get("train_file")), config.get("loss")
-    loss = (config.get("objective") or {}).get("name") or loss or BASELINE
+def card_data(record: RunRecord, sts_results: dict | None, model_name: str):
+    base, data = hub_name(record.model.base_model), hub_name(record.data.source)
+    loss = record.method.objective_name or record.method.loss or BASELINE
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "simcse", loss]
     eval_results = sts_eval_results(sts_results) if sts_results else []
     return ModelCardData(
@@ -91,16 +92,14 @@ def card_data(config: dict, sts_results: dict | None, model_name: str):
         tags=list(dict.fromkeys(tags)),
         base_model=base,
         datasets=[data] if data else None,
-        license=config.get("base_model_license") or base_model_license(
-            config["base_model"] if isinstance(config.get("base_model"), str) else base
-        ),
+        license=record.model.license or base_model_license(base),
         eval_results=eval_results or None,
         model_name=model_name if eval_results else None,
     )
 
 
 def model_card(
-    simcse_config: dict,
+    simcse_config: dict | RunRecord,
     sts_results: dict | None = None,
     *,
     model_name: str,
@@ -108,15 +107,16 @@ def model_card(
     dev_spearman: float | None = None,
     output_dir: str | None = None,
 ):
-    """The `huggingface_hub.ModelCard` of a trained model (see `write_model_card`)."""
-    config = simcse_config
-    loss = (config.get("objective") or {}).get("name") or config.get("loss", BASELINE)
-    base = source_cell(config.get("base_model"))
+    """The `huggingface_hub.ModelCard` of a trained model (see `write_model_card`); `simcse_config`: its record, or
+    the folder's simcse_config.json as read (of any version)."""
+    record = simcse_config if isinstance(simcse_config, RunRecord) else RunRecord.from_json(simcse_config)
+    loss = record.method.objective_name or record.method.loss or BASELINE
+    base = source_cell(record.model.base_model)
     intro = (
         f"A sentence encoder trained with unsupervised [SimCSE](https://arxiv.org/abs/2104.08821) (two dropout views "
         f"of a sentence are its positive pair){f' from {base}' if base else ''}, with the `{loss}` objective, "
         f"by simcse-hn. Sentences map to vectors compared by cosine "
-        f"similarity (pooler `{config.get('pooler', 'cls')}`); the folder loads in sentence-transformers and "
+        f"similarity (pooler `{record.model.pooler or 'cls'}`); the folder loads in sentence-transformers and "
         f"in transformers."
     )
     body = f"""
@@ -126,11 +126,11 @@ def model_card(
 
 ## Training objective
 
-{objective_section(config)}
+{objective_section(record)}
 
 ## Training
 
-{training_section(config, dev_spearman)}
+{training_section(record, dev_spearman)}
 
 ## STS results
 
@@ -138,7 +138,7 @@ def model_card(
 
 ## Usage
 
-{usage_section(config, model_id, model_name, output_dir)}
+{usage_section(record, model_id, model_name, output_dir)}
 
 ## Files
 
@@ -149,10 +149,10 @@ evaluated.
 ## Citation
 
 ```bibtex
-{citations(config)}
+{citations(record)}
 ```
 """
-    data = card_data(config, sts_results, model_name)
+    data = card_data(record, sts_results, model_name)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
 

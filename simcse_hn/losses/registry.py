@@ -24,6 +24,7 @@ from simcse_hn.losses.hcl import DCLLoss, HCLLoss
 from simcse_hn.losses.infonce import InfoNCELoss
 from simcse_hn.losses.progcl import ProGCLLoss
 from simcse_hn.losses.unremix import UnReMixLoss
+from simcse_hn.losses.user_code import imported_user_modules
 
 ENTRY_POINTS = OBJECTIVE_ENTRY_POINTS
 BUILTIN: dict[str, type[ContrastiveLoss]] = {
@@ -138,10 +139,10 @@ def objective_file_record(module_name: str) -> str:
     return f"{os.path.basename(parent)}/{base}" if os.path.basename(parent) else base
 
 
-def objective_source(cls: type[ContrastiveLoss]) -> dict[str, str] | None:
-    """A user's objective's file as records name it (`objective_file_record`) and the sha256 of its bytes, which a
-    resume compares (so the file may move, not change); None for a class without a file (a built-in's is the
-    package's code)."""
+def objective_source(cls: type[ContrastiveLoss]) -> dict[str, Any] | None:
+    """A user's objective's file as records name it (`objective_file_record`), the sha256 of its bytes and of every
+    module of the user's it imports (`imports`, user_code.imported_user_modules), which a resume compares (so the file
+    may move, not change); None for a class without a file (a built-in's is the package's code)."""
     if cls.name in BUILTIN and BUILTIN[cls.name] is cls:
         return None
     module = sys.modules.get(cls.__module__)
@@ -151,7 +152,7 @@ def objective_source(cls: type[ContrastiveLoss]) -> dict[str, str] | None:
     with open(file, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     shown = getattr(module, "__objective_path__", None) or cls.__module__.replace(".", "/") + ".py"
-    return {"file": shown, "sha256": digest}
+    return {"file": shown, "sha256": digest, "imports": imported_user_modules(module)}
 
 
 def _checked(cls: Any, name: str) -> type[ContrastiveLoss]:

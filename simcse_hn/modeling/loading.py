@@ -3,7 +3,9 @@ one-line `ConfigError`s; the input length a model can take (`model_max_length`, 
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import logging
 import os
 
@@ -16,8 +18,11 @@ from transformers.utils import cached_file
 
 from simcse_hn.errors import ConfigError
 from simcse_hn.files import (
+    HEAD_WEIGHTS,
     PACKAGED_MODELS,
+    WEIGHT_FILES,
     check_model_folder,
+    file_sha256,
     read_json,
     write_json,
 )
@@ -94,6 +99,42 @@ def load_encoder_config(name_or_path: str, field: str = "model_name_or_path"):
         raise ConfigError(
             f"{field}: {name_or_path} is neither a folder here nor a Hub model that loads ({_first_line(e)})"
         ) from None
+
+
+def weights_identity(name_or_path: str) -> str | None:
+    """What the base model's weights are, known before they load (the run's record compares it on resume): a Hub
+    model's commit (`revision:...`, from the cached config's snapshot), a folder's weight files' sha256 (the first
+    of files.WEIGHT_FILES with the shards an index names, and SimCSE's head), None for a model built in code."""
+    if name_or_path in BUILTIN_MODELS:
+        return None
+    if not os.path.isdir(name_or_path):
+        try:
+            config = cached_file(name_or_path, "config.json", _raise_exceptions_for_missing_entries=False)
+        except OSError:
+            return None
+        parts = os.path.normpath(config).split(os.sep) if config else []
+        return f"revision:{parts[parts.index('snapshots') + 1]}" if "snapshots" in parts[:-1] else None
+    name = next((name for name in WEIGHT_FILES if os.path.isfile(os.path.join(name_or_path, name))), None)
+    files = [] if name is None else [name]
+    if name is not None and name.endswith(".index.json"):
+        files += sorted(set((read_json(os.path.join(name_or_path, name)) or {}).get("weight_map", {}).values()))
+    if os.path.isfile(os.path.join(name_or_path, HEAD_WEIGHTS)):
+        files.append(HEAD_WEIGHTS)
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.encode() + b"\0" + file_sha256(os.path.join(name_or_path, file)).encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """What a tokenizer is, as a hash: its tokenizer.json (a fast tokenizer's whole definition), else its
+    vocabulary and special tokens; the same tokenizer from another folder has the same hash."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        text = json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_tokenizer(name_or_path: str, field: str = "model_name_or_path"):

@@ -34,6 +34,7 @@ from simcse_hn.modeling.batching import (
 )
 from simcse_hn.modeling.loading import encoder_files, finish_tokenizer_config, is_decoder_only
 from simcse_hn.modeling.st_format import head_as_encoder_pooler, write_sentence_transformers_files
+from simcse_hn.run_record import RunRecord
 from simcse_hn.testing.models import BUILTIN_MODELS, build_builtin
 
 logger = logging.getLogger(__name__)
@@ -269,7 +270,8 @@ class SimCSEModel(nn.Module):
             encoder_state.update(head_as_encoder_pooler(base, encoder_state, head_state))
         base.save_pretrained(output_dir, state_dict={k: v.contiguous() for k, v in encoder_state.items()})
         written = sorted(encoder_files(output_dir))
-        length = config.get("inference_max_seq_length")
+        record = RunRecord.from_json(config).model  # the run's record of the model: its lengths, its base model
+        length = record.inference_max_seq_length
         if tokenizer is not None:
             saved = tokenizer.save_pretrained(output_dir)
             written += [os.path.relpath(path, output_dir) for path in saved if os.path.isfile(path)]
@@ -283,7 +285,7 @@ class SimCSEModel(nn.Module):
             save_file(state, os.path.join(output_dir, LOSS_STATE))
             written.append(LOSS_STATE)
         if adapter_state is not None:
-            base_name = (config.get("base_model") or {}).get("name")  # a source_record: no path of this machine
+            base_name = record.base_model.name if record.base_model else None  # never a path of this machine
             files = lora.save_adapter(self.encoder, adapter_state, os.path.join(output_dir, ADAPTER_DIR), base_name)
             written += [f"{ADAPTER_DIR}/{name}" for name in files]
         write_json(os.path.join(output_dir, SIMCSE_CONFIG), config)

@@ -29,19 +29,23 @@ from dataclasses import asdict, dataclass
 
 import yaml
 
-from simcse_hn.configuration.command_line import load_yaml
 from simcse_hn.configuration.parser import ARGUMENT_CLASSES, parse_args
-from simcse_hn.data.sts import STS_FILES, parse_tasks, read_sts_jsonl
+from simcse_hn.data.sts import parse_tasks
 from simcse_hn.errors import ConfigError, UserError
 from simcse_hn.study.analysis import detectable_sd
 from simcse_hn.study.files import working_dir
 from simcse_hn.study.plan_file import problem_line, read_plan
+from simcse_hn.study.plan_sections import (
+    base_and_arms,
+    evaluation_of,
+    pilot_of,
+    seeds_of,
+    statistics_of,
+)
 
 TOP_KEYS = ("name", "base", "arms", "baseline", "seeds", "evaluation", "endpoint", "test", "correction", "alpha",
             "smallest_effect", "spread", "output_dir", "pilot", "family")  # fmt: skip
-STUDY_SETS = ("output_dir", "seed", "overwrite_output_dir", "resume_from_checkpoint")  # the study's, per run
-EVAL_SETS = ("model", "output", "push_to_hub", "save_to_model")
-MAX_EXACT_SEEDS = 20  # stats.sign_flip_test: every one of 2^n sign patterns
+
 
 
 class PlanError(UserError):
@@ -133,91 +137,30 @@ command line passes them: the study sits below the command-line layer); `follow_
     for key in raw:
         if key not in TOP_KEYS:
             problem((key,), f"unknown plan key; the keys are {', '.join(TOP_KEYS)}")
-    base = _mapping(raw, "base", problem)
-    if "config" in base:
-        config = os.path.join(os.path.dirname(os.path.abspath(path)), str(base.pop("config")))
-        try:
-            base = {**load_yaml(config), **base}
-        except ConfigError as e:
-            problem(("base", "config"), str(e))
     known = train_keys()
-    for key in base:
-        if key not in known:
-            problem(("base", key), "not a train.py key")
-        elif key in STUDY_SETS:
-            problem(("base", key), "set by the study for each run; leave it out")
-    arms = _mapping(raw, "arms", problem)
-    for arm, overrides in list(arms.items()):
-        arms[arm] = overrides = overrides or {}
-        if not isinstance(overrides, dict):
-            problem(("arms", arm), "an arm is a mapping of train.py keys (or {} for the base as it is)")
-            arms[arm] = {}
-        for key in arms[arm]:
-            if key not in known:
-                problem(("arms", arm, key), "not a train.py key")
-            elif key in STUDY_SETS:
-                problem(("arms", arm, key), "set by the study for each run; leave it out")
-    if len(arms) < 2:
-        problem(("arms",), f"a comparison needs two arms or more, got {len(arms)}")
-    baseline = raw.get("baseline")
-    if baseline not in arms:
-        problem(("baseline",), f"{baseline!r} is not one of the arms ({', '.join(map(str, arms))})")
-    seeds = raw.get("seeds")
-    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        problem(("seeds",), "a list of integer seeds, one per paired replicate")
-        seeds = []
-    elif len(seeds) < 2:
-        problem(("seeds",), f"a list of one seed cannot show a difference from seed noise; give 2 to "
-                f"{MAX_EXACT_SEEDS}")  # fmt: skip
-    elif len(set(seeds)) != len(seeds):
-        problem(("seeds",), "a seed appears twice; the runs are paired by seed")
-    elif len(seeds) > MAX_EXACT_SEEDS:
-        problem(("seeds",), f"{len(seeds)} seeds; the exact sign-flip test takes at most {MAX_EXACT_SEEDS}")
-    evaluation = _mapping(raw, "evaluation", problem)
-    for key in evaluation:
-        if eval_options is not None and key not in eval_options:
-            problem(("evaluation", key), "not an eval/sts.py flag")
-        elif key in EVAL_SETS:
-            problem(("evaluation", key), "set by the study for each run; leave it out")
-    try:
-        tasks = parse_tasks(str(evaluation.get("tasks", "all")))
-    except ValueError as e:
-        problem(("evaluation", "tasks"), str(e))
-        tasks = []
-    endpoint = raw.get("endpoint", "average")
-    scores = ["average", *tasks, "alignment", "uniformity"]
-    if endpoint not in scores:
-        problem(("endpoint",), f"{endpoint!r} is not a score of the report; choose from {', '.join(scores)}")
-    elif endpoint in ("alignment", "uniformity"):
-        why = geometry_unmeasured(os.path.dirname(os.path.abspath(path)), evaluation)
-        if why:
-            problem(("endpoint",), f"{endpoint!r}: eval/sts.py will not measure it: {why}")
-    for key, allowed in (("test", "sign_flip"), ("correction", "holm")):
-        if raw.get(key, allowed) != allowed:
-            problem((key,), f"{raw[key]!r}: the study offers {allowed!r}")
-    alpha = raw.get("alpha", 0.05)
-    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-        problem(("alpha",), f"a level between 0 and 1, got {alpha!r}")
-    effect = raw.get("smallest_effect")
-    if not isinstance(effect, (int, float)) or effect <= 0:
-        problem(("smallest_effect",), f"the smallest effect of interest, in endpoint points (> 0), got {effect!r}")
-    spread = raw.get("spread")
-    if spread is not None and (not isinstance(spread, (int, float)) or spread <= 0):
-        problem(("spread",), f"the assumed sd of the paired differences (> 0), got {spread!r}")
-    pilot = raw.get("pilot")
-    if pilot is not None and not isinstance(pilot, dict):
-        problem(("pilot",), "a mapping (see docs/studies.md)")
-    sections = [(("pilot", part), pilot.get(part) or {}) for part in ("overrides", "reference")] \
-        if isinstance(pilot, dict) else []  # fmt: skip
-    tune = pilot.get("tune") if isinstance(pilot, dict) else None
-    sections += [(("pilot", "tune", arm), grid) for arm, grid in (tune.items() if isinstance(tune, dict) else ())
-                 if isinstance(grid, dict)]  # fmt: skip
-    for where, keys in sections:
-        for key in keys:
-            if key not in known:
-                problem((*where, key), "not a train.py key")
-            elif key in STUDY_SETS:
-                problem((*where, key), "set by the study for each run; leave it out")
+    base, arms = base_and_arms(path, raw, known, problem)
+    seeds = seeds_of(raw, problem)
+    evaluation, endpoint = evaluation_of(path, raw, eval_options, problem)
+    alpha, effect, spread = statistics_of(raw, problem)
+    pilot = pilot_of(raw, known, problem)
+    family, family_comparisons = _family(path, raw, follow_family, problem)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    plan = Plan(path=path, name=str(raw.get("name", stem)), base=base, arms=arms, baseline=str(raw.get("baseline")),
+                seeds=list(seeds), evaluation=evaluation, endpoint=str(endpoint), test="sign_flip",
+                correction="holm", alpha=float(alpha) if isinstance(alpha, (int, float)) else 0.05,
+                smallest_effect=float(effect) if isinstance(effect, (int, float)) else 0.0,
+                spread=float(spread) if isinstance(spread, (int, float)) else None,
+                output_dir=str(raw.get("output_dir", stem)), pilot=pilot, family=tuple(family),
+                family_comparisons=family_comparisons)  # fmt: skip
+    if check_arms and not problems:
+        _check_parsed_arms(plan, problem)
+    if problems:
+        raise PlanError(problems)
+    return plan
+
+
+def _family(path: str, raw: dict, follow_family: bool, problem) -> tuple[list, int]:
+    """The plans of its Holm family (loaded and checked unless this is a member) and their comparisons."""
     family, family_comparisons = raw.get("family") or [], 0
     names = {str(raw.get("name", os.path.splitext(os.path.basename(path))[0]))}  # the family's tables key by plan name
     if not isinstance(family, list) or not all(isinstance(f, str) for f in family):
@@ -241,53 +184,27 @@ command line passes them: the study sits below the command-line layer); `follow_
                 problem(("family",), f"{other}: named {member.name!r} as another plan of the family; give each a name")
             names.add(member.name)
             family_comparisons += len(member.comparisons)
-    stem = os.path.splitext(os.path.basename(path))[0]
-    plan = Plan(path=path, name=str(raw.get("name", stem)), base=base, arms=arms, baseline=str(baseline),
-                seeds=list(seeds), evaluation=evaluation, endpoint=str(endpoint), test="sign_flip",
-                correction="holm", alpha=float(alpha) if isinstance(alpha, (int, float)) else 0.05,
-                smallest_effect=float(effect) if isinstance(effect, (int, float)) else 0.0,
-                spread=float(spread) if isinstance(spread, (int, float)) else None,
-                output_dir=str(raw.get("output_dir", stem)), pilot=pilot, family=tuple(family),
-                family_comparisons=family_comparisons)  # fmt: skip
-    if check_arms and not problems:
-        parsed = {}
-        for arm in arms:
-            try:
-                parsed[arm] = parse_arm(plan, plan.config(arm))
-            except ConfigError as e:
-                problem(("arms", arm), str(e))
-        seen: dict[str, str] = {}
-        for arm, settings in parsed.items():
-            if settings in seen:
-                problem(("arms", arm), f"trains exactly as arm {seen[settings]!r}: two names for one arm")
-            seen.setdefault(settings, arm)
-        for where, label, config in pilot_configs(plan):  # the pilot's runs too, before any of them starts
-            try:
-                parse_arm(plan, config)
-            except ConfigError as e:
-                problem(where, f"{label}{e}")
-    if problems:
-        raise PlanError(problems)
-    return plan
+    return family, family_comparisons
 
 
-def geometry_unmeasured(folder: str, evaluation: dict) -> str | None:
-    """Why eval/sts.py under these flags measures no alignment and uniformity (it needs STS-B's dev pairs), or None."""
-    if evaluation.get("no_alignment_uniformity"):
-        return "evaluation.no_alignment_uniformity turns them off"
-    if evaluation.get("data_dir"):
-        source = os.path.join(folder, str(evaluation["data_dir"]), STS_FILES["STS-B"])
-        if not os.path.isfile(source) or not any(r.get("split") == "dev" for r in read_sts_jsonl(source)):
-            return f"{source} has no split 'dev' rows (alignment and uniformity are measured on STS-B dev)"
-    return None
-
-
-def _mapping(raw: dict, key: str, problem) -> dict:
-    value = raw.get(key) or {}
-    if not isinstance(value, dict):
-        problem((key,), f"a mapping, got {type(value).__name__}")
-        return {}
-    return dict(value)
+def _check_parsed_arms(plan: Plan, problem) -> None:
+    """Each arm, and each pilot run, parsed as train.py would; two arms that train alike are one arm twice."""
+    parsed = {}
+    for arm in plan.arms:
+        try:
+            parsed[arm] = parse_arm(plan, plan.config(arm))
+        except ConfigError as e:
+            problem(("arms", arm), str(e))
+    seen: dict[str, str] = {}
+    for arm, settings in parsed.items():
+        if settings in seen:
+            problem(("arms", arm), f"trains exactly as arm {seen[settings]!r}: two names for one arm")
+        seen.setdefault(settings, arm)
+    for where, label, config in pilot_configs(plan):  # the pilot's runs too, before any of them starts
+        try:
+            parse_arm(plan, config)
+        except ConfigError as e:
+            problem(where, f"{label}{e}")
 
 
 def grid_points(grid: dict) -> list[dict]:

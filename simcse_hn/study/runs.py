@@ -25,6 +25,7 @@ import yaml
 from simcse_hn.errors import UserError
 from simcse_hn.evaluation.curves import load_curves
 from simcse_hn.files import MANIFEST, RUN_MARKER
+from simcse_hn.run_record import RunRecord
 from simcse_hn.study.files import read_json, text_sha256, write_atomic, write_json
 from simcse_hn.study.lock import check_locked
 from simcse_hn.study.plan import Plan, eval_flags, load_plan
@@ -113,8 +114,8 @@ def last_values(series: dict[str, dict[int, float]], keys: Sequence[str] = DIAGN
 def trained_by(config: dict, results: dict) -> dict:
     """What a run's own files say made it: the data and code hashes its training recorded (simcse_config.json) and
     the code that scored it (results.json's settings); None where a file predates them."""
-    return {"train_data_sha256": config.get("train_data_sha256"),
-            "source_sha256": (config.get("code") or {}).get("source_sha256"),
+    record = RunRecord.from_json(config or {})
+    return {"train_data_sha256": record.data.sha256, "source_sha256": record.provenance.code.get("source_sha256"),
             "scored_by_source_sha256": (results.get("settings", {}).get("code") or {}).get("source_sha256")}
 
 

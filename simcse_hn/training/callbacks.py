@@ -209,3 +209,15 @@ def name_progress_bars(trainer) -> None:
     as a line, as in a log file: configuration.training_arguments)."""
     if trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(NamedProgress)
+
+
+class SavingNow(TrainerCallback):
+    """Which folder a save is writing (`folder`): set when it begins (SimCSETrainer.save_model writes a checkpoint's
+    first files), cleared once the checkpoint is committed (registered after CheckpointCommit and rotation). A disk
+    error in between names it."""
+
+    def __init__(self):
+        self.folder: str | None = None
+
+    def on_save(self, args, state, control, **kwargs):
+        self.folder = None

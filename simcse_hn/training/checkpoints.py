@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
+import itertools
 import json
 import logging
 import os
@@ -36,7 +36,17 @@ from transformers import TrainerCallback
 
 from simcse_hn.data.topic_batches import TOPIC_CLUSTERS_FILE
 from simcse_hn.errors import ConfigError
-from simcse_hn.files import RUN_MARKER, SIMCSE_CONFIG, checkpoints_by_step, read_json, safetensors_problem
+from simcse_hn.files import (
+    RUN_MARKER,
+    SIMCSE_CONFIG,
+    checkpoint_step,
+    checkpoints_by_step,
+    file_sha256,
+    read_json,
+    safetensors_problem,
+)
+from simcse_hn.run_record import RunRecord
+from simcse_hn.training.output_lock import LOCK_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +93,9 @@ def checkpoint_problem(checkpoint: str, run_id: str | None = None, verify_hashes
     state = _read_json(os.path.join(checkpoint, TRAINER_STATE))
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{TRAINER_STATE} does not parse"
+    named = checkpoint_step(checkpoint)
+    if named is not None and named != state["global_step"]:
+        return f"its {TRAINER_STATE} is of step {state['global_step']}, not {named} (a copy or a rename)"
     names = sorted(os.listdir(checkpoint))
     if not any(name.endswith(".safetensors") for name in names):
         return "no weights (*.safetensors)"
@@ -106,15 +119,8 @@ def checkpoint_problem(checkpoint: str, run_id: str | None = None, verify_hashes
 def run_files(config: dict) -> list[str]:
     """The files beyond the Trainer's that a checkpoint of the run recorded in `config` (its simcse_config.json)
     needs: the queue's and the topic clusters'."""
-    return [QUEUE_FILE] * bool(config.get("queue")) + [TOPIC_CLUSTERS_FILE] * bool(config.get("topic_batches"))
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    method = RunRecord.from_json(config).method
+    return [QUEUE_FILE] * bool(method.queue) + [TOPIC_CLUSTERS_FILE] * bool(method.topic_batches)
 
 
 def _checkpoint_files(folder: str) -> list[str]:
@@ -153,6 +159,10 @@ def manifest_problem(folder: str, verify_hashes: bool = True) -> str | None:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         return f"{CHECKPOINT_MANIFEST} does not parse"
+    state = _read_json(os.path.join(folder, TRAINER_STATE))
+    step = state.get("global_step") if isinstance(state, dict) else None
+    if step is not None and manifest.get("step") != step:
+        return f"{CHECKPOINT_MANIFEST} is of step {manifest.get('step')}, its {TRAINER_STATE} of step {step}"
     for name, entry in sorted(files.items()):
         file = os.path.join(folder, name)
         if not os.path.isfile(file):
@@ -205,6 +215,13 @@ class CheckpointCommit(TrainerCallback):
         write_checkpoint_manifest(folder, state.global_step)
 
 
+def saved_config(record: RunRecord | None, run_id: str) -> dict:
+    """simcse_config.json of a saved folder and of each checkpoint: the run's record (a trainer built without one: its
+    run family alone), and the manifest that makes a checkpoint whole, written last."""
+    config = record.to_json() if record is not None else {"run_id": run_id}
+    return {**config, "checkpoint_manifest": CHECKPOINT_MANIFEST}
+
+
 def checkpoint_path(output_dir: str, step: int) -> str:
     """The folder the Trainer writes the checkpoint of optimizer step `step` into."""
     return os.path.join(output_dir, f"checkpoint-{step}")
@@ -226,30 +243,49 @@ def family_checkpoints(output_dir: str, run_id: str | None) -> list[str]:
     return [path for _, path in checkpoints_by_step(output_dir) if checkpoint_run_id(path) == run_id]
 
 
-def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
-    """The newest complete checkpoint of family `run_id`; each newer one is skipped with a warning saying why."""
+def last_complete_checkpoint(output_dir: str, run_id: str | None, warn_if_none: bool = True) -> str | None:
+    """The newest complete checkpoint of family `run_id`; each newer one is skipped with a warning saying why (when
+    none is complete, only with `warn_if_none`: a resume that starts again says it in one line of its own)."""
+    skipped = []
     for _, path in reversed(checkpoints_by_step(output_dir)):
         problem = checkpoint_problem(path, run_id)
         if problem is None:
-            return path
-        logger.warning("%s is skipped: %s", path, problem)
-    return None
+            break
+        skipped.append((path, problem))
+    else:
+        path = None
+    for name, problem in skipped if path is not None or warn_if_none else ():
+        logger.warning("%s is skipped: %s", name, problem)
+    return path
+
+
+RESUME_LATEST = ("true", "latest", "last")  # --resume_from_checkpoint values that mean the newest whole checkpoint
+
+
+def resume_requested(resume_from_checkpoint: str | None) -> bool:
+    return resume_from_checkpoint is not None and resume_from_checkpoint.lower() not in ("false", "no", "")
 
 
 def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str | None:
-    """`true`/`latest` -> the newest complete checkpoint of output_dir's run; a path -> that checkpoint, checked."""
-    if resume_from_checkpoint is None or resume_from_checkpoint.lower() in ("false", "no", ""):
+    """`true`/`latest` -> the newest complete checkpoint of output_dir's run (None: the run starts again from step 0,
+    `start_again`); a path -> that checkpoint, checked. Call it holding the folder's lock (training.output_lock)."""
+    if not resume_requested(resume_from_checkpoint):
         return None
-    if resume_from_checkpoint.lower() in ("true", "latest", "last"):
+    if resume_from_checkpoint.lower() in RESUME_LATEST:
         run_id = read_run_id(output_dir)
+        if run_id is None and not folder_entries(output_dir):  # stopped before it began: nothing to lose
+            logger.warning(
+                "no checkpoint of this run in %s (it stopped before it began): starting it at step 0", output_dir
+            )
+            return None
         if run_id is None:
             raise ConfigError(
                 f"resume_from_checkpoint: {output_dir} was not written by simcse-hn (no {RUN_MARKER}), "
                 "so it holds no checkpoint of this run"
             )
-        checkpoint = last_complete_checkpoint(output_dir, run_id)
+        checkpoint = last_complete_checkpoint(output_dir, run_id, warn_if_none=False)
         if checkpoint is None:
-            raise ConfigError(f"resume_from_checkpoint: no complete checkpoint of this run in {output_dir}")
+            start_again(output_dir, run_id)
         return checkpoint
     if not os.path.isdir(resume_from_checkpoint):
         raise ConfigError(f"resume_from_checkpoint: no such folder: {resume_from_checkpoint}")
@@ -259,12 +295,58 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> str |
     return resume_from_checkpoint
 
 
+def start_again(output_dir: str, run_id: str) -> None:
+    """No whole checkpoint of run `run_id` in output_dir: when none of its checkpoints was ever committed (each names
+    the manifest it lacks: the run was killed before or while writing its first), nothing whole is lost, so the run
+    starts again from step 0, said in one warning; its incomplete checkpoints are removed, never read, and a
+    checkpoint folder cut short before its record (no simcse_config.json) is set aside as `<name>.incomplete`.
+    Otherwise (a checkpoint that was whole and is damaged, one written before manifests, or the finished model of
+    this run) a ConfigError (one line): starting again would lose it."""
+    ours = family_checkpoints(output_dir, run_id)
+    for path in ours:
+        config = _read_json(os.path.join(path, SIMCSE_CONFIG)) or {}
+        if os.path.isfile(os.path.join(path, CHECKPOINT_MANIFEST)) or not config.get("checkpoint_manifest"):
+            raise ConfigError(
+                f"resume_from_checkpoint: no whole checkpoint of this run in {output_dir} "
+                f"({os.path.basename(path)}: {checkpoint_problem(path, run_id)})"
+            )
+    finished = _read_json(os.path.join(output_dir, SIMCSE_CONFIG))
+    steps = (finished.get("budget") or {}).get("steps", finished.get("steps")) if isinstance(finished, dict) else None
+    if steps is not None and finished.get("run_id") == run_id:
+        raise ConfigError(
+            f"resume_from_checkpoint: {output_dir} holds this run's finished model ({steps} steps) and no "
+            "checkpoint: there is nothing to resume"
+        )
+    folders = [path for _, path in checkpoints_by_step(output_dir)]
+    unnamed = [path for path in folders if not os.path.exists(os.path.join(path, SIMCSE_CONFIG))]
+    for path in ours:
+        shutil.rmtree(path)
+    for path in unnamed:
+        os.replace(path, _free_name(path + ".incomplete"))
+    cut = ", ".join(os.path.basename(path) for path in ours + unnamed)
+    logger.warning(
+        "no whole checkpoint of this run in %s (%s): starting it again from step 0",
+        output_dir,
+        f"{cut} cut short before its manifest" if cut else "killed before its first checkpoint",
+    )
+
+
+def _free_name(path: str) -> str:
+    """`path`, or `path.1`, `path.2`, ...: the first that does not exist."""
+    return next(name for k in itertools.count() if not os.path.exists(name := path + (f".{k}" if k else "")))
+
+
+def folder_entries(output_dir: str) -> set[str]:
+    """What output_dir holds but its lock (the first thing a run writes there); nothing for a missing folder."""
+    return set(os.listdir(output_dir)) - {LOCK_FILE} if os.path.isdir(output_dir) else set()
+
+
 def check_output_dir(output_dir: str, resuming: bool, overwrite: bool) -> None:
     """Refuse (ConfigError) a folder this run must not write into: not a folder, or not empty and not simcse-hn's
     (unless `overwrite` or `resuming`), or holding an earlier run's checkpoints when this run starts afresh."""
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
-    if not os.path.isdir(output_dir) or not os.listdir(output_dir) or overwrite or resuming:
+    if not folder_entries(output_dir) or overwrite or resuming:
         return
     run_id = read_run_id(output_dir)
     if run_id is None:

@@ -22,13 +22,14 @@ from simcse_hn.data.guide import SELF, Guide, guide_row_embeddings, load_guide
 from simcse_hn.data.sts import STSPairs
 from simcse_hn.evaluation.dev_sentences import DevSentences
 from simcse_hn.evaluation.encoding import simcse_encode_fn
-from simcse_hn.losses import ContrastiveLoss, LossOutput
+from simcse_hn.losses import ContrastiveLoss
 from simcse_hn.losses.targets import RowLayout
+from simcse_hn.run_record import RunRecord
 from simcse_hn.training import callbacks, checkpoints, distributed, grad_cache
 from simcse_hn.training.batches import TrainingBatches
 from simcse_hn.training.queue import QueueCallback, QueueRun, resume_queue
 from simcse_hn.training.step import add_to_window, contrastive_loss, take_nonfinite_grads, window_means
-from simcse_hn.training.trainer_internals import check_trainer_internals, planned_steps
+from simcse_hn.training.trainer_internals import check_trainer_internals, reached_planned_steps
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class SimCSETrainer(Trainer):
         loss_fn: ContrastiveLoss,
         eval_pairs: STSPairs | None = None,
         eval_max_length: int | None = None,
-        simcse_config: dict | None = None,
+        record: RunRecord | None = None,
         group_size: int | None = None,
         guide: Guide | None = None,
         **kwargs,
@@ -80,7 +81,7 @@ class SimCSETrainer(Trainer):
         limit, args = args.save_total_limit, copy.copy(args)
         args.save_total_limit = None  # the Trainer's rotation is off: RotateCheckpoints rotates this run's only
         super().__init__(model=model, args=args, **kwargs)
-        self.simcse_config = simcse_config or {}
+        self.record = record  # simcse_config.json of every checkpoint and of the folder (train.py builds it)
         self.trained_sentences = 0  # sentences of the batches this process trained on (resumed runs: since resuming)
         self.truncated_sentences = 0  # of those, how many were longer than max_seq_length
         self._metric_sums: dict[str, torch.Tensor] = {}
@@ -88,20 +89,19 @@ class SimCSETrainer(Trainer):
         scaler = getattr(self.accelerator, "scaler", None) is not None
         self.gradient_guard = callbacks.NonFiniteGradientGuard(sharded=self.is_fsdp_enabled, scaler_skips=scaler)
         self.batches = TrainingBatches(args, self.layout.paired, self._encode_with_model)
-        # the run family every checkpoint records (simcse_config.json); train.py passes the output folder's
-        run_id = self.simcse_config.setdefault("run_id", checkpoints.new_run_id())
-        self.rotation = callbacks.RotateCheckpoints(limit, run_id)
-        self.simcse_config["checkpoint_manifest"] = checkpoints.CHECKPOINT_MANIFEST  # whole with one, written last
+        self.run_id = record.run_id if record is not None else checkpoints.new_run_id()  # every checkpoint's family
+        self.rotation = callbacks.RotateCheckpoints(limit, self.run_id)
+        self.saving = callbacks.SavingNow()  # which folder is being written (a disk error names it)
         callbacks.name_progress_bars(self)
         self.clamped = callbacks.ClampedBatches.for_loss(loss_fn, callbacks.debiasing_setting(args))
-        for callback in (self.gradient_guard, callbacks.ClampWarningCallback(self.clamped), self.batches):
-            self.add_callback(callback)
         self.queue = QueueRun.for_run(args, self.layout.group_size)  # earlier steps' embeddings as negatives, or None
-        if self.queue is not None:
-            self.add_callback(QueueCallback(self.queue))
+        queued = [QueueCallback(self.queue)] if self.queue is not None else []
         # each checkpoint's parts, then its manifest, written last; rotation (and train.py's push) after it
-        self.add_callback(checkpoints.CheckpointCommit([self.batches] + [self.queue] * (self.queue is not None)))
-        self.add_callback(self.rotation)
+        commit = checkpoints.CheckpointCommit([self.batches] + [self.queue] * (self.queue is not None))
+        clamp_warning = callbacks.ClampWarningCallback(self.clamped)
+        callbacks_in_order = (self.gradient_guard, clamp_warning, self.batches, *queued, commit)
+        for callback in (*callbacks_in_order, self.rotation, self.saving):
+            self.add_callback(callback)
         self.guide = None
         if args.guide_model not in (None, SELF):
             self.guide = (guide if guide is not None else load_guide(args.guide_model)).to(args.device)
@@ -110,17 +110,19 @@ class SimCSETrainer(Trainer):
         sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
         distributed.warn_if_unsharded(args.sharding_engine(), sharded, args.device.type)
 
-    def contrastive_loss(
-        self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None, inputs=None
-    ) -> LossOutput:
-        """Loss of local embeddings (R, D) against the (gathered) candidates and the queue (step.contrastive_loss).
-        With `guide_model: self` the guide's embeddings are these, detached; an external guide's (R, E) are passed in.
-        In training with a queue, the batch's entries (from `inputs`, the model inputs) wait for the step's end."""
-        args, queue = self.args, None
+    def step_loss(self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None, inputs=None):
+        """A step's loss (`contrastive_loss`); in training with a queue, the batch's entries (from `inputs`, the model
+        inputs) are handed to the queue first, which enqueues them after the optimizer step (QueueCallback)."""
         if self.queue is not None and model.training:
             bare = self.accelerator.unwrap_model(model)  # the momentum encoder copies the model, not its wrapper
             self.queue.remember(bare, inputs, embeddings, head_inputs, text_ids, guide_embeddings)
-            queue = self.queue.entries()
+        return self.contrastive_loss(model, embeddings, head_inputs, text_ids, guide_embeddings)
+
+    def contrastive_loss(self, model, embeddings, head_inputs=None, text_ids=None, guide_embeddings=None):
+        """Loss of local embeddings (R, D) against the (gathered) candidates and the queue (step.contrastive_loss).
+        With `guide_model: self` the guide's embeddings are these, detached; an external guide's (R, E) given."""
+        args = self.args
+        queue = self.queue.entries() if self.queue is not None and model.training else None
         if args.guide_model == SELF:
             guide_embeddings = embeddings.detach()
         return contrastive_loss(
@@ -163,14 +165,14 @@ class SimCSETrainer(Trainer):
                 model,
                 grad_cache.split_groups(inputs, sentences, group),
                 embed=self._embed,
-                loss_fn=functools.partial(self.contrastive_loss, model, text_ids=text_ids,
+                loss_fn=functools.partial(self.step_loss, model, text_ids=text_ids,
                                           guide_embeddings=guide_embeddings, inputs=inputs),  # fmt: skip
                 no_sync=functools.partial(self.accelerator.no_sync, model),
                 autocast=self.compute_loss_context_manager,
                 loss_parameters=list(self.accelerator.unwrap_model(model).loss_fn.parameters()),
             )
         else:
-            result = self.contrastive_loss(model, *self._embed(model, inputs), text_ids=text_ids,
+            result = self.step_loss(model, *self._embed(model, inputs), text_ids=text_ids,
                                            guide_embeddings=guide_embeddings, inputs=inputs)  # fmt: skip
         if model.training:
             add_to_window(self._metric_sums, result.metrics)
@@ -239,8 +241,10 @@ class SimCSETrainer(Trainer):
         if not self.args.should_save:
             return
         output_dir = output_dir if output_dir is not None else self.args.output_dir
+        self.saving.folder = output_dir
+        config = checkpoints.saved_config(self.record, self.run_id)
         self.accelerator.unwrap_model(self.model).save_pretrained(
-            output_dir, tokenizer=self.processing_class, extra_config=self.simcse_config, state_dict=state_dict
+            output_dir, tokenizer=self.processing_class, extra_config=config, state_dict=state_dict
         )
         args = checkpoints.args_for_disk(self.args, self.rotation.limit)
         torch.save(args, os.path.join(output_dir, TRAINING_ARGS_NAME))
@@ -274,14 +278,12 @@ class SimCSETrainer(Trainer):
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         self.batches.resume(resume_from_checkpoint)
         resume_queue(self.queue, resume_from_checkpoint, self.args.device)
-        if isinstance(resume_from_checkpoint, str) and self._reached_max_steps(resume_from_checkpoint):
+        at_end = isinstance(resume_from_checkpoint, str) and reached_planned_steps(
+            self.args, resume_from_checkpoint, self.get_train_dataloader
+        )
+        if at_end:
             return self._finish_from_checkpoint(resume_from_checkpoint)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
-
-    def _reached_max_steps(self, checkpoint: str) -> bool:
-        state = TrainerState.load_from_json(os.path.join(checkpoint, checkpoints.TRAINER_STATE))
-        batches = None if self.args.max_steps > 0 else len(self.get_train_dataloader())
-        return state.global_step >= planned_steps(self.args, batches)
 
     def _finish_from_checkpoint(self, checkpoint: str) -> TrainOutput:
         """A run killed after its last checkpoint (e.g. during the final save): the Trainer, which checks for the end

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+from collections.abc import Callable, Sized
 
-from transformers import Trainer
+from transformers import Trainer, TrainerState
 
 from simcse_hn.private_api import PRIVATE_TRAINER_OVERRIDES, problems
+from simcse_hn.training.checkpoints import TRAINER_STATE
 
 logger = logging.getLogger(__name__)
 
@@ -52,3 +55,12 @@ def planned_steps(args, batches: int | None) -> int:
         return args.max_steps
     per_epoch = max(math.ceil(batches / args.gradient_accumulation_steps), 1)
     return math.ceil(args.num_train_epochs * per_epoch)
+
+
+def reached_planned_steps(args, checkpoint: str, loader: Callable[[], Sized]) -> bool:
+    """Whether `checkpoint` is already at the run's last step (a run killed during its final save, which the Trainer
+    would train one step past). `loader`: the training DataLoader, whose batches count an epoch when max_steps does
+    not set the run's length."""
+    state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE))
+    batches = None if args.max_steps > 0 else len(loader())
+    return state.global_step >= planned_steps(args, batches)
