@@ -81,6 +81,7 @@ PLAIN = " plain"  # suffix of a loss's plain-call run (`loss_runs`), held to the
 PLAIN_MASK = " plain mask"  # the plain call given the same negatives as a mask
 TARGETS.update({name + suffix: target for name, target in list(TARGETS.items()) for suffix in (PLAIN, PLAIN_MASK)})
 PLAIN_GATHERED = " plain gathered"  # the plain call with anchors z[a] of their own and the mask: issue 53's call
+PLAIN_INDEXED = " plain indexed"  # the same call saying by anchor_index which rows of z the anchors are
 GATHERED_FLOOR = "floor gathered"  # gathered_floor_loss: the independent floor of issue 53, for that call
 TARGET_ROWS = (1024, 4096)  # the sizes the loss-alone targets hold at
 STEP_ROWS = 128  # a training step's 2N (64 sentences): section 2's estimate from the loss alone
@@ -213,7 +214,13 @@ def loss_runs(rows: int, dim: int, names=tuple(LOSSES), plain: bool = False) -> 
         def call_gathered(embeddings, head_inputs, loss_fn=loss_fn, context=gathered_context):
             return loss_fn(embeddings[anchor_rows], embeddings, positive_index, negative_mask, context)
 
+        def call_indexed(embeddings, head_inputs, loss_fn=loss_fn, context=gathered_context):
+            return loss_fn(
+                embeddings[anchor_rows], embeddings, positive_index, negative_mask, context, anchor_index=anchor_rows
+            )
+
         runs[name + PLAIN_GATHERED] = timed(call_gathered, head_inputs)
+        runs[name + PLAIN_INDEXED] = timed(call_indexed, head_inputs)
     return runs
 
 

@@ -119,9 +119,10 @@ PLAIN_CASES = {
 
 @pytest.mark.parametrize("case", list(PLAIN_CASES))
 def test_the_plain_calls_with_and_without_a_mask_and_the_trainers_call_agree(case):
-    """The same loss, gradient and weights four ways: the stated standard negatives (shortcuts), the same mask given
+    """The same loss, gradient and weights six ways: the stated standard negatives (shortcuts), the same mask given
     explicitly to a copy of the rows (the general path), to the rows themselves (compared with the standard one:
-    the shortcuts) and the training loop's call with checked targets."""
+    the shortcuts), the training loop's call with checked targets, and the copy with `anchor_index` saying which
+    rows it is, with the mask or without (then the anchors are taken from the rows)."""
     name = case.split("_")[0]
     g = torch.Generator().manual_seed(3)
     h = torch.randn(12, 5, generator=g, dtype=torch.float64)
@@ -141,7 +142,10 @@ def test_the_plain_calls_with_and_without_a_mask_and_the_trainers_call_agree(cas
     general = run(lambda loss_fn, z: loss_fn(z, z.clone(), positive_index, negative_mask, context))
     checked = run(lambda loss_fn, z: loss_fn(z, z, positive_index, negative_mask, context))
     trainer = run(lambda loss_fn, z: loss_fn.compute(z, build_targets(12, "symmetric"), context))
-    for other in (general, checked, trainer):
+    rows = torch.arange(12)
+    indexed = run(lambda loss_fn, z: loss_fn(z[rows], z, positive_index, negative_mask, context, anchor_index=rows))
+    taken = run(lambda loss_fn, z: loss_fn(None, z, positive_index, context=context, anchor_index=rows))
+    for other in (general, checked, trainer, indexed, taken):
         torch.testing.assert_close(stated[0], other[0], rtol=1e-9, atol=0)
         torch.testing.assert_close(stated[1], other[1], rtol=1e-7, atol=1e-12)
         if stated[2] is not None:
@@ -167,6 +171,64 @@ def test_a_mask_given_with_the_anchors_as_candidates_is_compared_with_the_standa
     general = loss_fn(z, z.clone(), positive_index, other).loss
     assert seen[-1].anchor_index is None and not seen[-1].standard_negatives
     torch.testing.assert_close(restricted, general, rtol=1e-10, atol=0)
+
+
+def test_an_anchor_index_lets_anchors_of_their_own_take_the_shortcuts(monkeypatch):
+    """loss_fn(z[a], z, ..., anchor_index=a): the targets know the anchors' rows, so their facts hold (checked) and
+    UnReMix makes the shortcut's matrix products (the loss's similarities and both their gradients, the anchors'
+    pseudo-label gradients, U: 5 of 2N x 2N x d) instead of the general path's (8, with R's product at 2N x 2N x
+    2N); the anchors keep a gradient of their own; anchors that are not those rows, or no anchors and no index,
+    are refused in one line."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    seen = []
+    loss_fn = build_loss("unremix", temperature=0.1, gradient="embedding")
+    original = loss_fn._loss
+    monkeypatch.setattr(loss_fn, "_loss", lambda *args: seen.append(args[2]) or original(*args))
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(16, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    positive_index, negative_mask = symmetric_targets(16)
+    rows = torch.arange(16)
+    flops = {}
+    for call, kwargs in (("gathered", {}), ("indexed", {"anchor_index": rows})):
+        anchors = z[rows].detach().requires_grad_()
+        with FlopCounterMode(display=False) as counter:
+            out = loss_fn(anchors, z, positive_index, negative_mask, **kwargs)
+            out.loss.backward()
+        flops[call] = counter.get_total_flops()
+        assert anchors.grad.abs().sum() > 0  # the anchors' own gradient, not folded into the candidates'
+    assert seen[-1].anchors_are_candidates and seen[-1].standard_negatives
+    assert not seen[0].standard_negatives
+    n, d = 16, 8
+    assert flops["indexed"] == 5 * 2 * n * n * d
+    assert flops["gathered"] == 7 * 2 * n * n * d + 2 * n * n * n
+    with pytest.raises(ValueError, match="not the candidates' rows anchor_index"):
+        loss_fn(z[rows.flip(0)], z, positive_index, negative_mask, anchor_index=rows)
+    with pytest.raises(ValueError, match="None needs anchor_index"):
+        loss_fn(None, z, positive_index)
+
+
+@pytest.mark.parametrize("name", ["infonce", "progcl", "unremix"])
+def test_an_anchor_index_of_some_rows_equals_the_general_path(name):
+    """SimCSE's form: the anchors are every other row (anchor_index 0, 2, 4, ...); with and without the index, and
+    with the anchors taken from the rows, the same loss and gradient."""
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    z0 = torch.tanh(h @ torch.randn(5, 6, generator=g, dtype=torch.float64))
+    targets = build_targets(12, "simcse")
+    rows = targets.anchor_index
+    context = LossContext(step=10, max_steps=10, anchor_features=h[rows], candidate_features=h)
+    results = []
+    for anchors, kwargs in (("own", {}), ("own", {"anchor_index": rows}), (None, {"anchor_index": rows})):
+        z = z0.clone().requires_grad_(True)
+        loss_fn = build_loss(name, temperature=0.1)
+        a = z[rows] if anchors == "own" else None
+        out = loss_fn(a, z, targets.positive_index, targets.negative_mask, context, **kwargs)
+        out.loss.backward()
+        results.append((out.loss.detach(), z.grad))
+    for loss, grad in results[1:]:
+        torch.testing.assert_close(loss, results[0][0], rtol=1e-10, atol=0)
+        torch.testing.assert_close(grad, results[0][1], rtol=1e-8, atol=1e-12)
 
 
 def test_the_row_layout_answers_for_sentences_and_paired_examples():

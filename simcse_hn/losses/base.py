@@ -416,18 +416,32 @@ class ContrastiveLoss(nn.Module):
 
     def forward(
         self,
-        anchors: Tensor,
+        anchors: Tensor | None,
         candidates: Tensor,
         positive_index: Tensor,
         negative_mask: Tensor | None = None,
         context: LossContext | None = None,
+        *,
+        anchor_index: Tensor | None = None,
     ) -> LossOutput:
         """The plain call. negative_mask (M, N) bool: N(i). None: the standard negatives, every candidate but
         anchor i's positive and, when `anchors is candidates` (the same tensor: anchor i is candidate i), anchor i
         itself; the call then states the structure and takes the training loop's shortcuts, with nothing read back
         from the device. A mask given with `anchors is candidates` is compared once with the standard one (one
         (M, N) pass and one read from the device), so the same negatives take the same shortcuts; with anchors of
-        their own a mask is read as given (the general path)."""
+        their own a mask is read as given (the general path).
+
+        `anchor_index` (M,) int64 says by an index, not by passing the same tensor, that anchor i is row
+        anchor_index[i] of the candidates (standard negatives then leave out that row). The targets are made with
+        it, so their facts are derived from the index and the mask (`ContrastiveTargets`: one read from the device)
+        and the call takes every shortcut they allow. anchors None: the anchors are candidates[anchor_index]
+        (`compute`), and their gradient reaches the candidates. anchors a tensor: it must hold those rows (checked:
+        one (M, D) comparison) and keeps a gradient of its own; what carries no gradient (an objective's scores)
+        uses the structure."""
+        if anchor_index is not None:
+            return self._indexed(anchors, candidates, positive_index, negative_mask, context, anchor_index)
+        if anchors is None:
+            raise ValueError("anchors: None needs anchor_index, the rows of the candidates that are the anchors")
         same = anchors is candidates
         if negative_mask is None:
             targets = ContrastiveTargets.standard(positive_index, candidates.shape[0], anchors_are_candidates=same)
@@ -439,6 +453,30 @@ class ContrastiveLoss(nn.Module):
             targets = ContrastiveTargets(positive_index, negative_mask)
         return self._loss(anchors, candidates, targets, context)
 
+    def _indexed(
+        self,
+        anchors: Tensor | None,
+        candidates: Tensor,
+        positive_index: Tensor,
+        negative_mask: Tensor | None,
+        context: LossContext | None,
+        anchor_index: Tensor,
+    ) -> LossOutput:
+        """The plain call with `anchor_index` (`forward`)."""
+        if negative_mask is None:  # standard: every candidate but the anchor's own row and its positive
+            rows = torch.stack([anchor_index, positive_index], dim=1)  # (M, 2)
+            size = (rows.shape[0], candidates.shape[0])
+            negative_mask = torch.ones(size, dtype=torch.bool, device=candidates.device).scatter_(1, rows, False)
+        targets = ContrastiveTargets(positive_index, negative_mask, anchor_index=anchor_index)
+        if anchors is None:
+            return self.compute(candidates, targets, context)
+        rows_of_candidates = anchors.shape == (targets.num_anchors, candidates.shape[1])
+        if not (rows_of_candidates and torch.equal(anchors, candidates.index_select(0, anchor_index))):
+            raise ValueError(
+                "anchors: not the candidates' rows anchor_index (pass anchors=None to take them from the candidates)"
+            )
+        return self._loss(anchors, candidates, targets, self._anchor_context(context, targets))
+
     def compute(
         self, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None = None
     ) -> LossOutput:
@@ -446,17 +484,23 @@ class ContrastiveLoss(nn.Module):
         `targets.anchors_are_candidates`), and `context.candidate_features` gives the anchors' features likewise."""
         if targets.anchor_index is None:
             raise ValueError("compute() needs targets with anchor_index; use loss_fn(anchors, candidates, ...)")
-        same = targets.anchors_are_candidates
-        anchors = candidates if same else candidates[targets.anchor_index]
-        if context is not None:  # the anchors' rows of the candidates' per-row extras
-            derived: dict[str, Any] = {}  # Tensor values; Any: dataclasses.replace checks each field's type
-            for anchor_key, candidate_key in (("anchor_features", "candidate_features"),
-                                              ("anchor_text_ids", "candidate_text_ids")):  # fmt: skip
-                rows = getattr(context, candidate_key)
-                if rows is not None and getattr(context, anchor_key) is None:
-                    derived[anchor_key] = rows if same else rows[targets.anchor_index]
-            context = dataclasses.replace(context, **derived) if derived else context
-        return self._loss(anchors, candidates, targets, context)
+        anchors = candidates if targets.anchors_are_candidates else candidates[targets.anchor_index]
+        return self._loss(anchors, candidates, targets, self._anchor_context(context, targets))
+
+    @staticmethod
+    def _anchor_context(context: LossContext | None, targets: ContrastiveTargets) -> LossContext | None:
+        """The context with the anchors' rows of the candidates' per-row extras (features, text ids) where it has
+        the candidates' only; targets with anchor_index."""
+        if context is None:
+            return None
+        same, index = targets.anchors_are_candidates, cast(Tensor, targets.anchor_index)
+        derived: dict[str, Any] = {}  # Tensor values; Any: dataclasses.replace checks each field's type
+        for anchor_key, candidate_key in (("anchor_features", "candidate_features"),
+                                          ("anchor_text_ids", "candidate_text_ids")):  # fmt: skip
+            rows = getattr(context, candidate_key)
+            if rows is not None and getattr(context, anchor_key) is None:
+                derived[anchor_key] = rows if same else rows[index]
+        return dataclasses.replace(context, **derived) if derived else context
 
     def _loss(
         self, anchors: Tensor, candidates: Tensor, targets: ContrastiveTargets, context: LossContext | None
