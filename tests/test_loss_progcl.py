@@ -587,3 +587,25 @@ def test_closed_form_pairing_equals_the_general_one_under_standard_negatives(ran
         mask = targets.negative_mask
         assert mask.gather(1, partner)[mask].all()  # negatives are paired with negatives
 
+
+
+def test_closed_form_pairing_equals_the_general_one_for_any_anchors_and_positives():
+    """`standard_partners` against the general construction for anchors that are any rows of the candidates, a
+    positive that may be the anchor itself (then one entry is excluded, not two): every negative gets the same
+    partner."""
+    from simcse_hn.losses.progcl import standard_partners
+
+    g = torch.Generator().manual_seed(5)
+    for n in (5, 8, 33):
+        columns = torch.arange(n)
+        for trial in range(60):
+            permutation = torch.randperm(n, generator=g)
+            m = int(torch.randint(1, n + 1, (), generator=g))
+            anchors = torch.randperm(n, generator=g)[:m]
+            positives = torch.randint(0, n, (m,), generator=g)
+            if trial % 2:  # mostly a positive of its own
+                positives = torch.where(positives == anchors, (positives + 1) % n, positives)
+            mask = (columns[None] != anchors[:, None]) & (columns[None] != positives[:, None])
+            general = ProGCLLoss._partners(mask, permutation)
+            closed = standard_partners(permutation, anchors, positives)
+            assert torch.equal(general[mask], closed[mask]), (n, trial)

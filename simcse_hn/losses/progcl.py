@@ -199,7 +199,8 @@ def _hardness(
     """`hardness_scores` of the similarities scale * s (s: the logits, scale: the temperature), and with `bias`
     (0 on N(i), -inf elsewhere) and `usable` () bool, B = 0 outside N(i) and everywhere when not usable: +inf enters
     the exponent of L_f / L_t (so p_true = 0), and the constants of an unusable fit (NaN, maybe) are replaced by ones
-    that give 1e-12 / L_t = inf. Three (M, N) buffers, each pass in place: this is most of ProGCL's elementwise work.
+    that give 1e-12 / L_t = inf. Four (M, N) buffers, each pass in place (x kept rather than made twice): this is most
+    of ProGCL's elementwise work.
     -> B, like s"""
     order, _ = identify_components(fit)
     alpha, beta, pi = (p.index_select(0, order) for p in fit[:3])  # (2,) [true, false], float64
@@ -213,14 +214,15 @@ def _hardness(
                          torch.where(usable, d[2], 0.0)])  # fmt: skip
     c, d = c.to(s.dtype), d.to(s.dtype)
     half = torch.full((), 0.5, dtype=s.dtype, device=s.device)
-    log_x = torch.add(half, s, alpha=0.5 * scale).clamp_(EPS, 1 - EPS).log_()  # (M, N)
+    x = torch.add(half, s, alpha=0.5 * scale).clamp_(EPS, 1 - EPS)  # (M, N), kept for B = x p_true
+    log_x = x.log()
     log_1mx = torch.add(half, s, alpha=-0.5 * scale).clamp_min_(EPS).log_()
     ratio = torch.addcmul(c[0], log_x, c[1]).addcmul_(log_1mx, c[2])  # log(L_f / L_t)
     if bias is not None:
         ratio.sub_(bias if bias.dtype == s.dtype else bias.to(s.dtype))  # +inf outside N(i)
-    ratio.exp_()
-    denominator = log_1mx.mul_(d[2]).addcmul_(log_x, d[1]).add_(d[0]).exp_().add_(ratio).add_(1)  # log_1mx's memory
-    x = torch.add(half, s, alpha=0.5 * scale, out=ratio).clamp_(EPS, 1 - EPS)  # in ratio's memory
+    ratio.exp_().add_(1)
+    # 1 + L_f / L_t + 1e-12 / L_t, in log_1mx's memory (d0 + d2 log(1 - x) in one pass)
+    denominator = torch.addcmul(d[0], log_1mx, d[2], out=log_1mx).addcmul_(log_x, d[1]).exp_().add_(ratio)
     return x.div_(denominator)
 
 
@@ -261,13 +263,15 @@ class _MixedLogSumExp(torch.autograd.Function):
         lam = b.div_(buffer)
         mu.div_(buffer)
         mixed = torch.gather(logits, 1, partner, out=buffer).mul_(mu).addcmul_(lam, logits)  # (M, N)
-        mixed.add_(bias.to(mixed.dtype)).add_(torch.where(usable, 0.0, NEG_INF).to(mixed.dtype))
+        mixed.add_(bias if bias.dtype == mixed.dtype else bias.to(mixed.dtype))
         shift = mixed.amax(dim=1, keepdim=True)  # (M, 1)
         shift = torch.where(torch.isfinite(shift), shift, 0.0)  # no synthetic negative: the sum is 0, log -inf
         e = mixed.sub_(shift).exp_()  # (M, N)
         total = e.sum(dim=1)  # (M,)
         ctx.save_for_backward(e, lam, mu, partner, total)
-        return total.log() + shift.squeeze(1)
+        # an unusable fit has no synthetic negatives: -inf on the (M,) result, not an (M, N) pass (B is 0 then, so e
+        # is finite, and the -inf gives it no gradient)
+        return total.log() + shift.squeeze(1) + torch.where(usable, 0.0, NEG_INF).to(total.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
@@ -280,26 +284,36 @@ class _MixedLogSumExp(torch.autograd.Function):
 
 def standard_partners(permutation: Tensor, anchor_index: Tensor, positive_index: Tensor) -> Tensor:
     """Mix mode's pairing over all candidates when N(i) is every candidate but e = {anchor_index[i],
-    positive_index[i]}: candidate j's rank among N(i) is t = j - #{e < j}, and rho_i (the permutation without e's two
-    entries, at positions q_1 < q_2) has at place t the permutation's entry u = t + [t >= q_1] + [t >= q_2 - 1].
-    Integer comparisons (each [a > b] as clamp(a - b, 0, 1), int32: a bool-to-int64 cast is slower than the
-    comparison), where the general construction needs two cumulative sums, a scatter and a gather.
+    positive_index[i]}: candidate j's rank among N(i) is t = j - [j > e_1] - [j > e_2] (e_1 < e_2), and rho_i (the
+    permutation without e's two entries, at positions q_1 < q_2) has at place t the permutation's entry
+    u = t + [t >= q_1] + [t >= q_2 - 1]. On N(i), t >= q is j >= J(q), the column of the negative of rank q, so
+    u - j is a step function of j with four steps per row: +1 at J(q_1) and at J(q_2 - 1), -1 after e_1 and after
+    e_2 (a positive that is the anchor itself: one excluded entry, two steps). It is made as their running sum
+    (four entries scattered into a zero row, one int32 cumulative sum), where the steps compared one by one take
+    some fifteen (M, N) passes and the general construction two cumulative sums, a scatter and a gather.
     permutation (N,) of 0..N-1, anchor_index, positive_index (M,) -> partner (M, N) int64, meaningful on N(i)."""
-    n = permutation.shape[0]
+    n, m = permutation.shape[0], anchor_index.shape[0]
     columns = torch.arange(n, device=permutation.device, dtype=torch.int32)
     inverse = torch.empty_like(columns).scatter_(0, permutation, columns)  # position of each candidate
-    e_low = torch.minimum(anchor_index, positive_index).int()[:, None]  # (M, 1)
-    e_high = torch.maximum(anchor_index, positive_index).int()[:, None]
-    q_a, q_p = inverse[anchor_index], inverse[positive_index]
-    q_low, q_high = torch.minimum(q_a, q_p)[:, None], torch.maximum(q_a, q_p)[:, None]  # (M, 1)
-    # two (M, N) int32 buffers, every step in place: t, then v = t + [t >= q_1] (so that [t >= q_2 - 1] = [v >= q_2],
-    # as q_1 < q_2), then u = v + [v >= q_2]
-    step = torch.sub(columns, e_high).clamp_(0, 1)  # (M, N)
-    t = torch.sub(columns, e_low).clamp_(0, 1).add_(step).neg_().add_(columns)  # (M, N)
-    u = t.add_(torch.sub(t, q_low, out=step).add_(1).clamp_(0, 1))
-    u.add_(torch.sub(u, q_high, out=step).add_(1).clamp_(0, 1))
+    e_low, e_high = torch.minimum(anchor_index, positive_index), torch.maximum(anchor_index, positive_index)  # (M,)
+    q_a, q_p = inverse[anchor_index].long(), inverse[positive_index].long()
+    q_low, q_high = torch.minimum(q_a, q_p), torch.maximum(q_a, q_p)
+    # a positive that is the anchor itself is one excluded entry: its second steps go to the spare column n
+    two = e_low != e_high
+    e_second = torch.where(two, e_high, n + 1)
+
+    def column_of(rank: Tensor) -> Tensor:  # J(q): the column of row i's negative of rank q
+        column = rank + (rank >= e_low).long()
+        return column + (column >= e_second).long()
+
+    spare = torch.full_like(e_low, n)
+    second, second_end = torch.where(two, column_of(q_high - 1), spare), torch.where(two, e_high + 1, spare)
+    steps = torch.stack([column_of(q_low), second, e_low + 1, second_end], dim=1).clamp_(0, n)  # (M, 4)
+    signs = torch.where(torch.arange(4, device=permutation.device) < 2, 1, -1).int().expand(m, -1)  # (M, 4)
+    delta = torch.zeros((m, n + 1), dtype=torch.int32, device=permutation.device).scatter_add_(1, steps, signs)
+    u = torch.cumsum(delta[:, :n], dim=1, dtype=torch.int32).add_(columns).clamp_(0, n - 1)  # (M, N)
     # index_select takes int32 indices (no int64 copy) and is several times faster than take on a CPU
-    return permutation.index_select(0, u.clamp_max_(n - 1).view(-1)).view(u.shape)
+    return permutation.index_select(0, u.view(-1)).view(u.shape)
 
 
 def shared_sample(
