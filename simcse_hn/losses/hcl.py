@@ -104,7 +104,13 @@ class HCLLoss(ReweightingLoss):
         # beta l_ij) + log n_i, two row reductions over the masked logits in one autograd node (`tilted_log_ratio`),
         # whose (M,) result is guarded instead of the (M, N) masked logits. Its q gives the weights' diagnostics; the
         # (M, N) weights are made only when read.
-        log_ratio, q, q_sum, q_log_q = tilted_log_ratio(batch.unguarded.masked, beta, self.options.detach_weights)
+        unguarded, detach = batch.unguarded, self.options.detach_weights
+        if unguarded.exp is not None and unguarded.offset is not None:  # InfoNCE's exponentials, kept: p = e q
+            log_ratio, q, q_sum, q_log_q = tilted_log_ratio_from_exp(
+                unguarded.logits, unguarded.offset, unguarded.exp, cast(Tensor, unguarded.shift), beta, detach
+            )
+        else:
+            log_ratio, q, q_sum, q_log_q = tilted_log_ratio(unguarded.masked, beta, detach)
         log_r = drop_nonfinite_grad(log_ratio) + n.log()  # (M,); -inf for an anchor without negatives: its loss is 0
         loss, clamped = debiased_from_log_r(plain.pos, log_r, n, tau_plus, self.temperature)
         with torch.no_grad():  # w_ij = n_i q_ij / q_sum_i; the entropy of w / n is that of q / q_sum
@@ -143,14 +149,56 @@ class _TiltedLogRatio(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, *_: Tensor | None) -> tuple[Tensor, None, None]:
-        p, q, p_sum, q_sum = ctx.saved_tensors
-        grad = torch.where(q_sum == 0, 0.0, grad)  # a row without negatives: 0, not 0 * inf = NaN (NaN stays NaN)
-        p_sum, q_sum = p_sum.clamp_min(torch.finfo(p.dtype).tiny), q_sum.clamp_min(torch.finfo(q.dtype).tiny)
-        if ctx.detach:  # d/dm logsumexp(m + b m'), m' held fixed: p
-            return p * (grad / p_sum)[:, None], None, None
-        grad_masked = p * (grad * (1 + ctx.beta) / p_sum)[:, None]
-        grad_masked.addcmul_(q, (grad * ctx.beta / q_sum)[:, None], value=-1.0)
-        return grad_masked, None, None
+        return _tilted_backward(ctx, grad), None, None
+
+
+def _tilted_backward(ctx: Any, grad: Tensor) -> Tensor:
+    """The gradient of logsumexp((1 + b) m) - logsumexp(b m) to m from a tilted log ratio's saved p, q and sums."""
+    p, q, p_sum, q_sum = ctx.saved_tensors
+    grad = torch.where(q_sum == 0, 0.0, grad)  # a row without negatives: 0, not 0 * inf = NaN (NaN stays NaN)
+    p_sum, q_sum = p_sum.clamp_min(torch.finfo(p.dtype).tiny), q_sum.clamp_min(torch.finfo(q.dtype).tiny)
+    if ctx.detach:  # d/dm logsumexp(m + b m'), m' held fixed: p
+        return p * (grad / p_sum)[:, None]
+    grad_masked = p * (grad * (1 + ctx.beta) / p_sum)[:, None]
+    return grad_masked.addcmul_(q, (grad * ctx.beta / q_sum)[:, None], value=-1.0)
+
+
+class _TiltedLogRatioFromExp(torch.autograd.Function):
+    """`_TiltedLogRatio` from plain InfoNCE's kept exponentials e = e^{m - shift} (`PlainReductions.exp`, 0 outside
+    N(i)) and their row maxima: q = e^{b (l - shift)} straight from the logits l and the bias (0 on N(i), -inf
+    elsewhere) in one buffer, p = e^{(1 + b) (m - shift)} = e q without an exponential, and sum_j q log q =
+    b (sum_j q_ij l_ij - shift_i sum_j q_ij) without an (M, N) log (q = 0 outside N(i), where l is finite). Five
+    (M, N) passes in the forward (two allocations) where `_TiltedLogRatio` on the masked logits makes nine; the same
+    backward, to the logits."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits: Tensor, bias: Tensor, e: Tensor, shift: Tensor, beta: float, detach: bool
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        bias = bias if bias.dtype == logits.dtype else bias.to(logits.dtype)
+        q = torch.add(bias, logits, alpha=beta).sub_(shift * beta).exp_()  # (M, N) e^{b (l - shift)} on N(i)
+        q_sum = q.sum(dim=1)  # (M,)
+        q_log_q = (torch.linalg.vecdot(q, logits) - shift.squeeze(1) * q_sum) * beta
+        p = e * q  # e^{(1 + b) (m - shift)}
+        p_sum = p.sum(dim=1)
+        ctx.beta, ctx.detach = beta, detach
+        ctx.save_for_backward(p, q, p_sum, q_sum)
+        ctx.mark_non_differentiable(q, q_sum, q_log_q)
+        return torch.where(q_sum == 0, 0.0, p_sum.log() - q_sum.log() + shift.squeeze(1)), q, q_sum, q_log_q
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, *_: Tensor | None) -> tuple[Tensor | None, None, None, None, None, None]:
+        return _tilted_backward(ctx, grad), None, None, None, None, None
+
+
+def tilted_log_ratio_from_exp(
+    logits: Tensor, bias: Tensor, e: Tensor, shift: Tensor, beta: float, detach: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`tilted_log_ratio` of the masked logits logits + bias (bias: 0 on N(i), -inf elsewhere) from plain InfoNCE's
+    exponentials e (M, N) and row maxima shift (M, 1) of those masked logits (`_TiltedLogRatioFromExp`)."""
+    return cast(
+        "tuple[Tensor, Tensor, Tensor, Tensor]", _TiltedLogRatioFromExp.apply(logits, bias, e, shift, beta, detach)
+    )
 
 
 def tilted_log_ratio(masked: Tensor, beta: float, detach: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
