@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
@@ -48,17 +49,46 @@ def _unit(z: Tensor) -> tuple[Tensor, Tensor]:
     return z / norm, norm
 
 
-def _embedding_gradients(
-    z_hat: Tensor, norm: Tensor, logits: Tensor, others_hat: Tensor, temperature: float
-) -> Tensor:
-    """delta_k = (I - z_k z_k^T) sum_m (q_km - 1[m = y_k]) o_m / (t |z_k|) for masked logits (K, L) (-inf outside the
-    other rows), unit rows z_hat (K, D), norms (K, 1), unit others (L, D). The logits are consumed: q is made in
-    their memory (no (K, L) allocation). -> (K, D)"""
+def _residual(logits: Tensor) -> Tensor:
+    """q - onehot(argmax q) for q = softmax of masked logits (K, L) (-inf outside the other rows), made in the logits'
+    memory (consumed: no (K, L) allocation). -> (K, L)"""
     label = logits.argmax(dim=1, keepdim=True)  # (K, 1) the pseudo-label, from the logits as given
     shift = logits.amax(dim=1, keepdim=True)  # (K, 1)
     residual = logits.sub_(torch.where(torch.isfinite(shift), shift, 0.0)).exp_()  # (K, L)
     residual.div_(residual.sum(dim=1, keepdim=True))  # q, minus one at the pseudo-label below
-    residual.scatter_add_(1, label, torch.full_like(residual[:, :1], -1.0))
+    return residual.scatter_add_(1, label, torch.full_like(residual[:, :1], -1.0))
+
+
+def pseudo_label_residual(e: Tensor, shift: Tensor, lse: Tensor, pos: Tensor, positive_index: Tensor) -> Tensor:
+    """`_residual` of the anchors' pseudo-posteriors over their positive and negatives, from plain InfoNCE's own
+    reductions (`PlainReductions`): e = e^{m - shift} (M, N) of the masked logits m (0 outside N(i)), shift (M, 1)
+    their row maxima (0 for a row without negatives), lse (M,) = log sum_j e^{m_ij}, pos (M,) the positives'
+    logits. The pseudo-posterior is e rescaled to the larger of shift and pos, with the positive's entry put in:
+    one (M, N) pass, where `_residual` of the masked logits with the positive put back makes the masked logits
+    again, shifts, exponentiates and normalises them (six). The pseudo-label is the first largest entry, as argmax
+    of those logits gives it: the negatives' first largest (e is 1 there) or the positive, the first of the two on
+    a tie. -> (M, N), without gradient"""
+    shift = shift.squeeze(1)
+    total = torch.exp(lse - shift)  # (M,) sum_j e_ij, 0 without negatives
+    top = torch.where(total > 0, shift, NEG_INF)  # the largest negative logit
+    new_shift = torch.maximum(top, pos)
+    factor = torch.exp(shift - new_shift)  # e's rescaling (e is 0 where top is -inf)
+    positive = torch.exp(pos - new_shift)
+    normaliser = total * factor + positive  # (M,)
+    residual = e * (factor / normaliser)[:, None]  # (M, N), q on N(i)
+    rows = positive_index[:, None]
+    residual.scatter_(1, rows, (positive / normaliser)[:, None])
+    negative_label = e.argmax(dim=1)  # (M,) the first largest negative (e is monotone in the logits)
+    tie = torch.minimum(positive_index, negative_label)
+    label = torch.where(pos > top, positive_index, torch.where(pos < top, negative_label, tie))
+    return residual.scatter_add_(1, label[:, None], torch.full_like(residual[:, :1], -1.0))
+
+
+def _embedding_gradients(
+    z_hat: Tensor, norm: Tensor, residual: Tensor, others_hat: Tensor, temperature: float
+) -> Tensor:
+    """delta_k = (I - z_k z_k^T) sum_m (q_km - 1[m = y_k]) o_m / (t |z_k|) from the residual q - onehot(y) (K, L)
+    (`_residual`, `pseudo_label_residual`), unit rows z_hat (K, D), norms (K, 1), unit others (L, D). -> (K, D)"""
     v = residual @ others_hat / temperature  # (K, D)
     return (v - z_hat * (z_hat * v).sum(dim=1, keepdim=True)) / norm
 
@@ -70,7 +100,7 @@ def uncertainty_gradients(z: Tensor, others: Tensor, other_mask: Tensor, tempera
     z_hat, norm = _unit(z)
     others_hat, _ = _unit(others)
     logits = torch.where(other_mask, z_hat @ others_hat.T / temperature, NEG_INF)  # (K, L)
-    return _embedding_gradients(z_hat, norm, logits, others_hat, temperature)
+    return _embedding_gradients(z_hat, norm, _residual(logits), others_hat, temperature)
 
 
 def uncertainty_from_gradients(
@@ -232,8 +262,6 @@ class UnReMixLoss(ContrastiveLoss):
 
     def per_anchor(self, batch: ObjectiveInput) -> ObjectiveOutput:
         logits, targets, context = batch.logits, batch.targets, batch.context
-        anchors, candidates = batch.anchors, batch.candidates
-        negative_mask = targets.negative_mask
         plain = batch.plain  # shared with the fallback
         theta = drop_nonfinite_grad(self.theta).to(logits.dtype)
         lam = torch.softmax(_ReverseGrad.apply(theta) if self.options.learn_mixture else theta, dim=0)  # (3,)
@@ -244,44 +272,29 @@ class UnReMixLoss(ContrastiveLoss):
 
         weights, log_r = None, plain.lse
         if self.options.beta > 0:
-            unguarded = batch.unguarded
+            features = (anchor_features, candidate_features) if use_head else (None, None)
             with torch.no_grad():
-                features = (anchor_features, candidate_features) if use_head else (None, None)
-                # the anchors' pseudo-posteriors run over the positive and the negatives: the masked logits with the
-                # positive put back
-                positives = targets.positive_index[:, None]
-                # (unweighted: an explicit negative's weight c_ij, in the masked logits, is not a similarity)
-                masked = unguarded.masked if targets.negative_log_weights is None else logits + targets.negative_bias
-                others = masked.detach().scatter_(1, positives, plain.pos.detach()[:, None])  # a fresh tensor
-                # the cosines t l are A itself: written straight into the scores (`needs_cosines` is False)
-                scores = torch.empty((3, *logits.shape), dtype=logits.dtype, device=logits.device)  # (3, M, N)
-                sim = torch.mul(logits.detach(), self.temperature, out=scores[0])  # (M, N)
-                raw = self.raw_scores(sim, anchors, candidates, targets, *features, logits=others, out=scores)
-                if targets.standard_negatives:
-                    dev, std = centre_standard(raw, targets)  # in place
-                else:
-                    dev, std = centre(raw, negative_mask)  # (3, M, N), (3, M, 1)
+                dev, std = self._centred_scores(batch, features)  # (3, M, N), (3, M, 1)
             # C = sum_c lambda_c dev_c / (std_c + 1e-6): the standardised scores are never materialised
             kappa = lam[:, None, None] / (std + STD_EPS)  # (3, M, 1)
             n = plain.count[:, None]  # (M, 1)
-            bias = targets.negative_bias.to(logits.dtype)
+            w_log_w = None
             if kappa.requires_grad:  # a learned mixture: autograd through C and the softmax
                 combined = (dev[0] * kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # (M, N)
                 # w = n softmax_{N(i)}(beta C): mean one over N(i), 0 elsewhere
+                bias = targets.negative_bias.to(logits.dtype)
                 w = torch.softmax(combined.mul_(self.options.beta).add_(bias), dim=1) * n
-            else:  # the same without gradient, in dev[0]'s memory: no (M, N) allocation
+            else:  # the same without gradient, in dev[0]'s memory
                 with torch.no_grad():
-                    w = dev[0].mul_(kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # C, (M, N)
-                    w.mul_(self.options.beta).add_(bias)
-                    w.sub_(w.amax(dim=1, keepdim=True)).exp_()  # a row without negatives: NaN, as softmax's
-                    w.mul_(n / w.sum(dim=1, keepdim=True))
+                    w, w_log_w = self._fixed_mixture_weights(dev, kappa, n, targets)
             if not targets.standard_negatives:  # an anchor may have no negatives (a guide): 0, not softmax's NaN
                 w = torch.where(n > 0, w, 0.0)
             # sum_j w_ij e^{l_ij} from the fallback's own exponentials, guarded as an (M,) result
-            log_r = drop_nonfinite_grad(unguarded.weighted_lse(w))
+            log_r = drop_nonfinite_grad(batch.unguarded.weighted_lse(w))
             with torch.no_grad():
                 w = w.detach()
-                w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,), sum_j w_ij = n_i
+                if w_log_w is None:
+                    w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,), sum_j w_ij = n_i
                 entropy = mean_over_anchors_with_negatives(n.squeeze(1).log() - w_log_w / n.squeeze(1), plain.count)
                 weights = NegativeWeights(make=lambda rows=slice(None): w[rows], max=w.amax(), entropy=entropy)
         loss, clamped = debiased_from_log_r(plain.pos, log_r, plain.count, self.options.tau_plus, self.temperature)
@@ -292,6 +305,56 @@ class UnReMixLoss(ContrastiveLoss):
             entropy = -(p * p.log()).sum()
             loss = loss + self.options.mixture_entropy * (entropy.detach() - entropy)
         return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics)
+
+    def _centred_scores(
+        self, batch: ObjectiveInput, features: tuple[Tensor | None, Tensor | None]
+    ) -> tuple[Tensor, Tensor]:
+        """(A, U, R) centred over N(i) (0 elsewhere) and their std. -> (3, M, N), (3, M, 1), without gradient."""
+        logits, targets, unguarded = batch.logits, batch.targets, batch.unguarded
+        # the cosines t l are A itself: written straight into the scores (`needs_cosines` is False)
+        scores = torch.empty((3, *logits.shape), dtype=logits.dtype, device=logits.device)  # (3, M, N)
+        sim = torch.mul(logits.detach(), self.temperature, out=scores[0])  # (M, N)
+        raw_scores = functools.partial(self.raw_scores, sim, batch.anchors, batch.candidates, targets, *features)
+        if targets.negative_log_weights is None and unguarded.exp is not None and unguarded.shift is not None:
+            # the anchors' pseudo-posteriors from InfoNCE's own exponentials (the masked logits are its)
+            pos = batch.plain.pos.detach()
+            residual = pseudo_label_residual(
+                unguarded.exp, unguarded.shift, unguarded.lse.detach(), pos, targets.positive_index
+            )
+            raw = raw_scores(residual=residual, out=scores)
+        else:
+            # over the positive and the negatives: the masked logits with the positive put back (unweighted: an
+            # explicit negative's weight c_ij, in the masked logits, is not a similarity)
+            masked = logits + targets.negative_bias
+            others = masked.detach().scatter_(1, targets.positive_index[:, None], batch.plain.pos.detach()[:, None])
+            raw = raw_scores(logits=others, out=scores)
+        if targets.standard_negatives:
+            return centre_standard(raw, targets)  # in place
+        return centre(raw, targets.negative_mask)
+
+    def _fixed_mixture_weights(
+        self, dev: Tensor, kappa: Tensor, n: Tensor, targets: ContrastiveTargets
+    ) -> tuple[Tensor, Tensor | None]:
+        """w = n softmax_{N(i)}(beta C) for a fixed mixture, in dev[0]'s memory (no (M, N) allocation), and with
+        standard negatives sum_j w_ij log w_ij (M,) (else None). dev (3, M, N) centred scores (consumed), kappa
+        (3, M, 1) lambda / (std + 1e-6), n (M, 1)."""
+        kappa = kappa * self.options.beta  # beta folded into the (3, M, 1) factors: one (M, N) pass less
+        w = dev[0].mul_(kappa[0]).addcmul_(dev[1], kappa[1]).addcmul_(dev[2], kappa[2])  # beta C, (M, N)
+        if not targets.standard_negatives:
+            w.add_(targets.negative_bias.to(w.dtype))
+            w.sub_(w.amax(dim=1, keepdim=True)).exp_()  # a row without negatives: NaN, as softmax's
+            return w.mul_(n / w.sum(dim=1, keepdim=True)), None
+        # standard negatives: C is 0 on each row's two excluded entries (`centre_standard`) and has mean 0 over
+        # N(i), so the row's largest entry is N(i)'s; the excluded entries are zeroed after the exponential (no
+        # (M, N) bias). log w = log n + x - log S on N(i) for x = beta C - max, e = e^x and S = sum_j e_ij, so
+        # sum_j w log w = n (sum_j e x) / S + n (log n - log S): no (M, N) log.
+        x = w.sub_(w.amax(dim=1, keepdim=True))  # (M, N) <= 0
+        e = x.exp()
+        anchor_index = cast(Tensor, targets.anchor_index)  # standard negatives: targets made with anchor_index
+        e.scatter_(1, torch.stack([anchor_index, targets.positive_index], dim=1), 0.0)
+        total = e.sum(dim=1, keepdim=True)  # (M, 1)
+        w_log_w = (n * (torch.linalg.vecdot(e, x)[:, None] / total + n.log() - total.log())).squeeze(1)
+        return e.mul_(n / total), w_log_w
 
     def component_scores(
         self,
@@ -316,11 +379,13 @@ class UnReMixLoss(ContrastiveLoss):
         candidate_features: Tensor | None = None,
         logits: Tensor | None = None,
         out: Tensor | None = None,
+        residual: Tensor | None = None,
     ) -> Tensor:
         """(A, U, R) before standardisation, stacked. -> (3, M, N), detached, a fresh tensor (the caller may change
         it in place), or `out` (3, M, N) filled, whose out[0] already holds sim (no copy). `logits`: sim / t on each
         anchor's positive and negatives and -inf elsewhere, when known; consumed (the pseudo-posteriors are made in
-        their memory).
+        their memory). `residual`: the anchors' pseudo-posteriors minus their pseudo-labels (M, N), when known
+        (`pseudo_label_residual`); then `logits` is not needed.
 
         With `targets.anchors_are_candidates` the candidates' similarities are sim; with `standard_negatives` as well,
         their pseudo-posteriors are the anchors' and R needs no matrix product."""
@@ -334,18 +399,19 @@ class UnReMixLoss(ContrastiveLoss):
             same = targets.anchors_are_candidates
             c = a if same else candidates.detach().to(dtype)
             c_hat, c_norm = _unit(c)
-            if logits is None:
-                other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
-                logits = torch.where(other_mask, sim / self.temperature, NEG_INF)
-            logits = logits.detach()
-            anchor_delta = _embedding_gradients(a_hat, a_norm, logits, c_hat, self.temperature)  # (M, D)
+            if residual is None:
+                if logits is None:
+                    other_mask = negative_mask | F.one_hot(positive_index, n_cand).bool()  # (M, N)
+                    logits = torch.where(other_mask, sim / self.temperature, NEG_INF)
+                residual = _residual(logits.detach())
+            anchor_delta = _embedding_gradients(a_hat, a_norm, residual, c_hat, self.temperature)  # (M, D)
             cand_sim = sim if same else c_hat @ c_hat.T  # (N, N)
             if same and targets.standard_negatives:  # every anchor's pseudo-posterior already runs over all other rows
                 candidate_delta = anchor_delta
             else:
                 eye = torch.eye(n_cand, dtype=torch.bool, device=sim.device)
                 cand_logits = torch.where(eye, NEG_INF, cand_sim / self.temperature)
-                candidate_delta = _embedding_gradients(c_hat, c_norm, cand_logits, c_hat, self.temperature)
+                candidate_delta = _embedding_gradients(c_hat, c_norm, _residual(cand_logits), c_hat, self.temperature)
             if out is None:
                 scores = torch.empty((3, m, n_cand), dtype=dtype, device=sim.device)  # (A, U, R), filled in place
                 scores[0] = sim
