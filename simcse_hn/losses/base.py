@@ -132,9 +132,15 @@ class PlainReductions(NamedTuple):
         """log sum_{j in N(i)} w_ij e^{l_ij} (M,) for weights (M, N) >= 0, finite everywhere (their values outside
         N(i) do not count). From the kept exponentials: one (M, N) pass in the forward, two in the backward (to the
         logits and, when they need it, to the weights); e is 0 outside N(i), so the logits' gradient is too."""
+        return self.weighted_and_plain_lse(weights)[0]
+
+    def weighted_and_plain_lse(self, weights: Tensor) -> tuple[Tensor, Tensor]:
+        """`weighted_lse` and plain InfoNCE's `lse` again, both (M,) from one autograd node: an objective that hands
+        the second to the base as `ObjectiveOutput.plain_lse` (the fallback's) saves the (M, N) pass of zeros that
+        the fallback's gradient makes through `lse` while the objective is finite, and an addition."""
         if self.exp is None:
-            return torch.logsumexp(self.masked + weights.log(), dim=1)
-        return cast(Tensor, WeightedLogSumExp.apply(self.logits, weights, self.exp, self.shift))
+            return torch.logsumexp(self.masked + weights.log(), dim=1), self.lse
+        return cast("tuple[Tensor, Tensor]", WeightedLogSumExp.apply(self.logits, weights, self.exp, self.shift))
 
 
 def plain_reductions(
@@ -338,12 +344,14 @@ class ObjectiveOutput:
     """An objective's result: `loss` (M,) per anchor (the base takes the mean); the weights it applied to the
     negatives for the diagnostics, as `log_weights` (M, N) (any value outside N(i)) or, when it has their statistics
     at hand more cheaply, `weights` (`NegativeWeights`); neither for uniform weights; `metrics`: extra diagnostics
-    (scalars, detached by the base)."""
+    (scalars, detached by the base); `plain_lse`: plain InfoNCE's lse (M,) as an output of the objective's own node
+    (`PlainReductions.weighted_and_plain_lse`), for the fallback, or None (the shared reductions' own)."""
 
     loss: Tensor
     log_weights: Tensor | None = None
     weights: NegativeWeights | None = None
     metrics: dict[str, Tensor] = field(default_factory=dict)
+    plain_lse: Tensor | None = None
 
 
 class ContrastiveLoss(nn.Module):
@@ -547,7 +555,8 @@ class ContrastiveLoss(nn.Module):
         finite = torch.isfinite(loss)
         call.fell_back = ~finite
         if self.has_fallback:
-            loss = torch.where(finite, loss, plain.loss().mean())
+            fallback = plain if result.plain_lse is None else plain._replace(lse=result.plain_lse)
+            loss = torch.where(finite, loss, fallback.loss().mean())
 
         weights_fn: WeightsMaker | None = None
         with torch.no_grad():

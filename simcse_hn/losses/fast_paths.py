@@ -4,7 +4,8 @@ InfoNCE as a reader writes it (`plain_infonce`) and calls these in `ContrastiveL
 the two equal, loss and gradient, on every path of the plain call.
 
 * `MaskedLogSumExp` (`masked_logsumexp`): logsumexp over masked logits, keeping the exponentials for the backward.
-* `WeightedLogSumExp`: log sum_j w_ij e^{l_ij} from those kept exponentials.
+* `WeightedLogSumExp`: log sum_j w_ij e^{l_ij} from those kept exponentials (and plain InfoNCE's sum again, for
+  the fallback, in the same node).
 * `SelfLogits`: the logits of unit rows against themselves (anchors that are the candidates), one matrix product in
   the backward where autograd makes two.
 """
@@ -59,21 +60,37 @@ def masked_logsumexp(masked: Tensor, keep_exp: bool = False) -> Tensor | tuple[T
 
 class WeightedLogSumExp(torch.autograd.Function):
     """log sum_j w_ij e^{m_ij} = log(sum_j w_ij e_ij) + shift_i from e = e^{m - shift} (`MaskedLogSumExp`'s), m the
-    masked logits. Gradient: to the logits (those of m; e is 0 outside N(i)), w e / S; to w, e / S."""
+    masked logits, and plain InfoNCE's log sum_j e^{m_ij} again from the same e (for the fallback: its gradient,
+    zero unless the objective falls back, joins the weighted sum's in this node's one (M, N) pass, where
+    `MaskedLogSumExp`'s backward would make a pass of zeros and autograd an addition). Gradient: to the logits (those
+    of m; e is 0 outside N(i)), e (w g_w / S_w + g_p / S_p); to w, e g_w / S_w."""
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> Tensor:
+    def forward(ctx: Any, logits: Tensor, weights: Tensor, e: Tensor, shift: Tensor) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
         total = torch.linalg.vecdot(e, weights.to(e.dtype))  # (M,)
-        ctx.save_for_backward(e, weights, total)
-        return cast(Tensor, total.log() + shift.squeeze(1))
+        plain_total = e.sum(dim=1)  # (M,), as MaskedLogSumExp's
+        ctx.save_for_backward(e, weights, total, plain_total)
+        return total.log() + shift.squeeze(1), plain_total.log() + shift.squeeze(1)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        e, weights, total = ctx.saved_tensors
+    def backward(
+        ctx: Any, grad: Tensor | None, grad_plain: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, None, None]:
+        e, weights, total, plain_total = ctx.saved_tensors
         # an anchor without negatives (a guide removed them all, e = 0): 0, not 0 * inf = NaN
-        scale = torch.where(total > 0, grad / total, 0.0)[:, None]  # (M, 1)
-        grad_masked = torch.mul(e, weights).mul_(scale) if ctx.needs_input_grad[0] else None
-        grad_weights = (e * scale).to(weights.dtype) if ctx.needs_input_grad[1] else None
+        scale = None if grad is None else torch.where(total > 0, grad / total, 0.0)[:, None]  # (M, 1)
+        plain = None if grad_plain is None else torch.where(plain_total > 0, grad_plain / plain_total, 0.0)[:, None]
+        grad_masked = grad_weights = None
+        if ctx.needs_input_grad[0] and (scale is not None or plain is not None):
+            if scale is None:
+                grad_masked = e * cast(Tensor, plain)
+            elif plain is None:
+                grad_masked = torch.mul(e, weights).mul_(scale)
+            else:
+                grad_masked = torch.addcmul(plain, weights, scale).mul_(e)  # e (w g_w / S_w + g_p / S_p)
+        if ctx.needs_input_grad[1] and scale is not None:
+            grad_weights = (e * scale).to(weights.dtype)
         return grad_masked, grad_weights, None, None
 
 
@@ -95,6 +112,7 @@ class SelfLogits(torch.autograd.Function):
         (scaled,) = ctx.saved_tensors
         grad = None
         if grad_logits is not None:
+            # the blocked transposed copy and an addition: an elementwise G + G^T reads G^T with a stride, ~6x slower
             grad = grad_logits.T.contiguous().add_(grad_logits) @ scaled  # (N, D)
         if grad_scaled is not None:
             grad = grad_scaled / ctx.temperature if grad is None else grad.add_(grad_scaled, alpha=1 / ctx.temperature)

@@ -105,8 +105,9 @@ class HCLLoss(ReweightingLoss):
         # whose (M,) result is guarded instead of the (M, N) masked logits. Its q gives the weights' diagnostics; the
         # (M, N) weights are made only when read.
         unguarded, detach = batch.unguarded, self.options.detach_weights
+        plain_lse = None
         if unguarded.exp is not None and unguarded.offset is not None:  # InfoNCE's exponentials, kept: p = e q
-            log_ratio, q, q_sum, q_log_q = tilted_log_ratio_from_exp(
+            log_ratio, q, q_sum, q_log_q, plain_lse = tilted_log_ratio_from_exp(
                 unguarded.logits, unguarded.offset, unguarded.exp, cast(Tensor, unguarded.shift), beta, detach
             )
         else:
@@ -120,7 +121,8 @@ class HCLLoss(ReweightingLoss):
                 max=(q.amax(dim=1) * scale).max(),
                 entropy=mean_over_anchors_with_negatives(q_sum.log() - q_log_q / q_sum, n),
             )
-        return ObjectiveOutput(loss=loss, weights=weights, metrics={"clamp_frac": clamped.float().mean()})
+        metrics = {"clamp_frac": clamped.float().mean()}
+        return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics, plain_lse=plain_lse)
 
 
 class _TiltedLogRatio(torch.autograd.Function):
@@ -154,7 +156,7 @@ class _TiltedLogRatio(torch.autograd.Function):
 
 def _tilted_backward(ctx: Any, grad: Tensor) -> Tensor:
     """The gradient of logsumexp((1 + b) m) - logsumexp(b m) to m from a tilted log ratio's saved p, q and sums."""
-    p, q, p_sum, q_sum = ctx.saved_tensors
+    p, q, p_sum, q_sum = ctx.saved_tensors[:4]
     grad = torch.where(q_sum == 0, 0.0, grad)  # a row without negatives: 0, not 0 * inf = NaN (NaN stays NaN)
     p_sum, q_sum = p_sum.clamp_min(torch.finfo(p.dtype).tiny), q_sum.clamp_min(torch.finfo(q.dtype).tiny)
     if ctx.detach:  # d/dm logsumexp(m + b m'), m' held fixed: p
@@ -169,35 +171,49 @@ class _TiltedLogRatioFromExp(torch.autograd.Function):
     elsewhere) in one buffer, p = e^{(1 + b) (m - shift)} = e q without an exponential, and sum_j q log q =
     b (sum_j q_ij l_ij - shift_i sum_j q_ij) without an (M, N) log (q = 0 outside N(i), where l is finite). Five
     (M, N) passes in the forward (two allocations) where `_TiltedLogRatio` on the masked logits makes nine; the same
-    backward, to the logits."""
+    backward, to the logits. Also plain InfoNCE's log sum_j e^{m_ij} again (for the fallback: its gradient, zero
+    unless the objective falls back, joins in this node's backward, where `MaskedLogSumExp`'s would make a pass of
+    zeros and autograd an addition)."""
 
     @staticmethod
     def forward(
         ctx: Any, logits: Tensor, bias: Tensor, e: Tensor, shift: Tensor, beta: float, detach: bool
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        ctx.set_materialize_grads(False)  # no (M, N) zeros for q's gradient, which nothing has
         bias = bias if bias.dtype == logits.dtype else bias.to(logits.dtype)
         q = torch.add(bias, logits, alpha=beta).sub_(shift * beta).exp_()  # (M, N) e^{b (l - shift)} on N(i)
         q_sum = q.sum(dim=1)  # (M,)
         q_log_q = (torch.linalg.vecdot(q, logits) - shift.squeeze(1) * q_sum) * beta
         p = e * q  # e^{(1 + b) (m - shift)}
-        p_sum = p.sum(dim=1)
+        p_sum, e_sum = p.sum(dim=1), e.sum(dim=1)
         ctx.beta, ctx.detach = beta, detach
-        ctx.save_for_backward(p, q, p_sum, q_sum)
+        ctx.save_for_backward(p, q, p_sum, q_sum, e, e_sum)
         ctx.mark_non_differentiable(q, q_sum, q_log_q)
-        return torch.where(q_sum == 0, 0.0, p_sum.log() - q_sum.log() + shift.squeeze(1)), q, q_sum, q_log_q
+        ratio = torch.where(q_sum == 0, 0.0, p_sum.log() - q_sum.log() + shift.squeeze(1))
+        return ratio, q, q_sum, q_log_q, e_sum.log() + shift.squeeze(1)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor, *_: Tensor | None) -> tuple[Tensor | None, None, None, None, None, None]:
-        return _tilted_backward(ctx, grad), None, None, None, None, None
+    def backward(
+        ctx: Any, grad: Tensor | None, *grads: Tensor | None
+    ) -> tuple[Tensor | None, None, None, None, None, None]:
+        e, e_sum = ctx.saved_tensors[4:]
+        grad_plain = grads[-1]  # the plain lse's; q, its sum and q log q have none
+        grad_logits = None if grad is None else _tilted_backward(ctx, grad)
+        if grad_plain is not None:
+            plain = torch.where(e_sum > 0, grad_plain / e_sum, 0.0)[:, None]  # (M, 1); 0 for a row without negatives
+            grad_logits = e * plain if grad_logits is None else grad_logits.addcmul_(e, plain)
+        return grad_logits, None, None, None, None, None
 
 
 def tilted_log_ratio_from_exp(
     logits: Tensor, bias: Tensor, e: Tensor, shift: Tensor, beta: float, detach: bool = False
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`tilted_log_ratio` of the masked logits logits + bias (bias: 0 on N(i), -inf elsewhere) from plain InfoNCE's
-    exponentials e (M, N) and row maxima shift (M, 1) of those masked logits (`_TiltedLogRatioFromExp`)."""
+    exponentials e (M, N) and row maxima shift (M, 1) of those masked logits (`_TiltedLogRatioFromExp`), and plain
+    InfoNCE's lse (M,) from the same node."""
     return cast(
-        "tuple[Tensor, Tensor, Tensor, Tensor]", _TiltedLogRatioFromExp.apply(logits, bias, e, shift, beta, detach)
+        "tuple[Tensor, Tensor, Tensor, Tensor, Tensor]",
+        _TiltedLogRatioFromExp.apply(logits, bias, e, shift, beta, detach),
     )
 
 

@@ -473,7 +473,8 @@ class ProGCLLoss(ContrastiveLoss):
             w = hardness.div_(row_mean).masked_fill_(~(usable & (row_mean > 0)), 1.0)  # (M, N)
             # sum_j w_ij e^{l_ij} from the fallback's own exponentials (with an explicit negative's weight c_ij, the
             # targets' negative_log_weights, in them), guarded as an (M,) result
-            log_r = drop_nonfinite_grad(batch.unguarded.weighted_lse(w))
+            log_r, plain_lse = batch.unguarded.weighted_and_plain_lse(w)  # the fallback's sum from the same node
+            log_r = drop_nonfinite_grad(log_r)
             loss = torch.logaddexp(plain.pos, log_r) - plain.pos
             with torch.no_grad():  # sum_{j in N(i)} w_ij = n_i; w log w is 0 outside N(i) (w = 0 or 1 there)
                 w_log_w = torch.linalg.vecdot(w, w.clamp_min(1e-30).log_())  # (M,)
@@ -482,7 +483,7 @@ class ProGCLLoss(ContrastiveLoss):
                     max=w.amax(),
                     entropy=mean_over_anchors_with_negatives(n.squeeze(1).log() - w_log_w / n.squeeze(1), plain.count),
                 )
-            return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics)
+            return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics, plain_lse=plain_lse)
         # the synthetic negatives mix the unweighted logits s / t (`logits`, masked by the unweighted bias): an
         # explicit negative's weight multiplies its own term of the negative sum only (in plain.lse)
         if self.mix_size(num_candidates) == num_candidates:

@@ -270,7 +270,7 @@ class UnReMixLoss(ContrastiveLoss):
         metrics = {"lambda_A": lam[0], "lambda_U": lam[1], "lambda_R": lam[2]}
         metrics["u_from_head"] = torch.full((), float(use_head), device=logits.device)
 
-        weights, log_r = None, plain.lse
+        weights, log_r, plain_lse = None, plain.lse, None
         if self.options.beta > 0:
             features = (anchor_features, candidate_features) if use_head else (None, None)
             with torch.no_grad():
@@ -289,8 +289,10 @@ class UnReMixLoss(ContrastiveLoss):
                     w, w_log_w = self._fixed_mixture_weights(dev, kappa, n, targets)
             if not targets.standard_negatives:  # an anchor may have no negatives (a guide): 0, not softmax's NaN
                 w = torch.where(n > 0, w, 0.0)
-            # sum_j w_ij e^{l_ij} from the fallback's own exponentials, guarded as an (M,) result
-            log_r = drop_nonfinite_grad(batch.unguarded.weighted_lse(w))
+            # sum_j w_ij e^{l_ij} from the fallback's own exponentials, guarded as an (M,) result; the fallback's sum
+            # from the same node
+            log_r, plain_lse = batch.unguarded.weighted_and_plain_lse(w)
+            log_r = drop_nonfinite_grad(log_r)
             with torch.no_grad():
                 w = w.detach()
                 if w_log_w is None:
@@ -304,7 +306,7 @@ class UnReMixLoss(ContrastiveLoss):
             p = torch.softmax(theta, dim=0)
             entropy = -(p * p.log()).sum()
             loss = loss + self.options.mixture_entropy * (entropy.detach() - entropy)
-        return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics)
+        return ObjectiveOutput(loss=loss, weights=weights, metrics=metrics, plain_lse=plain_lse)
 
     def _centred_scores(
         self, batch: ObjectiveInput, features: tuple[Tensor | None, Tensor | None]
