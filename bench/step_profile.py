@@ -31,6 +31,7 @@ from bench.common import (
     RESULTS,
     environment,
     environment_line,
+    trainer_module,
     training_bench_inputs,
     write_report,
 )
@@ -80,7 +81,8 @@ def run(model: str, corpus: Path, steps: int, warmup: int, profile_steps: int, t
             if state["step"] == steps and "profiler" in profiler_box:
                 profiler_box["profiler"].__exit__(None, None, None)
 
-    base = train.SimCSETrainer
+    builder = trainer_module()
+    base = builder.SimCSETrainer
 
     class Timed(base):
         def __init__(self, *args, **kwargs):
@@ -127,11 +129,11 @@ def run(model: str, corpus: Path, steps: int, warmup: int, profile_steps: int, t
                 "--learning_rate", "3e-5", "--seed", "42", "--output_dir", output_dir, "--logging_steps", "1000",
                 "--report_to", "none", "--disable_tqdm", "true", "--pooler", "cls", "--loss", BASELINE,
                 "--contrast_form", "symmetric"]  # fmt: skip
-        train.SimCSETrainer = Timed
+        builder.SimCSETrainer = Timed  # run() builds the trainer from there
         try:
             train.run(argv)
         finally:
-            train.SimCSETrainer = base
+            builder.SimCSETrainer = base
 
     step_times = [b - a for a, b in zip(step_ends[warmup - 1 :], step_ends[warmup:])][: steps - warmup - profile_steps]
     # means, which add up (medians of the phases need not sum to the median step)

@@ -67,6 +67,7 @@ from bench.common import (
     reset_peak_rss,
     rss_mib,
     timed_settings,
+    trainer_module,
     training_bench_inputs,
     write_json,
     write_report,
@@ -189,7 +190,8 @@ def recording_callback(marks: list[float], memory: dict, sync_warn_from: int | N
 def run_ours(spec: dict, corpus: Path, output_dir: str, callback, batches: list, losses: list):
     from simcse_hn.cli import train
 
-    base = train.SimCSETrainer
+    builder = trainer_module()
+    base = builder.SimCSETrainer
 
     class Recorded(base):
         def __init__(self, *args, **kwargs):
@@ -214,11 +216,11 @@ def run_ours(spec: dict, corpus: Path, output_dir: str, callback, batches: list,
         argv += ["--bf16", "true"]
     if spec.get("compile"):
         argv += ["--torch_compile", "true", "--torch_compile_backend", spec["compile"]]
-    train.SimCSETrainer = Recorded  # run() looks the class up in its module
+    builder.SimCSETrainer = Recorded  # run() builds the trainer from there
     try:
         trainer = train.run(argv)
     finally:
-        train.SimCSETrainer = base
+        builder.SimCSETrainer = base
     from torch._dynamo.eval_frame import OptimizedModule
 
     compiled = any(isinstance(m, OptimizedModule) for m in (trainer.model_wrapped, trainer.model))

@@ -128,7 +128,8 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
         metadata={
             "help": "Run each training batch as this many sub-batches of rows of similar token length, each cut to "
             "its longest row: less padding computed, the same embeddings up to rounding (dropout draws differ, "
-            "equally seeded). 1: one forward. Default: 8 on a CPU; 1 on accelerators (where a batch's padding costs "
+            "equally seeded). A BERT encoder runs the batch's tokens without padding, attention in these groups. "
+            "1: one forward. Default: 8 on a CPU; 1 on accelerators (where a batch's padding costs "
             "less than more kernel launches) and under FSDP, DeepSpeed or torch_compile."
         },
     )

@@ -32,6 +32,7 @@ from simcse_hn.modeling.batching import (
     restore_order,
     token_length_order,
 )
+from simcse_hn.modeling.packing import Packing, pack_inputs, packed, packs, plan_packing, pool_packed, row_of_each_token
 from simcse_hn.modeling.loading import encoder_files, finish_tokenizer_config, is_decoder_only
 from simcse_hn.modeling.st_format import head_as_encoder_pooler, write_sentence_transformers_files
 from simcse_hn.run_record import RunRecord
@@ -80,9 +81,10 @@ class SimCSEModel(nn.Module):
     `length_groups` > 1, in training: a batch runs as that many sub-batches of rows of similar token length, each
     cut to its own longest row (`length_groups_of`); the embeddings come back in the batch's order. The encoder then
     computes fewer padding positions (on the wiki corpus at batch 64 and max length 32, 29 % of a batch's positions are
-    padding). The embeddings are the same up to float rounding (padding keys are masked out, the poolers read the
-    mask); with dropout on, each row's dropout draw differs from the one-forward draw, equally random and equally
-    seeded. The trainer sets it (`SimCSETrainingArguments.length_groups`); 1 (one forward) by default. Evaluation
+    padding). A BERT encoder runs packed instead (simcse_hn.modeling.packing): the batch's tokens without padding in
+    one row, attention in the length groups. The embeddings are the same up to float rounding (padding keys are
+    masked out, the poolers read the mask); with dropout on, each row's dropout draw differs from the one-forward
+    draw, equally random and equally seeded. The trainer sets it (`SimCSETrainingArguments.length_groups`); 1 (one forward) by default. Evaluation
     always runs one forward (`encode` and the dev loop already batch sentences of equal length).
     """
 
@@ -125,6 +127,10 @@ class SimCSEModel(nn.Module):
         token_type_ids: Tensor | None = None,
         return_head_inputs: bool = False,
     ) -> SimCSEOutput:
+        if self.training and self.length_groups > 1 and packs(self.encoder):
+            plan = plan_packing(attention_mask, self.length_groups)
+            if plan is not None:
+                return self._packed_forward(plan, input_ids, token_type_ids, return_head_inputs)
         groups = length_groups_of(attention_mask, self.length_groups) if self.training else None
         if groups is None:
             return self._forward(input_ids, None, attention_mask, token_type_ids, return_head_inputs)
@@ -148,6 +154,31 @@ class SimCSEModel(nn.Module):
         if outputs[0].head_inputs is None:
             return SimCSEOutput(embeddings)
         return SimCSEOutput(embeddings, torch.cat([output.head_inputs for output in outputs])[inverse])
+
+    def _packed_forward(
+        self, plan: Packing, input_ids: Tensor, token_type_ids: Tensor | None, return_head_inputs: bool
+    ) -> SimCSEOutput:
+        """One encoder forward over the batch's tokens alone (simcse_hn.modeling.packing), pooled per row and put
+        back in the batch's order, + the head."""
+        needs_layers = self.pooler in ("avg_first_last", "avg_top2")
+        with packed(self.encoder, plan):
+            outputs = self.encoder(
+                **pack_inputs(plan, input_ids, token_type_ids), output_hidden_states=needs_layers, return_dict=True
+            )
+        if self.pooler == "avg_first_last":
+            hidden = (outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2
+        elif self.pooler == "avg_top2":
+            hidden = (outputs.hidden_states[-2] + outputs.hidden_states[-1]) / 2
+        else:
+            hidden = outputs.last_hidden_state
+        token_rows = row_of_each_token(plan) if self.pooler.startswith("avg") else None
+        pooled = pool_packed(hidden[0], plan, self.pooler, token_rows)  # (B, H), packed order
+        inverse = torch.empty_like(plan.order)
+        inverse[plan.order] = torch.arange(plan.order.numel(), device=plan.order.device)
+        pooled = pooled[inverse]
+        if self.uses_head:
+            return SimCSEOutput(self.mlp(pooled), pooled if return_head_inputs else None)
+        return SimCSEOutput(pooled)
 
     def _forward(
         self,
