@@ -24,6 +24,7 @@ from simcse_hn.evaluation.encoding import (
     token_length_batches,
 )
 from simcse_hn.evaluation.scoring import score_sts_tasks, sts_spearman
+from simcse_hn.modeling.batching import length_cuts
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import TINY_LLAMA, build_tiny_bert
@@ -223,9 +224,21 @@ def test_token_length_batches_group_equal_lengths_and_restore_order(tasks):
 
     out = token_length_batches(encode_batch, tokenizer, batch_size=16)(sentences)
     assert out[:, 1].tolist() == list(range(len(sentences)))  # order restored
-    assert [len(b) for b in batches[:-1]] == [16] * (len(batches) - 1) and 0 < len(batches[-1]) <= 16
+    assert all(0 < len(b) <= 16 for b in batches)
     lengths = [len(tokenizer(s)["input_ids"]) for b in batches for s in b]
     assert lengths == sorted(lengths, reverse=True)  # longest first, so each batch pads to almost nothing
+    cuts = [(sum(map(len, batches[:k])), sum(map(len, batches[: k + 1]))) for k in range(len(batches))]
+    assert cuts == length_cuts(lengths, 16)
+
+
+def test_length_cuts_close_a_batch_where_the_length_drops_once_it_holds_a_quarter():
+    lengths = [9, 9, 9, 8, 8, 8, 8, 8, 8, 8, 8, 7, 7, 3, 2, 2, 2, 1]
+    assert length_cuts(lengths, 8) == [(0, 3), (3, 11), (11, 13), (13, 15), (15, 17), (17, 18)]
+    assert length_cuts([5] * 10, 4) == [(0, 4), (4, 8), (8, 10)]  # one length: whole batches
+    assert length_cuts([4, 3, 2, 1], 1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert length_cuts([], 8) == []
+    padding = lambda cuts: sum(lengths[a] * (b - a) - sum(lengths[a:b]) for a, b in cuts)  # noqa: E731
+    assert padding(length_cuts(lengths, 8)) < padding([(k, min(k + 8, len(lengths))) for k in range(0, 18, 8)])
 
 
 def prepared_batches(prepare, sentences, batch_size, group_size):
