@@ -3,11 +3,7 @@ cannot differ from its arm), and runs of one arm trained or evaluated by other c
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from simcse_hn.losses.progcl import FIT_PAIRS
-from simcse_hn.study.runs import trained_by
 
 
 def sweep_no_op(arm: str, changes: list[str], batch: int) -> str | None:
@@ -21,16 +17,6 @@ def sweep_no_op(arm: str, changes: list[str], batch: int) -> str | None:
             return (f"no-op: a batch of {batch} has {pairs:,} pairs, no more than fit_pairs {FIT_PAIRS:,}, "
                     "so the arm's fit already uses every pair")  # fmt: skip
     return None
-
-
-def run_provenance(trained: Path | None, scored: Path) -> dict:
-    """The data hash and code identity a run records (simcse_hn.study.runs.trained_by), in this study's field names.
-    Missing records stay None (a run from before they were written)."""
-    config, results = trained / "simcse_config.json" if trained is not None else None, scored / "results.json"
-    made = trained_by(json.loads(config.read_text()) if config is not None and config.is_file() else {},
-                      json.loads(results.read_text()) if results.is_file() else {})  # fmt: skip
-    return {"train_data_sha256": made["train_data_sha256"], "train_code_sha256": made["source_sha256"],
-            "eval_code_sha256": made["scored_by_source_sha256"]}  # fmt: skip
 
 
 def mixed_provenance(runs: dict) -> list[str]:
