@@ -1,17 +1,8 @@
-"""The pilots of the hard-negative study (bench/results/pilot/pilot*.json, each with its plan*.md committed before its
-first run): did a regime exist in which the objectives act? Each pilot trained all-MiniLM-L6-v2 on candidate regimes,
-short runs of InfoNCE, HCL and DCL, with the lab's earlier runner; a pilot of today is `simcse-hn-study pilot`
-(docs/studies.md), whose checks (simcse_hn.study.pilot) read the committed runs here against the go criterion:
-
-* loss: InfoNCE's last logging window at least ten times the saturated regime's (0.0025 at batch 64, the quality
-  study's records), and at least ten times that of the pilot's own random-batch run of the same length;
-* weights at work: HCL's `top1pct_weight_share` at least twice the uniform share (ceil(1 % of n) / n of n negatives);
-* DCL's clamp off for most anchors: `clamp_frac` below 0.5 in the last window.
-
-Regimes: `random`, `topic-k<clusters>-s<share>`, `mined` / `mined-topic-...` (one mined hard negative per sentence,
-plan3.md) and `queue-k<size>-m<momentum>` (a memory bank, plan4.md); `<objective>@key=value` an objective at another
-setting than its config's. `python -m bench.report bench/results/pilot/pilot5.json` writes a page again from its
-record; bench/test_pilot.py recomputes every committed pilot's verdicts from its runs.
+"""The pilots of the hard-negative study (bench/results/pilot/pilot*.json, each after its plan*.md): every committed
+pilot's verdicts from its runs' last windows, by the package's checks (simcse_hn.study.pilot), and its page
+(`python -m bench.report bench/results/pilot/pilot5.json`). Regimes: `random`, `topic-k<clusters>-s<share>`, `mined`,
+`queue-k<size>-m<momentum>`; `<objective>@key=value` is an objective at another setting. A pilot of today is
+`simcse-hn-study pilot` (docs/studies.md).
 """
 
 from __future__ import annotations

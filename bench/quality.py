@@ -1,15 +1,7 @@
-"""The quality study on the fair sweep (bench/results/quality/), read again from the records its runs left: runs.json
-and what each run kept beside it under runs/<run>/ (results.json, predictions.npz, curves.json). The runs were
-trained and scored by the lab's earlier runner (every arm continuing all-MiniLM-L6-v2 with the objective of its shipped
-config, configs/unsup_bert_base_<arm>.yaml, on the 21k-sentence wiki slice; seeds 42-44 for every arm, 45-46 for the
-baseline and every arm ahead of it, a one-seed sensitivity sweep, batch 512 through GradCache). A study of today runs
-through `simcse-hn-study` (docs/studies.md).
-
-    python -m bench.quality    # rebuild the comparisons (eval/compare.py), runs.md and the curves from runs.json
-
-Runs of another batch or learning rate are compared apart (compare_b<batch>[-lr<rate>]/). A comparison some of whose
-runs have no kept results (runs of an earlier machine) stays as last written. bench/test_quality_pages.py
-regenerates each committed page byte for byte.
+"""The quality study's pages (bench/results/quality/) from its records: runs.json and what each run kept under
+runs/<run>/ (results.json, predictions.npz, curves.json); runs of another batch or learning rate compared apart, and a
+comparison whose runs' results are on no disk here left as it is. The runs were made by the lab's earlier runner; a
+study of today runs through `simcse-hn-study` (docs/studies.md). `python -m bench.quality` rewrites the pages.
 """
 
 from __future__ import annotations
@@ -23,16 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import RESULTS, ROOT, SHARED_DATA
-from bench.quality_checks import mixed_provenance, sweep_no_op
 from simcse_hn.cli import compare as compare_command
 from simcse_hn.cli import curves as curves_command
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.comparability import scored_alike
+from simcse_hn.losses.progcl import FIT_PAIRS
 from simcse_hn.study.report import mean_windows
 
 BASELINE = "infonce"
 OUT = RESULTS / "quality"
-# The one-seed sensitivity sweep: (name, arm whose config it starts from, flags that change)
+# The one-seed sensitivity sweep: (name, arm whose config it starts from, flags that change); DCL's points try a
+# smaller prior and the paper's temperature (at t = 0.05 the seed-42 arm clamps 99 % of anchors: docs/losses.md)
 SWEEP = [
     ("hcl-beta0.05", "hcl", ["--hcl_beta", "0.05"]),
     ("hcl-beta0.2", "hcl", ["--hcl_beta", "0.2"]),
@@ -41,9 +34,6 @@ SWEEP = [
     ("progcl-fitall", "progcl", ["--progcl_fit_pairs", "0"]),
     ("unremix-beta0.5", "unremix", ["--unremix_beta", "0.5"]),
     ("unremix-beta2", "unremix", ["--unremix_beta", "2.0"]),
-    # DCL's clamp (docs/losses.md section 3): at t = 0.05 the trained space clamps nearly every anchor (the seed-42
-    # arm: clamp_frac 0.99 and no gradient by step 150), so the sweep tries a smaller prior and the paper's own
-    # temperature, against InfoNCE at that temperature
     ("dcl-tau1e-6", "dcl", ["--dcl_tau_plus", "1e-6"]),
     ("dcl-t0.5-tau0.1", "dcl", ["--temperature", "0.5", "--dcl_tau_plus", "0.1"]),
     ("infonce-t0.5", "infonce", ["--temperature", "0.5"]),
@@ -55,10 +45,6 @@ DIAGNOSTICS = ("loss", "pos_sim", "neg_sim", "harder_than_positive", "top1pct_we
 def arms() -> list[str]:
     names = sorted(p.name[len("unsup_bert_base_"):-len(".yaml")] for p in (ROOT / "configs").glob("unsup_bert_base_*"))
     return [BASELINE] + [name for name in names if name != BASELINE]
-
-
-def _rel(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def load_index() -> dict:
@@ -75,18 +61,15 @@ SICK_LABELS = ("ENTAILMENT", "NEUTRAL", "CONTRADICTION")
 
 @functools.lru_cache(maxsize=4)
 def sick_test_rows(sick: Path) -> list[dict]:
-    """SICK's test-split rows with their entailment labels, read once per report (simcse_hn.data's STS reader keeps
-    only the pair and its score)."""
+    """SICK's test-split rows with their entailment labels (the package's STS reader keeps pairs and scores only)."""
     rows = [json.loads(line) for line in sick.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [r for r in rows if r.get("split") == "test"]
 
 
 def sick_by_label(results: Path, sick: Path | None = None) -> dict | None:
-    """How a scored model places SICK-R's test pairs by their entailment label, from its predictions.npz: the mean
-    cosine of each label's pairs and the AUC of telling entailment (a paraphrase: what an unsupervised batch holds as
-    a false negative) from contradiction (a lexically close but opposite sentence: a hard true negative) by cosine
-    alone. An objective that pushes false negatives away lowers the first; one that separates hard true negatives
-    raises the AUC. None when the predictions or the labels are missing or do not line up with the test split."""
+    """SICK-R's test pairs by entailment label from a run's predictions.npz: each label's mean cosine and the AUC of
+    telling entailment (a false negative to an unsupervised batch) from contradiction (a hard true negative) by
+    cosine. None when the predictions or labels are missing or do not line up with the test split."""
     import numpy as np
     from scipy.stats import mannwhitneyu
 
@@ -110,12 +93,10 @@ def sick_by_label(results: Path, sick: Path | None = None) -> dict | None:
 
 
 def learning_rate_suffix(arm: str) -> str:
-    """'-lr8.5e-05' for a run of `--learning_rate 8.5e-5`, '' for the recipe's rate."""
     return arm[arm.rindex("-lr"):] if "-lr" in arm else ""
 
 
 def baseline_of(arm: str) -> str:
-    """The run name an arm is paired with: the baseline at the same learning rate."""
     return BASELINE + learning_rate_suffix(arm)
 
 
@@ -176,9 +157,10 @@ def report(index: dict, out: Path | None = None) -> None:
         if batch == 64 and not suffix:
             keys = [k for k in ("before-cls", "before-avg") if k in runs] + keys
         folder = out / f"compare_b{batch}{suffix}"
+        shown = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
         lost = [k for k in keys if not (ROOT / runs[k]["results"] / "results.json").is_file()]
         if lost:  # an earlier machine's runs without kept results: their comparison stays as last written
-            print(f"{_rel(folder)} kept as it is: {len(lost)} of its runs' results are on no disk here "
+            print(f"{shown} kept as it is: {len(lost)} of its runs' results are on no disk here "
                   f"({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''})", flush=True)
             continue
         groups = [runs[k]["arm"] for k in keys]
@@ -186,7 +168,7 @@ def report(index: dict, out: Path | None = None) -> None:
         baseline = baseline if baseline in groups else groups[0]
         problem = scored_apart(keys, runs, groups, seeds, baseline)
         if problem:  # an arm's seeds scored otherwise are not replicates: no statistics over them
-            print(f"{_rel(folder)} not rewritten: {problem}", flush=True)
+            print(f"{shown} not rewritten: {problem}", flush=True)
             continue
         title = f"Quality study, batch {batch}" + (f", learning rate {suffix[3:]}" if suffix else "")
         report_command(compare_command.main, [*[str(ROOT / runs[k]["results"]) for k in keys], "--group",
@@ -307,6 +289,38 @@ def draw_curves(runs: dict, by_variant: dict, out: Path) -> None:
         if len(keys) < 2 or not all(r.is_file() for r in records):
             continue
         report_command(curves_command.main, [*map(str, records), "--output", str(out / chart)])
+
+
+def sweep_no_op(arm: str, changes: list[str], batch: int) -> str | None:
+    """Why the sweep point (`changes` to `arm`'s config) is the arm itself at `batch`, or None when it can differ.
+    ProGCL samples fit_pairs of a batch's 2N(2N-1)/2 pairs only when there are more: with no more, every fit already
+    uses all pairs, so `--progcl_fit_pairs 0` (all) changes nothing."""
+    if arm.startswith("progcl") and "--progcl_fit_pairs" in changes:
+        pairs = 2 * batch * (2 * batch - 1) // 2
+        fitted = int(changes[changes.index("--progcl_fit_pairs") + 1])
+        if min(fitted or pairs, pairs) == min(FIT_PAIRS, pairs):
+            return (f"no-op: a batch of {batch} has {pairs:,} pairs, no more than fit_pairs {FIT_PAIRS:,}, "
+                    "so the arm's fit already uses every pair")  # fmt: skip
+    return None
+
+
+def mixed_provenance(runs: dict) -> list[str]:
+    """One line per arm and batch whose runs record more than one training data hash or code hash, or whose
+    evaluation ran other code than its training: such runs are not one arm's repeats."""
+    groups: dict[tuple, list[dict]] = {}
+    for entry in runs.values():
+        groups.setdefault((entry["arm"], entry.get("batch_size")), []).append(entry.get("provenance") or {})
+    problems = []
+    for (arm, batch), records in sorted(groups.items(), key=str):
+        for field in ("train_data_sha256", "train_code_sha256"):
+            seen = {r.get(field) for r in records if r.get(field)}
+            if len(seen) > 1:
+                problems.append(f"{arm} at batch {batch}: {len(seen)} different {field} over its {len(records)} runs")
+        mixed = [r for r in records if r.get("eval_code_sha256") and r.get("train_code_sha256")
+                 and r["eval_code_sha256"] != r["train_code_sha256"]]  # fmt: skip
+        if mixed:
+            problems.append(f"{arm} at batch {batch}: {len(mixed)} runs evaluated by other code than trained them")
+    return problems
 
 
 def main() -> None:

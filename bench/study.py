@@ -1,11 +1,7 @@
 """The confirmatory study in the memory-bank regime (bench/results/study/plan.md) on the study command's page. Its runs
-were trained and scored by the lab's earlier runner, which kept runs.json and, under runs/<run>/, each run's
-results.json and predictions.npz; they carry no hashes of their files (they predate them) and no lock. Every score is
-recomputed here from the predictions and the evaluation data's gold scores (simcse_hn.study.binding: a run whose
-recorded average they do not give is refused), then tested, read against plan.md's rules (verdicts.yaml, given after
-the runs) and written by simcse_hn.study's own analysis, verdicts and page.
-
-    python -m bench.study    # rebuild bench/results/study/report.{json,md}
+(the lab's earlier runner: runs.json, runs/<run>/predictions.npz) carry no hashes and no lock: each score is recomputed
+from the predictions and the evaluation data, then tested, read against plan.md's rules (verdicts.yaml, given after
+the runs) and written by simcse_hn.study's own code. `python -m bench.study` rewrites report.{json,md}.
 """
 
 from __future__ import annotations

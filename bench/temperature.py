@@ -1,16 +1,8 @@
-"""The data of the temperature study (issue 56, bench/results/temperature/plan.md), written beside its plan.
-
-    python -m bench.temperature        # corpus.txt and stsb_dev_disjoint.jsonl in bench/results/temperature/
-
-* corpus.txt: the first 6,400 sentences of the shuffled wiki slice (bench.common.shuffled_corpus, seed 0), the last
-  study's training data (bench/study.py), byte for byte;
-* stsb_dev_disjoint.jsonl: STS-B's dev pairs that no test file of the endpoint holds (STS12-16, STS-B test, SICK-R
-  test; either order, case and spacing aside, as `simcse-hn-study pilot` counted them then: it now sets
-  punctuation aside too and counts shared sentences, which finds 6 test pairs and 63 pairs with a test sentence
-  among these 369), the pilot's tuning set.
-
-Both are derived from ../shared/data, so they are not committed; the plan's lock holds their sha256, and the study
-refuses to go on when a regenerated file differs.
+"""The data of the temperature study (bench/results/temperature/plan.md), written beside its plan from ../shared/data
+(not committed: the plan's lock holds their sha256). `python -m bench.temperature` writes corpus.txt, the first 6,400
+sentences of the shuffled wiki slice, and stsb_dev_disjoint.jsonl, STS-B's dev pairs that no test file of the
+endpoint holds (either order, case and spacing aside, as the pilot counted then; it now sets punctuation aside too and
+counts shared sentences: 6 test pairs and 63 pairs with a test sentence among these 369).
 """
 
 from __future__ import annotations
