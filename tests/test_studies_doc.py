@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from simcse_hn.files import MANIFEST, file_sha256
 from simcse_hn.training.checkpoints import CHECKPOINT_MANIFEST, last_complete_checkpoint, read_run_id
@@ -258,3 +259,80 @@ def test_a_runner_killed_with_sigkill_takes_its_trainers_with_it_and_a_new_one_n
     study(tmp_path, "run", "study.yaml")  # whatever the second runner left (a run held while a trainer ended)
     assert len(records(tmp_path)) == 4, said
     assert "4 of 4 runs in" in study(tmp_path, "report", "study.yaml").stdout
+
+
+def prose() -> str:
+    return " ".join(DOC.read_text(encoding="utf-8").split())
+
+
+def test_the_docs_counts_of_dev_sets_in_the_test_files_are_the_pilots(tmp_path):
+    """docs/studies.md's numbers: STS-B's and SICK-R's dev pairs against the whole suite's test files, and the
+    temperature study's 369 pairs (made with case and spacing aside), counted as the pilot counts."""
+    from conftest import SHARED_DATA
+
+    from simcse_hn.study import tuning
+    from simcse_hn.study.plan import load_plan
+
+    sts = SHARED_DATA / "sts"
+    rows = {
+        name: [json.loads(line) for line in (sts / name).read_text().splitlines()]
+        for name in ("stsb.jsonl", "sickr.jsonl")
+    }
+    tests = {
+        frozenset(" ".join(s.lower().split()) for s in (r["sentence1"], r["sentence2"]))
+        for path in sts.glob("*.jsonl")
+        for r in map(json.loads, path.read_text().splitlines())
+        if r["split"] == "test"
+    }
+    disjoint = [
+        r
+        for r in rows["stsb.jsonl"]
+        if r["split"] == "dev"
+        and frozenset(" ".join(s.lower().split()) for s in (r["sentence1"], r["sentence2"])) not in tests
+    ]
+    found = {}
+    for name, dev in (
+        ("stsb", [r for r in rows["stsb.jsonl"] if r["split"] == "dev"]),
+        ("sickr", [r for r in rows["sickr.jsonl"] if r["split"] == "dev"]),
+        ("disjoint", disjoint),
+    ):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev))
+        plan = yaml.safe_dump(
+            {
+                "name": name,
+                "base": {"model_name_or_path": "builtin:tiny-bert"},
+                "arms": {"a": {}, "b": {"temperature": 0.1}},
+                "baseline": "a",
+                "seeds": [1, 2],
+                "evaluation": {"data_dir": str(sts)},
+                "smallest_effect": 0.5,
+                "pilot": {"dev": {"file": f"{name}.jsonl"}},
+            }
+        )
+        (tmp_path / f"{name}.yaml").write_text(plan)
+        found[name] = tuning.overlap(load_plan(str(tmp_path / f"{name}.yaml"), check_arms=False))
+    text = prose()
+    assert found["stsb"]["of"] == 1500 and found["sickr"]["of"] == 500 and found["disjoint"]["of"] == 369
+    assert (
+        f"of STS-B dev's 1,500 pairs, {found['stsb']['pairs']:,} are test pairs and "
+        f"{found['stsb']['with_sentence']:,} have a test sentence; of SICK-R dev's 500, {found['sickr']['pairs']} "
+        f"and {found['sickr']['with_sentence']}."
+    ) in text
+    assert (
+        f'369 "disjoint" STS-B dev pairs (bench/results/temperature/plan.md, counted there with case and '
+        f"spacing aside only) hold {found['disjoint']['pairs']} test pairs up to punctuation, and "
+        f"{found['disjoint']['with_sentence']} pairs with a test sentence."
+    ) in text
+
+
+def test_the_docs_evaluation_line_is_a_pair_the_suite_reads_and_its_tie_example_is_exact(tmp_path):
+    from simcse_hn.data.sts import load_sts_task
+    from simcse_hn.evaluation.stats import sign_flip_test
+
+    (tmp_path / "stsb.jsonl").write_text(block("json"))
+    task = load_sts_task("STS-B", str(tmp_path))
+    assert task.pairs == 1 and task.subsets["test"].scores == [5.0]
+    text = prose()
+    a, b = re.search(r"STS averages of ([\d., ]+) against ([\d., ]+) give p = 14/16 = 0\.875", text).groups()
+    values = [[float(x) for x in part.replace(", ", " ").split()] for part in (a, b)]
+    assert sign_flip_test(*values)["p"] == 14 / 16

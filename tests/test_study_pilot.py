@@ -246,7 +246,9 @@ def test_the_pilot_tunes_on_dev_data_alike_and_locks_its_picks_before_the_runs(t
     plan = tmp_path / "study.yaml"
     plan.write_text(plan.read_text() + yaml.safe_dump({"pilot": PILOT}))
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # the test file's own pairs
-    study(tmp_path, "plan", "study.yaml")
+    said = study(tmp_path, "plan", "study.yaml").stdout  # how each arm is tuned, side by side
+    assert "tuning: infonce: temperature (2 values); 2 grid points" in said
+    assert "tuning: margin: loss_options.margin (2 values); 2 grid points" in said
     done = study(tmp_path, "run", "study.yaml", check=False)
     assert done.returncode == 2 and "the confirmatory runs wait for the pilot's picks" in done.stderr
     done = study(tmp_path, "pilot", "study.yaml", check=False)

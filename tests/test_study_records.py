@@ -237,3 +237,20 @@ def test_rules_given_for_a_plan_locked_without_any_are_said_to_come_after_the_ru
     plan, _ = study(tmp_path / "y" if not (tmp_path / "y").mkdir() else None)
     with pytest.raises(report.PlanError, match="locks its own verdict rules; they are the only ones"):
         report.write_report(plan, str(given))
+
+
+def test_rules_locked_after_the_first_run_started_are_said_to_be_no_preregistration(tmp_path):
+    plan, version = study(tmp_path, PLAN)
+    fake_runs(plan, version, NOISE)
+    for path in (tmp_path / "study" / "runs").glob("*.json"):  # the runs started long before any lock
+        record = json.loads(path.read_text())
+        record["times"]["started"] = "2000-01-01T00:00:00+00:00"
+        path.write_text(json.dumps(record))
+    Path(plan.path).write_text(with_rules())
+    plan = load_plan(plan.path, check_arms=False)
+    amended = lock.lock(plan, reason="verdict rules, after the runs")
+    page, _ = report.write_report(plan)
+    assert (
+        f"These rules were locked at {amended['locked_at']}, after the first run started "
+        "(2000-01-01T00:00:00+00:00): they are not preregistered."
+    ) in page.split(EXPLORATORY)[0]
