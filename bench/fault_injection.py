@@ -267,6 +267,21 @@ def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[
     return per, bad
 
 
+def _writers_and_first(trials: list[dict]) -> list[str]:
+    """What a landed kill means for the moments of two writers and of the first save, where the record has them."""
+    first = [t for t in trials if t["moment"] == "first"]
+    if not first and not any(t["moment"] == "writers" for t in trials):
+        return []
+    started_again = sum(t.get("started_again", False) for t in first)
+    return [
+        "For `writers` a kill landed means: the two processes met (one was refused in one line naming the other, "
+        "which finished); a second that came after the first had ended must be refused (another seed) or finish "
+        "without a step (a resume). For `first`, the resume started the run again from step 0 (no checkpoint was "
+        f"whole): {started_again} of {len(first)} did.",
+        "",
+    ]
+
+
 def markdown(data: dict) -> str:
     """bench/results/<name>.md from its record."""
     env, per, trials = data["environment"], data["per_moment"], data["trials"]
@@ -279,11 +294,7 @@ def markdown(data: dict) -> str:
              "uninterrupted run's, a resume chose a checkpoint that was not the newest whole one, or, for push, "
              "the stand-in Hub's model differs from the uninterrupted run's, its last commit is not the final "
              "folder's, or a stored commit lacks part of a model).", "",
-             "For `writers` a kill landed means: the two processes met (one was refused in one line naming the other, "
-             "which finished); a second that came after the first had ended must be refused (another seed) or finish "
-             "without a step (a resume). For `first`, the resume started the run again from step 0 (no checkpoint was "
-             f"whole): {sum(t.get('started_again', False) for t in trials if t['moment'] == 'first')} of "
-             f"{sum(t['moment'] == 'first' for t in trials)} did.", "",
+             *_writers_and_first(trials),
              "| run, moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
              *[f"| {m} | {v['trials']} | {v['kills']} | {v['equal']} |" for m, v in per.items()], "",
              "| run, moment | target | killed after s | killed | resumed from | chosen whole | final equal "

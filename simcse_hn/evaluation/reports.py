@@ -132,7 +132,8 @@ def training_summary(training: dict | None) -> str:
     if method.contrast_form:
         parts.append(f"contrast form `{method.contrast_form}`")
     options = {"temperature": method.temperature, **method.options} if method.temperature is not None else {}
-    parts += [f"{key} {_word(value)}" for key, value in (options or method.options).items()]
+    # sorted, temperature among them, as simcse_config.json has always stored them (pages regenerate byte for byte)
+    parts += [f"{key} {_word(value)}" for key, value in sorted((options or method.options).items())]
     shown = {
         "seed": optimisation.seed,
         "base_model": _source(record.model.base_model),
