@@ -12,7 +12,7 @@ from simcse_hn.errors import ConfigError
 from simcse_hn.study.analysis import MAX_SEEDS
 
 STUDY_SETS = ("output_dir", "seed", "overwrite_output_dir", "resume_from_checkpoint")  # the study's, per run
-EVAL_SETS = ("model", "output", "push_to_hub", "save_to_model")
+EVAL_SETS = ("model", "output", "push_to_hub", "save_to_model", "no_save_to_model")
 
 
 def train_keys() -> set[str]:

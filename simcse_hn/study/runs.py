@@ -84,7 +84,8 @@ def commands(plan: Plan, arm: str, seed: int) -> tuple[list[str], list[str]]:
     study = os.path.relpath(plan.study_dir, plan.folder)
     folder = os.path.join(study, "runs", run_key(arm, seed))
     train = ["--config", os.path.join(study, "configs", f"{arm}.yaml"), "--seed", str(seed), "--output_dir", folder]
-    score = ["--model", folder, "--output", folder + "-sts", "--no_progress_bar", *eval_flags(plan.evaluation)]
+    score = ["--model", folder, "--output", folder + "-sts", "--no_progress_bar", "--no_save_to_model"]
+    score += eval_flags(plan.evaluation)
     return train, score
 
 
