@@ -5,7 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+# pytest-xdist's workers share the machine's cores: one thread each, and for the processes they start
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+import torch  # noqa: E402  (after OMP_NUM_THREADS, which torch reads when it loads)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -17,6 +21,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # This checkout first for the processes tests start (launchers, workers, scripts); pytest itself gets it from
 # `pythonpath` in pyproject.toml.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+# Under pytest-xdist (pyproject's addopts: two workers, `--dist loadgroup`), the tests that start several processes
+# of one run (launchers' fixed ports, gloo) run one after another on one worker; the rest share the other.
+IN_TURN = pytest.mark.xdist_group("processes")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("multiprocess"):
+            item.add_marker(IN_TURN)
 
 
 def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
