@@ -125,8 +125,8 @@ def test_run_scores_each_start_once_as_by_hand_and_the_report_shows_its_row_and_
     starts = tmp_path / "study" / "starts"
     record = json.loads((starts / "cls.json").read_text())
     assert record["command"] == (
-        "simcse-hn-sts --model builtin:all-MiniLM-L6-v2 --output study/starts/cls-sts --no_progress_bar --data_dir "
-        "sts --tasks stsb --pooler cls"
+        "simcse-hn-sts --model builtin:all-MiniLM-L6-v2 --output study/starts/cls-sts --no_progress_bar "
+        "--no_save_to_model --data_dir sts --tasks stsb --pooler cls"
     )
     assert record["bound"]["scores"] == {n: sha(starts / "cls-sts" / n) for n in ("results.json", "predictions.npz")}
     before = {p.name: p.read_bytes() for p in starts.glob("*.json")}

@@ -42,13 +42,14 @@ def command(plan: Plan, label: str) -> list[str]:
     model, pooler = split_pooler(plan.starts[label])
     evaluation = {**plan.evaluation, **({"pooler": pooler} if pooler else {})}
     output = os.path.join(os.path.relpath(plan.study_dir, plan.folder), "starts", f"{label}-sts")
-    return ["--model", model, "--output", output, "--no_progress_bar", *eval_flags(evaluation)]
+    # a start's folder is the user's: its card and sts_results.json are left as they are
+    return ["--model", model, "--output", output, "--no_progress_bar", "--no_save_to_model", *eval_flags(evaluation)]
 
 
 def spec(plan: Plan, label: str) -> dict:
     """What scoring a start means under the plan: its model and the eval/sts.py flags (its output aside)."""
     flags = command(plan, label)
-    return {"start": plan.starts[label], "evaluation": flags[:2] + flags[4:]}
+    return {"start": plan.starts[label], "evaluation": flags[:2] + flags[4:]}  # the output aside
 
 
 class StartChecker:
