@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a submitit parameter (timeout_min=60, slurm_partition=gpu, gpus_per_node=1, ...)",
     )
-    run.add_argument("--dry_run", action="store_true", help="list the runs left, and stop")
+    run.add_argument("--dry_run", action="store_true", help="list the starts and runs left, and stop")
     report = commands.add_parser("report", help="the report: blind until every run is in")
     report.add_argument("plan")
     report.add_argument(
@@ -126,24 +126,35 @@ def plan_command(args: argparse.Namespace, plan: Plan) -> None:
     )
 
 
+def _echo(line: str) -> None:
+    print(line, flush=True)
+
+
 def run_command(args: argparse.Namespace, plan: Plan) -> int:
     from simcse_hn.study import lock as locking
+    from simcse_hn.study import starts
     from simcse_hn.study.engines import run_submitit
     from simcse_hn.study.records import run_key
-    from simcse_hn.study.runs import pending, run_local
+    from simcse_hn.study.runs import Where, pending, run_local
 
     devices, parameters = _devices(args), _parameters(args.executor_param)  # before the lock is read
     version = locking.check_locked(plan, stage="confirmatory")
-    todo = pending(plan, version)
+    unscored, todo = starts.pending(plan, version), pending(plan, version)
+    if plan.starts:
+        print(f"starts to score: {len(unscored)} of {len(plan.starts)}", flush=True)
     print(f"runs to do: {len(todo)} of {len(plan.arms) * len(plan.seeds)}", flush=True)
     if args.dry_run:
-        for arm, seed in todo:
-            print(f"  {run_key(arm, seed)}")
+        for key in [starts.start_key(label) for label in unscored] + [run_key(arm, seed) for arm, seed in todo]:
+            print(f"  {key}")
         return 0
+    # the starts first, on this machine (one eval each, on the first job's GPU): a start that cannot be scored
+    # shows before the runs' hours
+    where = Where(_threads(args), devices[0] if devices else None, "local")
+    failed = starts.score_starts(plan, version, unscored, where, _echo)
     if args.engine == "submitit":
-        failed = run_submitit(plan, todo, args.cluster, parameters, _threads(args))
+        failed += run_submitit(plan, todo, args.cluster, parameters, _threads(args))
     else:
-        failed = run_local(plan, todo, args.jobs, _threads(args), devices, echo=lambda s: print(s, flush=True))
+        failed += run_local(plan, todo, args.jobs, _threads(args), devices, echo=_echo)
     for line in failed:
         print(f"error: {line}", file=sys.stderr)
     return 1 if failed else 0

@@ -144,6 +144,24 @@ def adjusted(tests: dict[str, dict], alpha: float) -> dict[str, dict]:
     return tests
 
 
+def against_starts(values: dict[str, list[float]], starts: dict[str, float]) -> dict[str, dict[str, dict]]:
+    """Each arm's seeds against each start's one score (no test of the plan): {arm: {start: {"difference" (the mean
+    over the seeds), "low", "high" (its 95 % t-interval), "above" (seeds above the start), "n"}}}."""
+    out: dict[str, dict[str, dict]] = {}
+    for arm, seeds in values.items():
+        out[arm] = {}
+        for label, start in starts.items():
+            interval = stats.t_interval(np.subtract(seeds, start))
+            out[arm][label] = {
+                "difference": interval["mean"],
+                "low": interval["low"],
+                "high": interval["high"],
+                "above": int(sum(v > start for v in seeds)),
+                "n": len(seeds),
+            }
+    return out
+
+
 def per_task(tasks: dict[str, list[dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:
     """Each arm against `baseline`, {arm: its seeds' {task: score}} paired by position: the mean over the pairs of
     each task's difference (secondary, no test), the tasks in the baseline's first run's order."""

@@ -150,9 +150,9 @@ def trained_problem(trained: dict, seed: int, objective: dict, where: str) -> st
     return None
 
 
-def check_scores(folder: str, record: dict, seed: int, objective: dict, gold: Gold, aggregation: str) -> str | None:
-    """A run's scores folder against its record: the mark, the bound hashes (a bound record), the scored model's
-    seed and objective, and every number recomputed from the predictions. -> why not, or None."""
+def bound_problem(folder: str, record: dict) -> str | None:
+    """Whether a scores folder is there, its mark lists its files as they are, and (a bound record) they are the
+    files its record binds."""
     if not os.path.isdir(folder):
         return f"its scores folder {os.path.basename(folder)} is missing"
     problem = mark_problem(folder)
@@ -162,15 +162,27 @@ def check_scores(folder: str, record: dict, seed: int, objective: dict, gold: Go
     if bound is not None and bound != scores_files(folder):
         changed = [name for name in SCORED if bound.get(name) != scores_files(folder).get(name)]
         return f"{', '.join(changed)} is not the file its record binds (another sha256)"
-    results = read_json(os.path.join(folder, RESULTS))
-    problem = trained_problem(trained_as(results.get("training")), seed, objective, "the scored model")
-    if problem:
-        return problem
+    return None
+
+
+def recomputed_problem(folder: str, record: dict, results: dict, gold: Gold, aggregation: str) -> str | None:
+    """Whether every number of the record and of results.json is what the folder's predictions give."""
     try:
         again = recomputed(folder, gold, aggregation)
     except (DataError, OSError, ValueError, KeyError) as e:
         return str(e).splitlines()[0]
     return numbers_problem(record, results, again)
+
+
+def check_scores(folder: str, record: dict, seed: int, objective: dict, gold: Gold, aggregation: str) -> str | None:
+    """A run's scores folder against its record: the mark, the bound hashes (a bound record), the scored model's
+    seed and objective, and every number recomputed from the predictions. -> why not, or None."""
+    problem = bound_problem(folder, record)
+    if problem:
+        return problem
+    results = read_json(os.path.join(folder, RESULTS))
+    problem = trained_problem(trained_as(results.get("training")), seed, objective, "the scored model")
+    return problem or recomputed_problem(folder, record, results, gold, aggregation)
 
 
 def check_model(folder: str, record: dict, seed: int, objective: dict) -> str | None:

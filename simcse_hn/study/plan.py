@@ -20,6 +20,7 @@ eval/sts.py arguments, one line per problem.
       rules:
         - {when: {focal: better}, say: "Focal beats InfoNCE."}
         - {when: {focal: equivalent}, say: "Focal and InfoNCE are equivalent within 0.2 points."}
+    starts: {untrained: builtin:all-MiniLM-L6-v2}  # encoders scored once, untrained, as rows of the report (starts.py)
 
 Relative paths (the plan's own, and those train.py and eval/sts.py read) are relative to the plan's folder: every run
 starts there. The study's files go to `output_dir` (default: a folder named as the plan, beside it)."""
@@ -29,7 +30,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simcse_hn.data.sts import parse_tasks
 from simcse_hn.errors import ConfigError, UserError
@@ -55,6 +56,7 @@ TOP_KEYS = (
     "pilot",
     "family",
     "verdicts",
+    "starts",
 )
 
 
@@ -86,6 +88,7 @@ class Plan:
     family: tuple[str, ...] = ()  # other plans whose comparisons join this one's Holm family (paths from its folder)
     family_comparisons: int = 0  # how many comparisons those plans make
     verdicts: dict | None = None  # what each outcome earns (verdicts.py); None: the plan states no rules
+    starts: dict[str, str] = field(default_factory=dict)  # {label: MODEL[:POOLER]}: the encoders scored untrained
 
     @property
     def folder(self) -> str:
@@ -150,6 +153,7 @@ def load_plan(
     seeds = checks.seeds(raw.get("seeds"), problem)
     evaluation, tasks = checks.evaluation(path, raw, eval_options, problem)
     numbers = checks.numbers(raw, problem)
+    starts = checks.starts(path, raw, arms, check_arms, problem)
     pilot = raw.get("pilot")
     if pilot is not None and not isinstance(pilot, dict):
         problem(("pilot",), "a mapping (see docs/studies.md)")
@@ -177,6 +181,7 @@ def load_plan(
         family=tuple(family),
         family_comparisons=sum(len(v) for v in members.values()),
         verdicts=raw.get("verdicts"),
+        starts=starts,
         **numbers,
     )
     if check_arms and not problems:

@@ -4,15 +4,22 @@ file, the line and the key (plan.load_plan runs them, then the checks that need 
 from __future__ import annotations
 
 import os
+import re
 
 from simcse_hn.configuration.command_line import load_yaml
 from simcse_hn.configuration.parser import ARGUMENT_CLASSES
 from simcse_hn.data.sts import STS_FILES, parse_tasks, read_sts_jsonl
 from simcse_hn.errors import ConfigError
+from simcse_hn.evaluation.reports import split_pooler
+from simcse_hn.files import PACKAGED_MODELS, is_hub_id
+from simcse_hn.modeling.loading import resolve_packaged
 from simcse_hn.study.analysis import MAX_SEEDS
+from simcse_hn.study.files import working_dir
+from simcse_hn.testing.models import BUILTIN_MODELS
 
 STUDY_SETS = ("output_dir", "seed", "overwrite_output_dir", "resume_from_checkpoint")  # the study's, per run
 EVAL_SETS = ("model", "output", "push_to_hub", "save_to_model", "no_save_to_model")
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a start's label names its files: starts/<label>.json
 
 
 def train_keys() -> set[str]:
@@ -149,3 +156,53 @@ def mapping(raw: dict, key: str, problem) -> dict:
         problem((key,), f"a mapping, got {type(value).__name__}")
         return {}
     return dict(value)
+
+
+def starts(path: str, raw: dict, arms: dict, check_paths: bool, problem) -> dict[str, str]:
+    """The encoders the arms start from, {label: MODEL[:POOLER]} read as eval/sts.py's --baseline reads one: a plain
+    name each (its files are named by it) that no arm has, a model named once, and with `check_paths` a local folder
+    that is there (relative to the plan) or a builtin this machine has."""
+    found = mapping(raw, "starts", problem)
+    folder = os.path.dirname(os.path.abspath(path))
+    out: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for label, value in found.items():
+        where = ("starts", str(label))
+        if not isinstance(label, str) or not LABEL.fullmatch(label):
+            problem(where, "a start's label is a plain name (letters, digits, '_', '-'): its files are named by it")
+            continue
+        if label in arms:
+            problem(where, f"{label!r} is an arm's name too; give the start a name of its own")
+        if not isinstance(value, str) or not value.strip():
+            problem(
+                where,
+                "a model as eval/sts.py's --baseline takes one (a folder, Hub id or builtin:NAME, then :POOLER "
+                f"optionally), got {type(value).__name__}",
+            )
+            continue
+        if value in seen:
+            problem(where, f"{value} is start {seen[value]!r} too: two labels for one start")
+        seen.setdefault(value, label)
+        why = start_missing(folder, value, label) if check_paths else None
+        if why:
+            problem(where, why)
+        out[label] = value
+    return out
+
+
+def start_missing(folder: str, value: str, label: str) -> str | None:
+    """Why a start's model is not there to score: a local folder that is not (read from the plan's folder), a
+    builtin that is not one or whose pip package is missing. None: it is there, or a Hub id."""
+    model, _ = split_pooler(value)
+    if model.startswith("builtin:"):
+        if model not in (*BUILTIN_MODELS, *PACKAGED_MODELS):
+            return f"{model}: not a builtin ({', '.join((*BUILTIN_MODELS, *PACKAGED_MODELS))})"
+        try:
+            resolve_packaged(model, field=f"starts.{label}")
+        except ConfigError as e:
+            return str(e).removeprefix(f"starts.{label}: ")
+        return None
+    with working_dir(folder):
+        if is_hub_id(model) or os.path.isdir(model):
+            return None
+    return f"{model}: no such folder (relative to the plan; a local path, not a Hub id)"

@@ -4,8 +4,10 @@ earn, word for word (verdicts.py), and below a heading that says so, the explora
 the study could detect, the per-task differences and the diagnostics. Every record is checked first (records.py: the
 run its name says, of the locked version, its hashes those of its files, its numbers those its predictions give, no
 copy): one that fails is refused in one line and counted out. A plan with a `family` is blind until every run of every
-plan of the family is in; then Holm runs over all their comparisons, and the verdicts read that family. The page is
-`report_page.markdown(record)`: it regenerates from the record alone."""
+plan of the family is in; then Holm runs over all their comparisons, and the verdicts read that family. A plan with
+`starts` is blind until each start's record is in too (checked: starts.py); then the exploratory part adds the starts
+as rows of scores and each arm's difference from each start. The page is `report_page.markdown(record)`: it
+regenerates from the record alone."""
 
 from __future__ import annotations
 
@@ -16,14 +18,15 @@ import numpy as np
 import yaml
 
 from simcse_hn.study import verdicts as rules
-from simcse_hn.study.analysis import compare, compare_family, per_task
+from simcse_hn.study.analysis import against_starts, compare, compare_family, per_task
 from simcse_hn.study.files import write_atomic, write_json
 from simcse_hn.study.lock import check_locked, locked_plan, versions
 from simcse_hn.study.plan import Plan, PlanError, load_plan
 from simcse_hn.study.power import achieved
 from simcse_hn.study.records import Checker, run_key
-from simcse_hn.study.report_page import markdown
+from simcse_hn.study.report_page import is_blind, markdown
 from simcse_hn.study.runs import DIAGNOSTICS, endpoint_value
+from simcse_hn.study.starts import StartChecker, endpoint_of
 
 
 def endpoint_values(plan: Plan, runs: dict[str, dict]) -> dict[str, list[float]]:
@@ -85,7 +88,9 @@ def analyse(
     refused: dict[str, str],
     family: list | None = None,
     rules_record: dict | None = None,
+    starts: tuple[dict[str, dict], dict[str, str]] | None = None,
 ) -> dict:
+    """report.json's record. `starts`: the plan's start records (taken, refused), for a plan that names starts."""
     expected = len(plan.arms) * len(plan.seeds)
     out = {
         "study": plan.name,
@@ -121,7 +126,9 @@ def analyse(
             member.name: {"in": len(done), "expected": len(member.arms) * len(member.seeds), "refused": gone}
             for member, done, gone in family
         }
-    if not out["complete"] or any(f["in"] < f["expected"] for f in out.get("family", {}).values()):
+    if starts is not None:
+        out["starts"] = {"expected": len(plan.starts), "in": len(starts[0]), "refused": starts[1]}
+    if is_blind(out):
         return out
     margin = (rules_record or {}).get("rules", {}).get("margin")
     values = endpoint_values(plan, runs)
@@ -142,7 +149,28 @@ def analyse(
     out["diagnostics_by_arm"] = {
         arm: mean_windows([runs[run_key(arm, s)]["diagnostics"] for s in plan.seeds]) for arm in plan.arms
     }
+    if starts is not None:
+        out["starts"] |= start_rows(plan, values, runs, starts[0])
     return out
+
+
+def start_rows(plan: Plan, values: dict[str, list[float]], runs: dict[str, dict], taken: dict[str, dict]) -> dict:
+    """The starts' part of a complete report: a row of scores each (the endpoint, the average and each task) beside
+    each arm's mean over its seeds, and each arm's difference from each start over the seeds (exploratory: the plan's
+    tests and verdicts are about the arms)."""
+    tasks = list(runs[run_key(plan.baseline, plan.seeds[0])]["scores"]["tasks"])
+    columns = list(dict.fromkeys([plan.endpoint, "average", *tasks]))
+
+    def row(scores: dict) -> dict[str, float]:
+        return {c: scores[c] if c in scores else scores["tasks"][c] for c in columns}
+
+    arms = {arm: [row(runs[run_key(arm, s)]["scores"]) for s in plan.seeds] for arm in plan.arms}
+    return {
+        "columns": columns,
+        "scores": {label: {"model": r["model"], "scores": row(r["scores"])} for label, r in taken.items()},
+        "arm_means": {arm: {c: float(np.mean([v[c] for v in rows])) for c in columns} for arm, rows in arms.items()},
+        "from_starts": against_starts(values, {label: endpoint_of(r, plan.endpoint) for label, r in taken.items()}),
+    }
 
 
 def mean_windows(windows: list[dict], keys: Sequence[str] = DIAGNOSTICS) -> dict[str, float]:
@@ -157,11 +185,12 @@ def write_report(plan: Plan, verdicts_file: str | None = None) -> tuple[str, dic
     rules_record = rules_of(plan, verdicts_file)
     runs, refused = Checker(plan, version).gather()
     family = family_of(plan) if plan.family else None
-    record = analyse(plan, version, runs, refused, family, rules_record)
+    starts = StartChecker(plan, version).gather() if plan.starts else None
+    record = analyse(plan, version, runs, refused, family, rules_record, starts)
     write_json(os.path.join(plan.study_dir, "report.json"), record)
     page = markdown(record)
     write_atomic(os.path.join(plan.study_dir, "report.md"), page)
-    refused_all = dict(refused)
+    refused_all = dict(refused) | ((record.get("starts") or {}).get("refused") or {})
     for member, _, gone in family or []:
         refused_all |= {f"{member.name}: {key}": why for key, why in gone.items()}
     return page, refused_all

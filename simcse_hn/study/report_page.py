@@ -75,8 +75,13 @@ def head(record: dict) -> list[str]:
         "|---|---|",
         *[f"| {arm} | {n} of {len(record['seeds'])} |" for arm, n in record["counts"].items()],
     ]
-    if record["refused"]:
-        lines += ["", "Refused (counted out):", "", *[f"* {key}: {why}" for key, why in record["refused"].items()]]
+    starts = record.get("starts")
+    if starts:
+        counted = f"{starts['in']} of {starts['expected']} in"
+        lines += ["", f"Starts (the encoders the arms start from, scored untrained): {counted}."]
+    refused = record["refused"] | ((starts or {}).get("refused") or {})
+    if refused:
+        lines += ["", "Refused (counted out):", "", *[f"* {key}: {why}" for key, why in refused.items()]]
     family = record.get("family") or {}
     if family:
         counts = ", ".join(f"{name} ({f['in']} of {f['expected']} runs in)" for name, f in family.items())
@@ -89,6 +94,7 @@ def head(record: dict) -> list[str]:
 def blind(record: dict) -> list[str]:
     keys = [k for k in DIAGNOSTICS if any(k in r["diagnostics"] for r in record["runs"])]
     whole = "the plan" + " and of every plan of its family" * bool(record.get("family"))
+    whole += " and every start" * bool(record.get("starts"))
     return [
         "",
         f"Blind: no arm is compared and no score is shown before every run of {whole} is in. Each run's last "
@@ -173,12 +179,19 @@ def exploratory(record: dict) -> list[str]:
     return lines
 
 
+def is_blind(record: dict) -> bool:
+    """Whether a report is blind: a run of the plan or of its family, or a start, is not in."""
+    starts = record.get("starts") or {"in": 0, "expected": 0}
+    family = (record.get("family") or {}).values()
+    return not record["complete"] or any(f["in"] < f["expected"] for f in family) or starts["in"] < starts["expected"]
+
+
 def markdown(record: dict) -> str:
     lines = head(record)
-    family = record.get("family") or {}
-    if not record["complete"] or any(f["in"] < f["expected"] for f in family.values()):
+    if is_blind(record):
         return "\n".join([*lines, *blind(record)]) + "\n"
     lines += verdicts.section(record) + when_locked(record) + exploratory(record) + by_seed(record)
+    lines += starts_section(record)
     tasks = list(next(iter(record["per_task"].values())))
     lines += [
         "",
@@ -200,3 +213,36 @@ def markdown(record: dict) -> str:
             *[f"| {arm} | " + " | ".join(_cell(v.get(k)) for k in keys) + " |" for arm, v in by_arm.items()],
         ]
     return "\n".join(lines) + "\n"
+
+
+def starts_section(record: dict) -> list[str]:
+    """The starts as rows of a score table beside each arm's mean, and each arm's difference from each start."""
+    starts = record.get("starts")
+    if not starts:
+        return []
+    columns, n = starts["columns"], len(record["seeds"])
+    lines = [
+        "",
+        f"### Scores: each arm's mean over its {n} seeds, and each start scored once, untrained (no test)",
+        "",
+        "| row | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+        *[f"| {arm} | " + " | ".join(f"{v[c]:.2f}" for c in columns) + " |" for arm, v in starts["arm_means"].items()],
+        *[
+            f"| start {label} ({s['model']}) | " + " | ".join(f"{s['scores'][c]:.2f}" for c in columns) + " |"
+            for label, s in starts["scores"].items()
+        ],
+        "",
+        f"### Against each start (exploratory, not a test of the plan): the mean difference in {record['endpoint']} "
+        f"over the {n} seeds, its 95 % t-interval, and the seeds above the start",
+        "",
+        "| arm | start | difference | 95 % t-interval | seeds above |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, by_start in starts["from_starts"].items():
+        lines += [
+            f"| {arm} | {label} | {v['difference']:+.3f} | [{v['low']:+.3f}, {v['high']:+.3f}] | {v['above']} of "
+            f"{v['n']} |"
+            for label, v in by_start.items()
+        ]
+    return lines

@@ -224,7 +224,7 @@ def _train_and_score(plan: Plan, version: dict, arm: str, seed: int, where: Wher
     folder, scored = model_folder(plan, key), scores_folder(plan, key)
     flags, resumed = resume_flags(folder)
     log = os.path.join(plan.study_dir, "runs", f"{key}.log")
-    started, train_seconds = _now(), None
+    started, train_seconds = utc_now(), None
     if os.path.isfile(os.path.join(folder, MANIFEST)):  # trained, not recorded: taken only once checked
         problem = adoptable(folder, seed, checker.objectives[arm])
         if problem:
@@ -256,7 +256,7 @@ def _train_and_score(plan: Plan, version: dict, arm: str, seed: int, where: Wher
         "where": where.record(),
         "times": {
             "started": started,
-            "finished": _now(),
+            "finished": utc_now(),
             "train_seconds": train_seconds,
             "eval_seconds": eval_seconds,
         },
@@ -268,7 +268,7 @@ def _train_and_score(plan: Plan, version: dict, arm: str, seed: int, where: Wher
     return record
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
