@@ -198,19 +198,22 @@ def test_the_docs_study_from_scratch_killed_resumed_blind_refused_and_through_su
 
 
 def trainers() -> dict[int, str]:
-    """{pid: output folder} of every live process training a study run (a runner's child, child.py's wrapper)."""
-    found = {}
+    """{pid: output folder} of every live process training a study run (a runner's child, child.py's wrapper). A
+    process the trainer forks (subprocess's vfork before its exec: `git`, say) shows the trainer's command line for a
+    moment; it is the trainer's own and not counted."""
+    found, parents = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
         except OSError:
             continue
         if "simcse_hn.study.child" in argv and "simcse_hn.cli.train" in argv and state not in ("Z", "X"):
             found[int(entry.name)] = argv[argv.index("--output_dir") + 1]
-    return found
+            parents[int(entry.name)] = int(parent)
+    return {pid: folder for pid, folder in found.items() if parents[pid] not in found}
 
 
 @pytest.mark.slow
