@@ -25,13 +25,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 # Under pytest-xdist (pyproject's addopts: two workers, `--dist loadgroup`), the tests that start several processes
-# of one run (launchers' fixed ports, gloo) run one after another on one worker; the rest share the other.
+# of one run or set DeepSpeed up (accelerate's launcher and DeepSpeed listen on port 29500 unless told otherwise) run
+# in turn on one worker: every test marked `multiprocess`, and every test of a module that names a launcher.
 IN_TURN = pytest.mark.xdist_group("processes")
+LAUNCHERS = ("accelerate.commands.launch", "torch.distributed.run", "torchrun", "--multi_gpu", "--num_processes")
+LAUNCHERS += ("deepspeed",)
+_LAUNCHES: dict[Path, bool] = {}
+
+
+def launches(path: Path) -> bool:
+    """Whether a test module's source starts a launcher of several processes."""
+    if path not in _LAUNCHES:
+        _LAUNCHES[path] = any(word in path.read_text(encoding="utf-8") for word in LAUNCHERS)
+    return _LAUNCHES[path]
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("multiprocess"):
+        if item.get_closest_marker("multiprocess") or launches(Path(item.fspath)):
             item.add_marker(IN_TURN)
 
 

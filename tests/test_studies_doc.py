@@ -197,23 +197,24 @@ def test_the_docs_study_from_scratch_killed_resumed_blind_refused_and_through_su
     assert done.returncode == 2 and "move runs/margin-s1* away" in done.stderr
 
 
-def trainers() -> dict[int, str]:
-    """{pid: output folder} of every live process training a study run (a runner's child, child.py's wrapper). A
-    process the trainer forks (subprocess's vfork before its exec: `git`, say) shows the trainer's command line for a
-    moment; it is the trainer's own and not counted."""
-    found, parents = {}, {}
+def trainers(study_folder: Path) -> dict[int, str]:
+    """{pid: output folder} of every live process training a run of the study in `study_folder` (a runner's child,
+    child.py's wrapper, started there). Other studies on the machine (another test's, in the other pytest-xdist worker,
+    with the same run names; a real study's) are not this one's."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            state, parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            where = os.readlink(entry / "cwd")
         except OSError:
             continue
         if "simcse_hn.study.child" in argv and "simcse_hn.cli.train" in argv and state not in ("Z", "X"):
-            found[int(entry.name)] = argv[argv.index("--output_dir") + 1]
-            parents[int(entry.name)] = int(parent)
-    return {pid: folder for pid, folder in found.items() if parents[pid] not in found}
+            if where == os.path.realpath(study_folder):
+                found[int(entry.name)] = argv[argv.index("--output_dir") + 1]
+    return found
 
 
 @pytest.mark.slow
@@ -232,9 +233,9 @@ def test_a_runner_killed_with_sigkill_takes_its_trainers_with_it_and_a_new_one_n
         command, cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.time() + 240
-    while len(trainers()) < 2 and time.time() < deadline and first.poll() is None:
+    while len(trainers(tmp_path)) < 2 and time.time() < deadline and first.poll() is None:
         time.sleep(0.05)
-    old = trainers()
+    old = trainers(tmp_path)
     assert len(old) == 2, "the runner never had two trainers at once"
     first.send_signal(signal.SIGKILL)  # the runner alone, not its process group
     first.wait()
@@ -250,7 +251,7 @@ def test_a_runner_killed_with_sigkill_takes_its_trainers_with_it_and_a_new_one_n
     gone_at, seen = None, []
     start = time.time()
     while second.poll() is None and time.time() < start + 600:
-        now = trainers()
+        now = trainers(tmp_path)
         folders = list(now.values())
         seen.append(len(folders))
         assert len(set(folders)) == len(folders), f"two trainers on one run folder: {now}"
