@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,13 @@ def launches(path: Path) -> bool:
     if path not in _LAUNCHES:
         _LAUNCHES[path] = any(word in path.read_text(encoding="utf-8") for word in LAUNCHERS)
     return _LAUNCHES[path]
+
+
+def free_port() -> str:
+    """A port nothing listens on now, for a launcher's rendezvous (accelerate's default, 29500, is every launch's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
 
 
 def pytest_collection_modifyitems(config, items):
