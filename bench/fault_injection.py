@@ -262,7 +262,7 @@ def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[
     bad = [t for t in trials if failed(t)]
     data = {"environment": env, "reference_seconds": round(seconds, 1), "per_moment": per, "failures": len(bad),
             "kills": sum(t["killed"] for t in trials), "load_average_now": load_average(), "trials": trials,
-            "trials_per_moment": args.trials}
+            "trials_per_moment": args.trials, "command": "python -m bench.fault_injection " + " ".join(sys.argv[1:])}
     write_report(RESULTS / args.name, data, markdown)
     return per, bad
 
@@ -286,8 +286,9 @@ def markdown(data: dict) -> str:
     """bench/results/<name>.md from its record."""
     env, per, trials = data["environment"], data["per_moment"], data["trials"]
     planned = data.get("trials_per_moment", max((v["trials"] for v in per.values()), default=0))
+    command = data.get("command", f"python -m bench.fault_injection --trials {planned}")  # older records: no command
     lines = ["# Fault injection: SIGKILL, resume, compare with the uninterrupted run", "",
-             f"`python -m bench.fault_injection --trials {planned}` (see the module docstring); "
+             f"`{command}` (see the module docstring); "
              f"{len(trials)} of {len(per) * planned} trials done when this was written.",
              environment_line(env), "",
              f"**{data['kills']} kills landed, {data['failures']} trials failed** (final weights not bit-equal to the "
