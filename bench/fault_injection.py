@@ -262,28 +262,40 @@ def write_results(args, env: dict, seconds: float, trials: list[dict]) -> tuple[
     bad = [t for t in trials if failed(t)]
     data = {"environment": env, "reference_seconds": round(seconds, 1), "per_moment": per, "failures": len(bad),
             "kills": sum(t["killed"] for t in trials), "load_average_now": load_average(), "trials": trials,
-            "trials_per_moment": args.trials}
+            "trials_per_moment": args.trials, "command": "python -m bench.fault_injection " + " ".join(sys.argv[1:])}
     write_report(RESULTS / args.name, data, markdown)
     return per, bad
+
+
+def _writers_and_first(trials: list[dict]) -> list[str]:
+    """What a landed kill means for the moments of two writers and of the first save, where the record has them."""
+    first = [t for t in trials if t["moment"] == "first"]
+    if not first and not any(t["moment"] == "writers" for t in trials):
+        return []
+    started_again = sum(t.get("started_again", False) for t in first)
+    return [
+        "For `writers` a kill landed means: the two processes met (one was refused in one line naming the other, "
+        "which finished); a second that came after the first had ended must be refused (another seed) or finish "
+        "without a step (a resume). For `first`, the resume started the run again from step 0 (no checkpoint was "
+        f"whole): {started_again} of {len(first)} did.",
+        "",
+    ]
 
 
 def markdown(data: dict) -> str:
     """bench/results/<name>.md from its record."""
     env, per, trials = data["environment"], data["per_moment"], data["trials"]
     planned = data.get("trials_per_moment", max((v["trials"] for v in per.values()), default=0))
+    command = data.get("command", f"python -m bench.fault_injection --trials {planned}")  # older records: no command
     lines = ["# Fault injection: SIGKILL, resume, compare with the uninterrupted run", "",
-             f"`python -m bench.fault_injection --trials {planned}` (see the module docstring); "
+             f"`{command}` (see the module docstring); "
              f"{len(trials)} of {len(per) * planned} trials done when this was written.",
              environment_line(env), "",
              f"**{data['kills']} kills landed, {data['failures']} trials failed** (final weights not bit-equal to the "
              "uninterrupted run's, a resume chose a checkpoint that was not the newest whole one, or, for push, "
              "the stand-in Hub's model differs from the uninterrupted run's, its last commit is not the final "
              "folder's, or a stored commit lacks part of a model).", "",
-             "For `writers` a kill landed means: the two processes met (one was refused in one line naming the other, "
-             "which finished); a second that came after the first had ended must be refused (another seed) or finish "
-             "without a step (a resume). For `first`, the resume started the run again from step 0 (no checkpoint was "
-             f"whole): {sum(t.get('started_again', False) for t in trials if t['moment'] == 'first')} of "
-             f"{sum(t['moment'] == 'first' for t in trials)} did.", "",
+             *_writers_and_first(trials),
              "| run, moment | trials | kills landed | final weights equal |", "|---|---|---|---|",
              *[f"| {m} | {v['trials']} | {v['kills']} | {v['equal']} |" for m, v in per.items()], "",
              "| run, moment | target | killed after s | killed | resumed from | chosen whole | final equal "

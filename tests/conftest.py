@@ -1,11 +1,16 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+# pytest-xdist's workers share the machine's cores: one thread each, and for the processes they start
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+import torch  # noqa: E402  (after OMP_NUM_THREADS, which torch reads when it loads)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -17,6 +22,36 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # This checkout first for the processes tests start (launchers, workers, scripts); pytest itself gets it from
 # `pythonpath` in pyproject.toml.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+# Under pytest-xdist (pyproject's addopts: two workers, `--dist loadgroup`), the tests that start several processes
+# of one run or set DeepSpeed up (accelerate's launcher and DeepSpeed listen on port 29500 unless told otherwise) run
+# in turn on one worker: every test marked `multiprocess`, and every test of a module that names a launcher.
+IN_TURN = pytest.mark.xdist_group("processes")
+LAUNCHERS = ("accelerate.commands.launch", "torch.distributed.run", "torchrun", "--multi_gpu", "--num_processes")
+LAUNCHERS += ("deepspeed",)
+_LAUNCHES: dict[Path, bool] = {}
+
+
+def launches(path: Path) -> bool:
+    """Whether a test module's source starts a launcher of several processes."""
+    if path not in _LAUNCHES:
+        _LAUNCHES[path] = any(word in path.read_text(encoding="utf-8") for word in LAUNCHERS)
+    return _LAUNCHES[path]
+
+
+def free_port() -> str:
+    """A port nothing listens on now, for a launcher's rendezvous (accelerate's default, 29500, is every launch's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("multiprocess") or launches(Path(item.fspath)):
+            item.add_marker(IN_TURN)
 
 
 def symmetric_targets(num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:

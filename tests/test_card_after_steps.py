@@ -78,3 +78,19 @@ def test_a_card_simcse_hn_did_not_write_is_never_touched(tmp_path, trained):
     result = run_cli("--model", str(out), "--data_dir", str(data), "--no_progress_bar", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (out / "README.md").read_text() == "# my own card\n" and not (out / "sts_results.json").exists()
+
+
+def test_no_save_to_model_leaves_a_trained_folder_as_it_is(tmp_path, trained):
+    """What simcse-hn-study scores its runs with: the model folder's files stay those the run's record binds."""
+    out = tmp_path / "tiny"
+    shutil.copytree(trained, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    data = write_data(tmp_path / "sts")
+    flags = ["--data_dir", str(data), "--no_progress_bar", "--no_save_to_model"]
+    result = run_cli("--model", str(out), *flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "tiny-sts" / "results.json").is_file()
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    both = run_cli("--model", str(out), "--data_dir", str(data), "--save_to_model", "--no_save_to_model", cwd=tmp_path)
+    assert both.returncode == 2
+    assert both.stderr.strip().splitlines()[-1] == "error: --save_to_model and --no_save_to_model: choose one"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, free_port
 from safetensors.torch import load_file
 from sharded_worker import CORPUS, STREAM, STREAM_STEPS, build, cases
 
@@ -42,7 +42,7 @@ def launch(name: str, *args: str, output: Path, timeout: int = 900) -> subproces
     39's abort at exit, which train.py and the workers now leave through simcse_hn/training/process_exit.finish)."""
     config = str(ROOT / "configs" / "accelerate" / CONFIGS[name])
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "2",
-               "--mixed_precision", "no", *args]  # fmt: skip
+               "--main_process_port", free_port(), "--mixed_precision", "no", *args]  # fmt: skip
     return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 

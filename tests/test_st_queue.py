@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import datasets
 import pytest
 import torch
+from conftest import free_port
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from test_st_losses import st_folder  # noqa: F401  (a fixture: a tiny BERT without dropout, mean pooling)
 from torch.utils.data import BatchSampler, SequentialSampler
@@ -228,8 +229,9 @@ def test_momentum_under_a_sharded_engine_launched_by_accelerates_config_is_refus
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     results = {}
     for momentum in ("0.9", "0"):
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "2",
-                   "--mixed_precision", "no", worker, str(st_folder), str(tmp_path / momentum), momentum]  # fmt: skip
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "2"]
+        command += ["--main_process_port", free_port(), "--mixed_precision", "no", worker, str(st_folder)]
+        command += [str(tmp_path / momentum), momentum]
         results[momentum] = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     refused = results["0.9"]
     assert refused.returncode != 0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, free_port
 from sklearn.metrics.pairwise import paired_cosine_distances
 
 from simcse_hn.cli import train
@@ -139,6 +139,8 @@ def test_two_processes_with_accelerate_launch(tmp_path):
             "2",
             "--num_machines",
             "1",
+            "--main_process_port",
+            free_port(),
             "--mixed_precision",
             "no",
             "--dynamo_backend",

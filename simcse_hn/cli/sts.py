@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         "model-index) when simcse-hn wrote the card; a folder simcse-hn trained gets both without this flag.",
     )
     parser.add_argument(
+        "--no_save_to_model",
+        action="store_true",
+        help="Leave the --model folder as it is, even one simcse-hn trained (simcse-hn-study scores its runs so: a "
+        "run's model files stay those its record binds).",
+    )
+    parser.add_argument(
         "--allow_other_code",
         action="store_true",
         help="Run even when the imported simcse_hn is not this checkout's (recorded in results.json settings).",
@@ -201,6 +207,8 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
         args.model = resolve_packaged(args.model, field="--model")
     local_model = os.path.isdir(args.model)
     provenance = code_settings(args.model, other_code, args.require_same_code)  # refuses before any encoding
+    if args.save_to_model and args.no_save_to_model:
+        raise DataError("--save_to_model and --no_save_to_model: choose one")
     if args.save_to_model and not local_model:
         raise DataError(f"--save_to_model needs a local model folder; {args.model!r} is not one")
     hub_repo = args.hub_model_id or (None if local_model else args.model)
@@ -264,7 +272,7 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
     rows = score_rows(args, results, info, baselines, tasks, dev)
 
     written, record = write_reports(args, requested_model, rows, scored, mteb_tasks, (mteb_cache, mteb_inside), curves)
-    if args.save_to_model or (local_model and sts_card_is_ours(args.model)):
+    if args.save_to_model or (local_model and not args.no_save_to_model and sts_card_is_ours(args.model)):
         save_sts_results(args.model, record)
     print(results_table(rows) + f"protocol: {reports.protocol(results)}")  # the rows share it; the files say it too
     geometry = scored["geometry"]

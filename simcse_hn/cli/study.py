@@ -5,7 +5,7 @@
     simcse-hn-study pilot study.yaml                 # short runs, regime diagnostics, tuning on the dev set
     simcse-hn-study run study.yaml --jobs 2          # every run the plan lacks, seed by seed; again to resume
     simcse-hn-study run study.yaml --engine submitit # the same runs through submitit (Slurm, or local)
-    simcse-hn-study report study.yaml                # blind until every run is in; then the plan's tests
+    simcse-hn-study report study.yaml                # blind until every run is in; then the plan's verdicts
 
 A problem prints one `error: ...` line each and exits with status 2.
 """
@@ -47,11 +47,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--engine", choices=("local", "submitit"), default="local")
     run.add_argument("--cluster", choices=("slurm", "local", "debug"), default=None,
                      help="submitit's executor (default: Slurm where there is one, else local)")  # fmt: skip
-    run.add_argument("--executor_param", action="append", default=[], metavar="KEY=VALUE",
-                     help="a submitit parameter (timeout_min=60, slurm_partition=gpu, gpus_per_node=1, ...)")
-    run.add_argument("--dry_run", action="store_true", help="list the runs left, and stop")
+    run.add_argument(
+        "--executor_param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a submitit parameter (timeout_min=60, slurm_partition=gpu, gpus_per_node=1, ...)",
+    )
+    run.add_argument("--dry_run", action="store_true", help="list the starts and runs left, and stop")
     report = commands.add_parser("report", help="the report: blind until every run is in")
     report.add_argument("plan")
+    report.add_argument(
+        "--verdicts",
+        metavar="FILE",
+        default=None,
+        help="verdict rules for a plan locked without any (said on the page to be given after the "
+        "runs): a YAML file of `verdicts:` as a plan's and `source:`, what they were written from",
+    )
     parser.flag_names += [name for sub in commands.choices.values() for name in sub.flag_names]
     return parser
 
@@ -84,38 +96,65 @@ def _parameters(items: list[str]) -> dict:
 def plan_command(args: argparse.Namespace, plan: Plan) -> None:
     from simcse_hn.study import lock as locking
     from simcse_hn.study import pilot as piloting
-    from simcse_hn.study.plan import PlanError, power_lines
+    from simcse_hn.study.pilot_checks import check as check_pilot
+    from simcse_hn.study.plan import PlanError
+    from simcse_hn.study.power import power_lines
+    from simcse_hn.study.tuning import dimension_notes, dimension_rows
 
-    problems = piloting.check(plan)
+    problems = check_pilot(plan)
+    if plan.verdicts is None:
+        problems.append(
+            f"{plan.path}: verdicts: state what each outcome earns before any run (docs/studies.md, 'Verdicts')"
+        )
     if problems:
         raise PlanError(problems)
     measured = piloting.measured_spread(plan)
     for line in power_lines(plan, measured):
         print(line)
+    rows = dimension_rows(plan)
+    for row in rows:
+        tuned = ", ".join(f"{d} ({n} values)" for d, n in row["dimensions"].items()) or f"untuned: {row['why']}"
+        print(f"tuning: {row['arm']}: {tuned}; {row['points']} grid point{'s' * (row['points'] > 1)}")
+    for line in dimension_notes(rows):
+        print(line)
     version = locking.lock(plan, reason=args.amend)
-    print(f"locked: version {version['version']} ({version['stage']} stage) in "
-          f"{os.path.relpath(locking.lock_path(plan))}: plan {version['plan_sha256'][:12]}, code "
-          f"{version['code']['sha256'][:12]} (commit {str(version['code']['git_commit'])[:12]}"
-          f"{', dirty' if version['code']['git_dirty'] else ''}), data {version['data']['sha256'][:12]}")
+    print(
+        f"locked: version {version['version']} ({version['stage']} stage) in "
+        f"{os.path.relpath(locking.lock_path(plan))}: plan {version['plan_sha256'][:12]}, code "
+        f"{version['code']['sha256'][:12]} (commit {str(version['code']['git_commit'])[:12]}"
+        f"{', dirty' if version['code']['git_dirty'] else ''}), data {version['data']['sha256'][:12]}"
+    )
+
+
+def _echo(line: str) -> None:
+    print(line, flush=True)
 
 
 def run_command(args: argparse.Namespace, plan: Plan) -> int:
     from simcse_hn.study import lock as locking
+    from simcse_hn.study import starts
     from simcse_hn.study.engines import run_submitit
-    from simcse_hn.study.runs import pending, run_key, run_local
+    from simcse_hn.study.records import run_key
+    from simcse_hn.study.runs import Where, pending, run_local
 
     devices, parameters = _devices(args), _parameters(args.executor_param)  # before the lock is read
     version = locking.check_locked(plan, stage="confirmatory")
-    todo = pending(plan, version)
+    unscored, todo = starts.pending(plan, version), pending(plan, version)
+    if plan.starts:
+        print(f"starts to score: {len(unscored)} of {len(plan.starts)}", flush=True)
     print(f"runs to do: {len(todo)} of {len(plan.arms) * len(plan.seeds)}", flush=True)
     if args.dry_run:
-        for arm, seed in todo:
-            print(f"  {run_key(arm, seed)}")
+        for key in [starts.start_key(label) for label in unscored] + [run_key(arm, seed) for arm, seed in todo]:
+            print(f"  {key}")
         return 0
+    # the starts first, on this machine (one eval each, on the first job's GPU): a start that cannot be scored
+    # shows before the runs' hours
+    where = Where(_threads(args), devices[0] if devices else None, "local")
+    failed = starts.score_starts(plan, version, unscored, where, _echo)
     if args.engine == "submitit":
-        failed = run_submitit(plan, todo, args.cluster, parameters, _threads(args))
+        failed += run_submitit(plan, todo, args.cluster, parameters, _threads(args))
     else:
-        failed = run_local(plan, todo, args.jobs, _threads(args), devices, echo=lambda s: print(s, flush=True))
+        failed += run_local(plan, todo, args.jobs, _threads(args), devices, echo=_echo)
     for line in failed:
         print(f"error: {line}", file=sys.stderr)
     return 1 if failed else 0
@@ -143,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "run":
             return run_command(args, plan)
         else:
-            print(write_report(plan), end="")
+            page, refused = write_report(plan, args.verdicts)
+            print(page, end="")
+            for key, why in refused.items():
+                print(f"refused: {key}: {why}", file=sys.stderr)
     except UserError as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)

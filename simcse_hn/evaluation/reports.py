@@ -47,13 +47,16 @@ def model_label(name_or_path: str) -> str:
     return name
 
 
+def split_pooler(spec: str) -> tuple[str, str | None]:
+    """'MODEL[:POOLER]' -> (MODEL, POOLER or None): a pooler after the last ':' ('builtin:tiny-bert' has none)."""
+    head, _, tail = spec.rpartition(":")
+    return (head, tail) if head and tail in POOLERS else (spec, None)
+
+
 def parse_baseline(spec: str) -> tuple[str, str, str | None]:
     """'MODEL[:POOLER]' -> (the model as named, its folder or Hub id, the pooler or None); a pip package's model
     (builtin:all-MiniLM-L6-v2) resolved to its folder. Checked before any model loads."""
-    name, pooler = spec, None
-    head, _, tail = spec.rpartition(":")
-    if head and tail in POOLERS:
-        name, pooler = head, tail
+    name, pooler = split_pooler(spec)
     path = resolve_packaged(name, field="--baseline") if name.startswith("builtin:") else name
     if not os.path.isdir(path) and not is_hub_id(path) and path not in BUILTIN_MODELS:
         raise DataError(f"--baseline {spec}: {name!r} is neither a model folder nor a Hub id (the pooler, after "
@@ -132,7 +135,8 @@ def training_summary(training: dict | None) -> str:
     if method.contrast_form:
         parts.append(f"contrast form `{method.contrast_form}`")
     options = {"temperature": method.temperature, **method.options} if method.temperature is not None else {}
-    parts += [f"{key} {_word(value)}" for key, value in (options or method.options).items()]
+    # sorted, temperature among them, as simcse_config.json has always stored them (pages regenerate byte for byte)
+    parts += [f"{key} {_word(value)}" for key, value in sorted((options or method.options).items())]
     shown = {
         "seed": optimisation.seed,
         "base_model": _source(record.model.base_model),

@@ -147,7 +147,7 @@ def objective_source(cls: type[ContrastiveLoss]) -> dict[str, Any] | None:
         return None
     module = sys.modules.get(cls.__module__)
     file = getattr(module, "__file__", None)
-    if not file or not os.path.isfile(file):
+    if module is None or not file or not os.path.isfile(file):
         return None
     with open(file, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()

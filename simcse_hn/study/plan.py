@@ -15,6 +15,12 @@ eval/sts.py arguments, one line per problem.
     alpha: 0.05
     smallest_effect: 0.3                        # endpoint points
     spread: 0.2                                 # assumed sd of the paired differences
+    verdicts:                                   # what each outcome earns, word for word (verdicts.py)
+      margin: 0.2
+      rules:
+        - {when: {focal: better}, say: "Focal beats InfoNCE."}
+        - {when: {focal: equivalent}, say: "Focal and InfoNCE are equivalent within 0.2 points."}
+    starts: {untrained: builtin:all-MiniLM-L6-v2}  # encoders scored once, untrained, as rows of the report (starts.py)
 
 Relative paths (the plan's own, and those train.py and eval/sts.py read) are relative to the plan's folder: every run
 starts there. The study's files go to `output_dir` (default: a folder named as the plan, beside it)."""
@@ -24,28 +30,34 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
-import yaml
-
-from simcse_hn.configuration.parser import ARGUMENT_CLASSES, parse_args
 from simcse_hn.data.sts import parse_tasks
 from simcse_hn.errors import ConfigError, UserError
-from simcse_hn.study.analysis import detectable_sd
-from simcse_hn.study.files import working_dir
+from simcse_hn.study import plan_checks as checks
+from simcse_hn.study import verdicts as rules
 from simcse_hn.study.plan_file import problem_line, read_plan
-from simcse_hn.study.plan_sections import (
-    base_and_arms,
-    evaluation_of,
-    pilot_of,
-    seeds_of,
-    statistics_of,
+from simcse_hn.study.resolved import missing_paths, resolve_config
+
+TOP_KEYS = (
+    "name",
+    "base",
+    "arms",
+    "baseline",
+    "seeds",
+    "evaluation",
+    "endpoint",
+    "test",
+    "correction",
+    "alpha",
+    "smallest_effect",
+    "spread",
+    "output_dir",
+    "pilot",
+    "family",
+    "verdicts",
+    "starts",
 )
-
-TOP_KEYS = ("name", "base", "arms", "baseline", "seeds", "evaluation", "endpoint", "test", "correction", "alpha",
-            "smallest_effect", "spread", "output_dir", "pilot", "family")  # fmt: skip
-
 
 
 class PlanError(UserError):
@@ -69,12 +81,14 @@ class Plan:
     test: str
     correction: str
     alpha: float
-    smallest_effect: float
+    smallest_effect: float | None  # None: a plan written before the study command required one (the lab's first)
     spread: float | None
     output_dir: str  # the study's folder, relative to the plan's
     pilot: dict | None
     family: tuple[str, ...] = ()  # other plans whose comparisons join this one's Holm family (paths from its folder)
     family_comparisons: int = 0  # how many comparisons those plans make
+    verdicts: dict | None = None  # what each outcome earns (verdicts.py); None: the plan states no rules
+    starts: dict[str, str] = field(default_factory=dict)  # {label: MODEL[:POOLER]}: the encoders scored untrained
 
     @property
     def folder(self) -> str:
@@ -107,10 +121,6 @@ class Plan:
         return parse_tasks(str(self.evaluation.get("tasks", "all")))
 
 
-def train_keys() -> set[str]:
-    return {f.name for cls in ARGUMENT_CLASSES for f in cls.__dataclass_fields__.values() if f.init}
-
-
 def eval_flags(evaluation: dict) -> list[str]:
     """The plan's `evaluation:` mapping as eval/sts.py flags (true: the flag alone; false: left out)."""
     flags = []
@@ -122,12 +132,14 @@ def eval_flags(evaluation: dict) -> list[str]:
     return flags
 
 
-def load_plan(path: str, check_arms: bool = True, eval_options: set[str] | None = None,
-              follow_family: bool = True) -> Plan:
-    """The plan at `path`, checked; PlanError listing every problem (file:line: field: what). `check_arms` parses
-    each arm as train.py would (the slow part: it imports the objectives); `eval_options`, eval/sts.py's flags (the
-command line passes them: the study sits below the command-line layer); `follow_family`, whether the plans its
-`family` names are loaded and checked (not for a member: plans of one family may name each other)."""
+def load_plan(
+    path: str, check_arms: bool = True, eval_options: set[str] | None = None, follow_family: bool = True
+) -> Plan:
+    """The plan at `path`, checked; PlanError listing every problem (file:line: field: what). `check_arms` reads
+    each arm as train.py would (the slow part: it imports the objectives) and refuses a local path that is not there;
+    `eval_options`, eval/sts.py's flags (the command line passes them: the study sits below the command-line layer);
+    `follow_family`, whether the plans its `family` names are loaded and checked (not for a member: plans of one
+    family may name each other)."""
     raw, lines = read_plan(path)
     problems: list[str] = []
 
@@ -137,36 +149,57 @@ command line passes them: the study sits below the command-line layer); `follow_
     for key in raw:
         if key not in TOP_KEYS:
             problem((key,), f"unknown plan key; the keys are {', '.join(TOP_KEYS)}")
-    known = train_keys()
-    base, arms = base_and_arms(path, raw, known, problem)
-    seeds = seeds_of(raw, problem)
-    evaluation, endpoint = evaluation_of(path, raw, eval_options, problem)
-    alpha, effect, spread = statistics_of(raw, problem)
-    pilot = pilot_of(raw, known, problem)
-    family, family_comparisons = _family(path, raw, follow_family, problem)
+    base, arms = checks.configs(path, raw, problem)
+    seeds = checks.seeds(raw.get("seeds"), problem)
+    evaluation, tasks = checks.evaluation(path, raw, eval_options, problem)
+    numbers = checks.numbers(raw, problem)
+    starts = checks.starts(path, raw, arms, check_arms, problem)
+    pilot = raw.get("pilot")
+    if pilot is not None and not isinstance(pilot, dict):
+        problem(("pilot",), "a mapping (see docs/studies.md)")
+    checks.pilot_keys(pilot, problem)
+    family, members = _family(path, raw, follow_family, problem)
     stem = os.path.splitext(os.path.basename(path))[0]
-    plan = Plan(path=path, name=str(raw.get("name", stem)), base=base, arms=arms, baseline=str(raw.get("baseline")),
-                seeds=list(seeds), evaluation=evaluation, endpoint=str(endpoint), test="sign_flip",
-                correction="holm", alpha=float(alpha) if isinstance(alpha, (int, float)) else 0.05,
-                smallest_effect=float(effect) if isinstance(effect, (int, float)) else 0.0,
-                spread=float(spread) if isinstance(spread, (int, float)) else None,
-                output_dir=str(raw.get("output_dir", stem)), pilot=pilot, family=tuple(family),
-                family_comparisons=family_comparisons)  # fmt: skip
+    name = str(raw.get("name", stem))
+    comparisons = [arm for arm in arms if arm != raw.get("baseline")]
+    if raw.get("verdicts") is not None:  # a member read for its family is not followed: its names go unchecked
+        names = rules.comparisons(name, comparisons, members) if follow_family or not family else None
+        rules.check(raw["verdicts"], names, problem)
+    plan = Plan(
+        path=path,
+        name=name,
+        base=base,
+        arms=arms,
+        baseline=str(raw.get("baseline")),
+        seeds=seeds,
+        evaluation=evaluation,
+        endpoint=str(raw.get("endpoint", "average")),
+        test="sign_flip",
+        correction="holm",
+        output_dir=str(raw.get("output_dir", stem)),
+        pilot=pilot,
+        family=tuple(family),
+        family_comparisons=sum(len(v) for v in members.values()),
+        verdicts=raw.get("verdicts"),
+        starts=starts,
+        **numbers,
+    )
     if check_arms and not problems:
-        _check_parsed_arms(plan, problem)
+        _check_resolved(plan, problem)
     if problems:
         raise PlanError(problems)
     return plan
 
 
-def _family(path: str, raw: dict, follow_family: bool, problem) -> tuple[list, int]:
-    """The plans of its Holm family (loaded and checked unless this is a member) and their comparisons."""
-    family, family_comparisons = raw.get("family") or [], 0
-    names = {str(raw.get("name", os.path.splitext(os.path.basename(path))[0]))}  # the family's tables key by plan name
+def _family(path: str, raw: dict, follow: bool, problem) -> tuple[list[str], dict[str, list[str]]]:
+    """The other plans of the Holm family, checked: -> (their files, {their name: their comparisons})."""
+    family = raw.get("family") or []
+    names = {str(raw.get("name", os.path.splitext(os.path.basename(path))[0]))}  # the family's tables key by name
     if not isinstance(family, list) or not all(isinstance(f, str) for f in family):
         problem(("family",), "a list of plan files (relative to this one) whose comparisons join its Holm family")
-        family = []
-    for other in family if follow_family else []:  # a member's own family is not read: plans may name each other
+        return [], {}
+    members: dict[str, list[str]] = {}
+    for other in family if follow else []:  # a member's own family is not read: plans may name each other
         full = os.path.join(os.path.dirname(os.path.abspath(path)), other)
         if os.path.realpath(full) == os.path.realpath(path):
             problem(("family",), f"{other}: the plan itself; list the other plans of the family")
@@ -183,28 +216,38 @@ def _family(path: str, raw: dict, follow_family: bool, problem) -> tuple[list, i
             if member.name in names:
                 problem(("family",), f"{other}: named {member.name!r} as another plan of the family; give each a name")
             names.add(member.name)
-            family_comparisons += len(member.comparisons)
-    return family, family_comparisons
+            members[member.name] = member.comparisons
+    return family, members
 
 
-def _check_parsed_arms(plan: Plan, problem) -> None:
-    """Each arm, and each pilot run, parsed as train.py would; two arms that train alike are one arm twice."""
-    parsed = {}
+def _check_resolved(plan: Plan, problem) -> None:
+    """Every config a run will train, read as train.py reads it: a value it refuses, a local path that is not there,
+    two arms that train alike (unless the pilot tunes one of them: its pick may part them)."""
+    pilot = plan.pilot or {}
+    own = {("base",): plan.base, **{("arms", arm): overrides for arm, overrides in plan.arms.items()}}
+    own |= {("pilot", part): pilot[part] for part in ("overrides", "reference") if isinstance(pilot.get(part), dict)}
+    missing = [(part, key, value) for part, config in own.items() for key, value in missing_paths(plan.folder, config)]
+    for part, key, value in missing:
+        problem((*part, key), f"{value}: no such file or folder (relative to the plan; a local path, not a Hub id)")
+    if missing:  # train.py's reading would stop at the same paths
+        return
+    resolved = {}
     for arm in plan.arms:
         try:
-            parsed[arm] = parse_arm(plan, plan.config(arm))
+            resolved[arm] = json.dumps(resolve_config(plan.folder, plan.config(arm)), sort_keys=True)
         except ConfigError as e:
             problem(("arms", arm), str(e))
+    tuned = set(pilot["tune"]) if isinstance(pilot.get("tune"), dict) else set()
     seen: dict[str, str] = {}
-    for arm, settings in parsed.items():
-        if settings in seen:
+    for arm, settings in resolved.items():
+        if settings in seen and not {arm, seen[settings]} & tuned:
             problem(("arms", arm), f"trains exactly as arm {seen[settings]!r}: two names for one arm")
         seen.setdefault(settings, arm)
-    for where, label, config in pilot_configs(plan):  # the pilot's runs too, before any of them starts
+    for at, label, config in pilot_configs(plan):  # the pilot's runs too, before any of them starts
         try:
-            parse_arm(plan, config)
+            resolve_config(plan.folder, config)
         except ConfigError as e:
-            problem(where, f"{label}{e}")
+            problem(at, f"{label}{e}")
 
 
 def grid_points(grid: dict) -> list[dict]:
@@ -227,47 +270,4 @@ def pilot_configs(plan: Plan) -> list[tuple[tuple, str, dict]]:
         for change in grid_points(grid):
             label = ", ".join(f"{k} {json.dumps(v)}" for k, v in change.items()) + ": "
             out.append((("pilot", "tune", arm), label, plan.pilot_config(arm, change)))
-    return out
-
-
-def parse_arm(plan: Plan, config: dict) -> str:
-    """train.py's own reading of an arm's config (from the plan's folder, where it will run), as a canonical string:
-    a ConfigError names the first bad value; two arms with the same string train the same."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "arm.yaml")
-        with open(path, "w", encoding="utf-8") as f:
-            yaml.safe_dump(config, f)
-        with working_dir(plan.folder):
-            try:
-                model, data, training = parse_args(["--config", path, "--output_dir", os.path.join(tmp, "out")])
-            except ConfigError as e:  # its file is this function's own, gone when the message is read
-                raise ConfigError(str(e).replace(f" (in {path})", "").replace(path, "the arm's config")) from None
-    settings = [asdict(model), asdict(data), training.to_dict()]
-    for part in settings:  # where the run's files go is not how it trains
-        for key in ("output_dir", "logging_dir"):
-            part.pop(key, None)
-    return json.dumps(settings, sort_keys=True, default=str)
-
-
-def power_lines(plan: Plan, measured: float | None = None) -> list[str]:
-    """What the plan can detect: at the assumed spread, and at the pilot's measured one when there is one; and the
-    exact test's floor against alpha / m."""
-    n, m = len(plan.seeds), len(plan.comparisons) + plan.family_comparisons
-    level = plan.alpha / m
-    factor = detectable_sd(n, level)
-    against = f"against {plan.baseline}" if not plan.family else (
-        f"({len(plan.comparisons)} against {plan.baseline}, {plan.family_comparisons} in its family)")
-    out = [f"{n} paired seeds, {m} comparison{'s' * (m > 1)} {against}, Holm at {plan.alpha:g}: a "
-           f"two-sided paired t at {level:.4g} (Holm's strictest step) with 80 % power detects {factor:.3f} sd of "
-           "the paired differences"]  # fmt: skip
-    for label, sd in (("assumed", plan.spread), ("pilot-measured", measured)):
-        if sd is not None:
-            effect = factor * sd
-            verdict = "at or below" if effect <= plan.smallest_effect else "ABOVE"
-            out.append(f"at the {label} sd {sd:g}: {effect:.3f} points of {plan.endpoint}, {verdict} the smallest "
-                       f"effect of interest {plan.smallest_effect:g}")  # fmt: skip
-    floor = 2 / 2**n
-    if floor >= level:
-        out.append(f"warning: with {n} seeds the exact sign-flip test's smallest p is 2/{2**n} = {floor:.4g}, not "
-                   f"below alpha/m = {level:.4g}: no arm can be shown to differ, and no interval is bounded")
     return out
