@@ -160,9 +160,9 @@ def _tilted_backward(ctx: Any, grad: Tensor) -> Tensor:
     grad = torch.where(q_sum == 0, 0.0, grad)  # a row without negatives: 0, not 0 * inf = NaN (NaN stays NaN)
     p_sum, q_sum = p_sum.clamp_min(torch.finfo(p.dtype).tiny), q_sum.clamp_min(torch.finfo(q.dtype).tiny)
     if ctx.detach:  # d/dm logsumexp(m + b m'), m' held fixed: p
-        return p * (grad / p_sum)[:, None]
+        return cast(Tensor, p * (grad / p_sum)[:, None])
     grad_masked = p * (grad * (1 + ctx.beta) / p_sum)[:, None]
-    return grad_masked.addcmul_(q, (grad * ctx.beta / q_sum)[:, None], value=-1.0)
+    return cast(Tensor, grad_masked.addcmul_(q, (grad * ctx.beta / q_sum)[:, None], value=-1.0))
 
 
 class _TiltedLogRatioFromExp(torch.autograd.Function):

@@ -32,8 +32,16 @@ from simcse_hn.modeling.batching import (
     restore_order,
     token_length_order,
 )
-from simcse_hn.modeling.packing import Packing, pack_inputs, packed, packs, plan_packing, pool_packed, row_of_each_token
 from simcse_hn.modeling.loading import encoder_files, finish_tokenizer_config, is_decoder_only
+from simcse_hn.modeling.packing import (
+    Packing,
+    pack_inputs,
+    packed,
+    packs,
+    plan_packing,
+    pool_packed,
+    row_of_each_token,
+)
 from simcse_hn.modeling.st_format import head_as_encoder_pooler, write_sentence_transformers_files
 from simcse_hn.run_record import RunRecord
 from simcse_hn.testing.models import BUILTIN_MODELS, build_builtin
@@ -84,8 +92,9 @@ class SimCSEModel(nn.Module):
     padding). A BERT encoder runs packed instead (simcse_hn.modeling.packing): the batch's tokens without padding in
     one row, attention in the length groups. The embeddings are the same up to float rounding (padding keys are
     masked out, the poolers read the mask); with dropout on, each row's dropout draw differs from the one-forward
-    draw, equally random and equally seeded. The trainer sets it (`SimCSETrainingArguments.length_groups`); 1 (one forward) by default. Evaluation
-    always runs one forward (`encode` and the dev loop already batch sentences of equal length).
+    draw, equally random and equally seeded. The trainer sets it (`SimCSETrainingArguments.length_groups`); 1 (one
+    forward) by default. Evaluation always runs one forward (`encode` and the dev loop already batch sentences of
+    equal length).
     """
 
     def __init__(self, encoder: nn.Module, pooler: str = "cls", mlp_only_train: bool = True):

@@ -93,8 +93,9 @@ def plan_packing(attention_mask: Tensor, groups: int, dtype: torch.dtype = torch
         shapes.append((count, width))
         first += count
     keep = torch.cat([k.reshape(-1) for k in keys]).nonzero().squeeze(1)  # (N,) one host read
-    biases = [torch.zeros(k.shape, dtype=dtype, device=k.device).masked_fill_(~k, torch.finfo(dtype).min) for k in keys]
-    return Packing(order, starts, sorted_lengths, tokens, torch.cat(gathers), shapes, [b[:, None, None] for b in biases], keep)
+    least = torch.finfo(dtype).min
+    biases = [torch.zeros(k.shape, dtype=dtype, device=k.device).masked_fill_(~k, least)[:, None, None] for k in keys]
+    return Packing(order, starts, sorted_lengths, tokens, torch.cat(gathers), shapes, biases, keep)
 
 
 def packed_attention(
@@ -110,13 +111,14 @@ def packed_attention(
     pieces = []
     for (rows, width), bias, *qkv in zip(plan.shapes, plan.biases, *padded):  # each (b w, heads, d)
         q, k, v = (x.view(rows, width, *x.shape[1:]).transpose(1, 2) for x in qkv)  # (b, heads, w, d)
-        heads = q.shape[1]
-        scores = torch.baddbmm(
-            bias.to(q.dtype).expand(rows, heads, 1, width).reshape(rows * heads, 1, width), q.reshape(-1, width, q.shape[-1]), k.reshape(-1, width, k.shape[-1]).transpose(1, 2), alpha=scaling
-        )  # (b heads, w, w)
+        heads, size = q.shape[1], q.shape[-1]
+        bias = bias.to(q.dtype).expand(rows, heads, 1, width).reshape(rows * heads, 1, width)
+        keys_t = k.reshape(-1, width, size).transpose(1, 2)  # (b heads, d, w)
+        scale = size**-0.5 if scaling is None else scaling
+        scores = torch.baddbmm(bias, q.reshape(-1, width, size), keys_t, alpha=scale)  # (b heads, w, w)
         probs = fast_dropout(scores.softmax(dim=-1), dropout) if dropout > 0 else scores.softmax(dim=-1)
-        out = torch.bmm(probs, v.reshape(-1, width, v.shape[-1])).view(rows, -1, width, v.shape[-1])  # (b, h, w, d)
-        pieces.append(out.transpose(1, 2).reshape(rows * width, *out.shape[1:2], out.shape[-1]))  # (b w, heads, d)
+        out = torch.bmm(probs, v.reshape(-1, width, size)).view(rows, heads, width, size)
+        pieces.append(out.transpose(1, 2).reshape(rows * width, heads, size))
     return torch.cat(pieces).index_select(0, plan.keep).unsqueeze(0), None
 
 
