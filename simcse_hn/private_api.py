@@ -118,6 +118,17 @@ PRIVATE_ATTRIBUTES = (
         essential=False,
         use="reads",
     ),
+    PrivateMember(
+        "transformers.PretrainedConfig",
+        "_attn_implementation",
+        None,
+        "the attention function the encoder's layers look up at each call, which a packed training forward points "
+        "at its own for the forward's length (modeling.packing.packed) and puts back; set_attn_implementation "
+        "checks and reloads where a per-step switch must cost nothing. Without it packing is off (packing.packs) "
+        "and length groups run as separate forwards.",
+        essential=False,
+        use="reads",
+    ),
 )
 
 PRIVATE_MEMBERS = PRIVATE_TRAINER_OVERRIDES + PRIVATE_PARSER_MEMBERS + OTHER_PRIVATE_MEMBERS + PRIVATE_ATTRIBUTES

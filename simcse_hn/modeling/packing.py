@@ -60,8 +60,17 @@ def packs(encoder) -> bool:
         isinstance(encoder, PreTrainedModel)
         and getattr(encoder.config, "model_type", None) in PACKED_MODEL_TYPES
         and not getattr(encoder.config, "is_decoder", False)
-        and not getattr(encoder, "is_gradient_checkpointing", False)
+        and not _checkpointing(encoder)
+        and hasattr(type(encoder.config), "_attn_implementation")
     )
+
+
+def _checkpointing(encoder) -> bool:
+    """Whether the encoder recomputes its layers in the backward (transformers 5 names it is_activation_checkpointing,
+    before it is_gradient_checkpointing)."""
+    if hasattr(type(encoder), "is_activation_checkpointing"):
+        return bool(encoder.is_activation_checkpointing)
+    return bool(getattr(encoder, "is_gradient_checkpointing", False))
 
 
 def plan_packing(attention_mask: Tensor, groups: int, dtype: torch.dtype = torch.float32) -> Packing | None:
