@@ -443,7 +443,7 @@ def best_rates(*rates: dict) -> dict:
 
 
 def encoder_flops(shape: EncoderShape, lengths, padded_length: int | None = None, training: bool = False,
-                  head_rows: int = 0) -> dict:
+                  head_rows: int = 0, packed: bool = False) -> dict:
     """FLOPs of a BERT-like encoder over sequences of the given token `lengths` (one batch or many).
 
     Counted: the layers' matrix products, 2 x (matrix weights) per token forward, and attention's two T x T
@@ -451,7 +451,8 @@ def encoder_flops(shape: EncoderShape, lengths, padded_length: int | None = None
     gradients of the inputs and of the weights). Not counted: embeddings (a lookup), biases, layer norms, softmax,
     GELU, dropout (elementwise), and the pooler. `head_rows`: rows through SimCSE's MLP head (2 H^2 each forward).
     "useful" counts the tokens themselves; "computed" the padded batch the kernels run on (`padded_length`, default
-    the longest length: one batch)."""
+    the longest length: one batch); `packed` (simcse_hn.modeling.packing): the layers' products on the tokens alone,
+    attention padded to `padded_length`."""
     lengths = [int(x) for x in lengths]
     padded = max(lengths) if padded_length is None else int(padded_length)
     factor = 3 if training else 1
@@ -459,8 +460,9 @@ def encoder_flops(shape: EncoderShape, lengths, padded_length: int | None = None
     attention = 4 * shape.hidden * shape.layers
     head = 2 * shape.hidden**2 * head_rows
     useful = factor * (per_token * sum(lengths) + attention * sum(x * x for x in lengths) + head)
-    computed = factor * (per_token * padded * len(lengths) + attention * padded * padded * len(lengths) + head)
-    return {"useful": useful, "computed": computed, "tokens": sum(lengths), "padded_tokens": padded * len(lengths)}
+    product_tokens = sum(lengths) if packed else padded * len(lengths)
+    computed = factor * (per_token * product_tokens + attention * padded * padded * len(lengths) + head)
+    return {"useful": useful, "computed": computed, "tokens": sum(lengths), "padded_tokens": product_tokens}
 
 
 def limit_fraction(useful_flops: float, seconds: float, rates: dict) -> dict:

@@ -155,7 +155,10 @@ def _caller() -> str:
     for frame in reversed(traceback.extract_stack()[:-2]):
         if "/torch/" not in frame.filename and not frame.filename.endswith("step_counts.py"):
             parts = Path(frame.filename).parts
-            tail = "/".join(parts[-3:]) if "site-packages" in parts else "/".join(parts[-2:])
+            if "site-packages" in parts:  # the package's own path: transformers/trainer.py
+                tail = "/".join(parts[parts.index("site-packages") + 1 :])
+            else:
+                tail = "/".join(parts[-2:])
             return f"{tail}:{frame.lineno} {frame.name}"
     return "?"
 

@@ -10,11 +10,12 @@ FLOPs (common.encoder_flops), per step and forward batch: 3 x (2 x matrix weight
 products, 4 T^2 H per sequence and layer) + the MLP head's rows, i.e. "6 x non-embedding matrix parameters x tokens
 + attention"; embeddings, biases, norms, softmax, GELU, dropout and the loss are not counted. *Useful* counts the
 sentences' own tokens (the attention mask), *computed* the padded positions the forwards ran on: the collated batch,
-or with length groups (ours' default on a CPU, SimCSEModel.length_groups) each group cut to its longest row (the
-padding share is reported); GradCache's extra no-grad forward is not useful work. The limit (common.matmul_rates):
-measured in the same worker process, on its threads, device and dtype, before and after its runs (the better kept):
-the reference product and the model's own products at the batch's token count (forward and both backward products).
-Fraction = useful FLOP/s / limit.
+or with length groups (ours' default on a CPU, SimCSEModel.length_groups) each group cut to its longest row, or
+packed (a BERT encoder's length groups: the layers' products on the tokens alone, attention in the groups; the
+padding share is the products' and is reported); GradCache's extra no-grad forward is not useful work. The limit
+(common.matmul_rates): measured in the same worker process, on its threads, device and dtype, before and after its
+runs (the better kept): the reference product and the model's own products at the batch's token count (forward and
+both backward products). Fraction = useful FLOP/s / limit.
 
 1. *ours vs sentence-transformers*, whole processes (a fresh one per configuration and round; rounds interleaved,
    order rotated): st-mnrl (SentenceTransformerTrainer + MultipleNegativesRankingLoss(scale=20), the unsupervised
@@ -276,13 +277,17 @@ def forward_pieces(lengths: list[int], width: int, groups: int, rows: int | None
     return pieces
 
 
-def step_flops(batch: dict, shape: EncoderShape, head: bool, groups: int = 1, rows: int | None = None) -> dict:
+def step_flops(
+    batch: dict, shape: EncoderShape, head: bool, groups: int = 1, rows: int | None = None, packed: bool = False
+) -> dict:
     """encoder_flops of one step's forward inputs (training: 3 x forward), useful and computed: "computed" counts
-    the positions the forwards ran on (`forward_pieces`: length groups cut padding)."""
+    the positions the forwards ran on (`forward_pieces`: length groups cut padding; `packed`: the layers' products
+    ran on the tokens alone, attention in the length groups)."""
     total = {"useful": 0, "computed": 0, "tokens": 0, "padded_tokens": 0}
     for lengths, width in batch.values():
         for piece, piece_width in forward_pieces(lengths, width, groups, rows):
-            counted = encoder_flops(shape, piece, piece_width, training=True, head_rows=len(piece) if head else 0)
+            counted = encoder_flops(shape, piece, piece_width, training=True, head_rows=len(piece) if head else 0,
+                                    packed=packed)  # fmt: skip
             total = {k: total[k] + counted[k] for k in total}
     return total
 
@@ -291,6 +296,13 @@ def run_spec(spec: dict, corpus: Path, shape: EncoderShape, states: dict) -> dic
     """One training run in this process. -> sentences/s, step times, FLOPs, memory, per-step losses (ours)."""
     import torch
     from torch._dynamo.utils import counters
+
+    try:
+        from simcse_hn.modeling.packing import packs
+    except ImportError:  # a revision before packed forwards
+
+        def packs(encoder) -> bool:
+            return False
 
     marks, batches, losses, memory = [], [], [], {}
     callback = recording_callback(marks, memory, spec.get("sync_warn_from"))
@@ -310,14 +322,15 @@ def run_spec(spec: dict, corpus: Path, shape: EncoderShape, states: dict) -> dic
     flops = {"useful": 0, "computed": 0, "tokens": 0, "padded_tokens": 0}
     groups = getattr(model, "length_groups", 1)  # what the trainer set on our model; sentence-transformers': 1
     rows = 2 * spec["cache_minibatch"] if "cache_minibatch" in spec else None
+    packed = spec["kind"] == "ours" and groups > 1 and packs(model.encoder)
     for batch in batches[warmup:steps]:  # the loader collates one batch ahead: batches[i] is step i's
-        counted = step_flops(batch, shape, head, groups, rows)
+        counted = step_flops(batch, shape, head, groups, rows, packed)
         flops = {k: flops[k] + counted[k] for k in flops}
     flops["padding_share"] = 1 - flops["tokens"] / max(flops["padded_tokens"], 1)
     step_seconds = [b - a for a, b in zip(timed, timed[1:])]
     result = {
         "name": spec["name"], "sentences_per_s": (steps - warmup) * spec["batch"] / seconds, "timed_seconds": seconds,
-        "length_groups": groups,
+        "length_groups": groups, "packed": packed,
         "median_step_s": statistics.median(step_seconds), "step_seconds": [round(s, 5) for s in step_seconds],
         "flops": flops, "memory": memory, "process_seconds": time.perf_counter() - start,
         "losses": [float(x) for x in torch.stack(losses).float().cpu()] if losses else None,

@@ -69,8 +69,10 @@ def test_the_cached_loss_trains_as_the_plain_one_with_a_queue(st_folder, tmp_pat
     plain, _ = st_train(st_folder, tmp_path / "plain", columns, make(SimCSELoss))
     cached, cached_loss = st_train(st_folder, tmp_path / "cached", columns, make(CachedSimCSELoss))
     assert losses(cached) == pytest.approx(losses(plain), rel=1e-5) and len(losses(plain)) == 5
+    # AdamW at lr 0.5 moves each weight by up to 0.5 a step; the two paths' float32 sums differ in order, which
+    # leaves a few entries apart by up to 6e-6 (HCL's sums from InfoNCE's exponentials, issue 70)
     for name, want in plain.model.state_dict().items():
-        torch.testing.assert_close(cached.model.state_dict()[name], want, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(cached.model.state_dict()[name], want, rtol=1e-4, atol=2e-5, msg=name)
     assert cached_loss.queue.chunk_rows == 3  # the momentum encoder embeds mini-batch by mini-batch too
 
 
