@@ -317,8 +317,11 @@ def profile_losses(names: list[str], rows: int, dim: int, calls: int = 3) -> dic
     from torch.profiler import ProfilerActivity, profile
 
     out = {}
-    losses = list(dict.fromkeys(n.removesuffix(PLAIN_MASK).removesuffix(PLAIN) for n in names))
-    runs = loss_runs(rows, dim, losses, plain=any(n.endswith((PLAIN, PLAIN_MASK)) for n in names))
+    def loss_of(name: str) -> str:  # the loss a run name times: "unremix plain indexed" -> "unremix"
+        return next((name.removesuffix(suffix) for suffix in PLAIN_CALLS if name.endswith(suffix)), name)
+
+    losses = list(dict.fromkeys(loss_of(n) for n in names))
+    runs = loss_runs(rows, dim, losses, plain=any(n.endswith(PLAIN_CALLS) for n in names))
     for name in ["floor", *names]:
         runs[name]()
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
