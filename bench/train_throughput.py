@@ -564,6 +564,12 @@ def _memory_cells(entry: dict) -> str:
             + (f" | {cuda:.0f}" if cuda is not None else ""))
 
 
+def _packed(report: dict) -> bool:
+    """Whether any of the record's runs trained packed (simcse_hn.modeling.packing; records before it have none)."""
+    sections = [value for value in report.values() if isinstance(value, dict) and "runs" in value]
+    return any(run.get("packed") for section in sections for run in section["runs"])
+
+
 def markdown(report: dict) -> str:
     base = report["settings"]
     lines = [
@@ -576,7 +582,9 @@ def markdown(report: dict) -> str:
         f"{report.get('device', 'cpu')}{', bf16' if base.get('bf16') else ''}, {base['threads']} torch thread(s). "
         "FLOPs: 3 x (2 x matrix weights x tokens + 4 T^2 H per sequence and layer) per forward batch + the MLP "
         "head; useful = the sentences' own tokens, the padding share is what the forwards computed beyond them "
-        "(ours: in length groups, 8 on a CPU, unless the name says 1group). "
+        "(ours: in length groups, 8 on a CPU, unless the name says 1group"
+        + ("; packed, so the share is the layers' products', attention ran in the groups" if _packed(report) else "")
+        + "). "
         "Fraction = useful FLOP/s / the matmul limit measured in the same process (bench/train_throughput.py's "
         "docstring).",
     ]
