@@ -50,6 +50,17 @@ def batch_of(tokenizer, sentences):
     return dict(tokenizer(sentences, padding=True, return_tensors="pt"))
 
 
+def forward_and_gradients(model: SimCSEModel, batch: dict, groups: int) -> tuple:
+    """A float64 model's output in `groups` length groups and every parameter's gradient of a fixed weighting of its
+    embeddings. -> (SimCSEOutput, {name: gradient})"""
+    model.length_groups = groups
+    model.zero_grad()
+    output = model(**batch, return_head_inputs=True)
+    weights = torch.linspace(-1, 1, output.embeddings.numel(), dtype=torch.float64)
+    (output.embeddings * weights.view_as(output.embeddings)).sum().backward()
+    return output, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
 @pytest.mark.parametrize("pooler", ["cls", "avg", "avg_first_last", "avg_top2", "cls_before_pooler"])
 def test_grouped_forward_gives_the_one_forward_embeddings_and_gradients(pooler):
     """In train mode without dropout (so that both draw nothing), in float64: embeddings, the head's inputs and every
@@ -58,16 +69,7 @@ def test_grouped_forward_gives_the_one_forward_embeddings_and_gradients(pooler):
     encoder, tokenizer = build_tiny_bert(seed=0, dropout=0.0)
     model = SimCSEModel(encoder, pooler=pooler).double().train()
     batch = batch_of(tokenizer, SENTENCES)
-    results = []
-    for groups in (1, 4):
-        model.length_groups = groups
-        model.zero_grad()
-        output = model(**batch, return_head_inputs=True)
-        weights = torch.linspace(-1, 1, output.embeddings.numel(), dtype=torch.float64)
-        (output.embeddings * weights.view_as(output.embeddings)).sum().backward()
-        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-        results.append((output, grads))
-    (one, one_grads), (grouped, grouped_grads) = results
+    (one, one_grads), (grouped, grouped_grads) = [forward_and_gradients(model, batch, groups) for groups in (1, 4)]
     assert length_groups_of(batch["attention_mask"], 4) is not None  # the grouped path really ran
     torch.testing.assert_close(grouped.embeddings, one.embeddings, rtol=0, atol=1e-12)
     if pooler == "cls":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_length_groups import forward_and_gradients
 from torch import nn
 
 from simcse_hn.modeling import packing
@@ -34,16 +35,7 @@ def test_packed_forward_gives_the_padded_embeddings_and_gradients(pooler):
     model = SimCSEModel(encoder, pooler=pooler).double().train()
     calls = encoder_calls(encoder)
     batch = batch_of(tokenizer)
-    results = []
-    for groups in (1, 4):
-        model.length_groups = groups
-        model.zero_grad()
-        output = model(**batch, return_head_inputs=True)
-        weights = torch.linspace(-1, 1, output.embeddings.numel(), dtype=torch.float64)
-        (output.embeddings * weights.view_as(output.embeddings)).sum().backward()
-        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-        results.append((output, grads))
-    (one, one_grads), (packed, packed_grads) = results
+    (one, one_grads), (packed, packed_grads) = [forward_and_gradients(model, batch, groups) for groups in (1, 4)]
     tokens = int(batch["attention_mask"].sum())
     assert calls[1]["input_ids"].shape == (1, tokens)  # the packed path ran: one row of the batch's own tokens
     torch.testing.assert_close(packed.embeddings, one.embeddings, rtol=0, atol=1e-12)
