@@ -174,17 +174,21 @@ class SimCSEModel(nn.Module):
             outputs = self.encoder(
                 **pack_inputs(plan, input_ids, token_type_ids), output_hidden_states=needs_layers, return_dict=True
             )
-        if self.pooler == "avg_first_last":
-            hidden = (outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2
-        elif self.pooler == "avg_top2":
-            hidden = (outputs.hidden_states[-2] + outputs.hidden_states[-1]) / 2
-        else:
-            hidden = outputs.last_hidden_state
         token_rows = row_of_each_token(plan) if self.pooler.startswith("avg") else None
-        pooled = pool_packed(hidden[0], plan, self.pooler, token_rows)  # (B, H), packed order
-        inverse = torch.empty_like(plan.order)
-        inverse[plan.order] = torch.arange(plan.order.numel(), device=plan.order.device)
-        pooled = pooled[inverse]
+        pooled = pool_packed(self._pooled_layers(outputs)[0], plan, self.pooler, token_rows)  # (B, H), packed order
+        return self._with_head(restore_order(pooled, plan.order), return_head_inputs)
+
+    def _pooled_layers(self, outputs) -> Tensor:
+        """The hidden states the pooler reads: the last layer's, or the mean of two layers' (`avg_first_last`,
+        `avg_top2`). -> (B, T, H)"""
+        if self.pooler == "avg_first_last":
+            return (outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2
+        if self.pooler == "avg_top2":
+            return (outputs.hidden_states[-2] + outputs.hidden_states[-1]) / 2
+        return outputs.last_hidden_state
+
+    def _with_head(self, pooled: Tensor, return_head_inputs: bool) -> SimCSEOutput:
+        """The pooled rows (B, H) through the MLP head where it runs."""
         if self.uses_head:
             return SimCSEOutput(self.mlp(pooled), pooled if return_head_inputs else None)
         return SimCSEOutput(pooled)
@@ -216,17 +220,11 @@ class SimCSEModel(nn.Module):
 
         if self.pooler in ("cls", "cls_before_pooler"):
             pooled = outputs.last_hidden_state[:, 0]
-        elif self.pooler == "avg":
-            pooled = mean(outputs.last_hidden_state)
-        elif self.pooler == "avg_first_last":
-            pooled = mean((outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2)
         elif self.pooler == "last":
             pooled = last_token(outputs.last_hidden_state, attention_mask)
         else:
-            pooled = mean((outputs.hidden_states[-2] + outputs.hidden_states[-1]) / 2)
-        if self.uses_head:
-            return SimCSEOutput(self.mlp(pooled), pooled if return_head_inputs else None)
-        return SimCSEOutput(pooled)
+            pooled = mean(self._pooled_layers(outputs))
+        return self._with_head(pooled, return_head_inputs)
 
     @torch.inference_mode()
     def encode(
