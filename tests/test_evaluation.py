@@ -17,14 +17,13 @@ from simcse_hn.data.sts import STS_FILES, STS_TASKS, load_sts_task, parse_tasks,
 from simcse_hn.errors import DataError
 from simcse_hn.evaluation.encoding import (
     encoder_backend,
-    iter_prepared_batches,
     load_encoder,
     sentence_transformers_encode_fn,
     simcse_encode_fn,
     token_length_batches,
 )
 from simcse_hn.evaluation.scoring import score_sts_tasks, sts_spearman
-from simcse_hn.modeling.batching import length_cuts
+from simcse_hn.modeling.batching import iter_prepared_batches, length_cuts
 from simcse_hn.modeling.loading import load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import TINY_LLAMA, build_tiny_bert
@@ -270,7 +269,7 @@ def test_prepared_batches_equal_the_models_own_features_for_each_batch(st_folder
 
     order, batches = prepared_batches(counted, sentences, batch_size=4, group_size=13)
     assert sorted(order) == list(range(len(sentences)))
-    assert sum(calls) == len(sentences) and len(calls) == -(-len(sentences) // 12)  # once each, 12 at a time
+    assert calls == [8, 12, 12, 12, 11]  # once each: a first group of two batches, then 12 at a time
     start = 0
     for features in batches:
         texts = [sentences[i] for i in order[start : start + len(features["input_ids"])]]
@@ -344,6 +343,42 @@ def test_encode_of_a_decoder_with_last_token_pooling_equals_a_forward_per_senten
         model.eval()
         expected = torch.cat([model(**tokenizer([s], return_tensors="pt")).embeddings for s in sentences])
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+
+
+def counted_rows(module: torch.nn.Module) -> list[int]:
+    """A list to which each forward of `module` appends its batch's rows (features as keywords or one dict)."""
+    rows: list[int] = []
+
+    def hook(module, args, kwargs, output):
+        features = kwargs if "input_ids" in kwargs else args[0]
+        rows.append(features["input_ids"].shape[0])
+
+    module.register_forward_hook(hook, with_kwargs=True)
+    return rows
+
+
+def test_a_sentence_tokenised_as_another_is_encoded_once_and_gets_its_embedding(st_folder):
+    """Under an uncased tokenizer "The cat" and "the cat" are one input: both encoders run it once and give both
+    sentences that one row (their cosines tie exactly, as in exact arithmetic), in the caller's order."""
+    from sentence_transformers import SentenceTransformer
+
+    rng = random.Random(5)
+    base = [" ".join(rng.choices(WORDS, k=rng.randint(2, 9))) for _ in range(17)]
+    sentences = base + [base[3].upper(), base[0].capitalize(), base[3].title()]
+    encoder, tokenizer = build_tiny_bert(seed=2)
+    model = SimCSEModel(encoder, pooler="avg")
+    st = SentenceTransformer(st_folder, device="cpu")
+    for name, encode, forward_of in [
+        ("simcse", lambda s: model.encode(s, tokenizer, batch_size=4), model),
+        ("sentence-transformers", sentence_transformers_encode_fn(st, batch_size=4), st),
+    ]:
+        rows = counted_rows(forward_of)
+        out = encode(sentences)
+        assert sum(rows) == len(base), name  # the three copies were not run
+        for copy, first in [(17, 3), (18, 0), (19, 3)]:
+            assert torch.equal(out[copy], out[first]), name
+        alone = encode(base)
+        torch.testing.assert_close(out[: len(base)], alone, rtol=0, atol=1e-6)
 
 
 def test_encode_of_nothing_is_an_empty_matrix():

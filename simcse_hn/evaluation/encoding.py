@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from simcse_hn.files import SIMCSE_CONFIG
-from simcse_hn.modeling.batching import length_cuts, map_batches, restore_order, token_length_order
+from simcse_hn.modeling.batching import (
+    iter_prepared_batches,
+    map_batches,
+    place_rows,
+    restore_order,
+    token_length_order,
+)
 from simcse_hn.modeling.loading import inference_max_length, load_tokenizer
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import BUILTIN_MODELS
@@ -57,6 +63,7 @@ def token_length_batches(
     in a batch as padding (MiniLM's tokenizer, batch 32), token counts under 1 %. This tokenises once for the order,
     and `encode_batch` tokenises again: the price of calling an encoder that takes text.
     """
+
     def encode(sentences: list[str]) -> Tensor:
         if not sentences:
             return encode_batch(sentences)
@@ -66,99 +73,6 @@ def token_length_batches(
         return restore_order(torch.cat(pieces), [i for batch in batches for i in batch])
 
     return encode
-
-
-def trim_padding(features: dict, rows: Tensor, width: int, side: str, group: int, padded: int) -> dict:
-    """The features of `rows` of a batch of `group` texts padded to `padded` positions, cut to `width` positions on
-    the padding `side`: what the tokenizer gives for those rows alone when `width` is their longest. A tensor is
-    (group, padded, ...) -> (len(rows), width, ...) or (group, ...) -> (len(rows), ...); anything else is shared."""
-    out = {}
-    for key, value in features.items():
-        if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[:2] == (group, padded):
-            value = value[rows]
-            out[key] = value[:, :width] if side == "right" else value[:, padded - width :]
-        elif isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == group:
-            out[key] = value[rows]
-        else:
-            out[key] = value
-    return out
-
-
-def _padding_side(mask: Tensor, lengths: Tensor) -> str | None:
-    """'right' or 'left' when every row of an attention mask (B, T) is its real tokens on one side and padding on the
-    other; None otherwise (a mask with holes, a packed batch), so that the features are not cut."""
-    positions = torch.arange(mask.shape[1])  # (T,)
-    if torch.equal(mask.bool(), positions < lengths[:, None]):
-        return "right"
-    if torch.equal(mask.bool(), positions >= mask.shape[1] - lengths[:, None]):
-        return "left"
-    return None
-
-
-def iter_prepared_batches(
-    prepare: Callable[[list[str]], dict],
-    sentences: list[str],
-    batch_size: int,
-    group_size: int = 4096,
-    copies: dict[int, int] | None = None,
-) -> Iterator[tuple[list[int], dict]]:
-    """Features for batches of equal token length, each text tokenised once by the model's own `prepare` (e.g. a
-    SentenceTransformer's `preprocess`), one batch at a time. -> (the sentence index of each row, features) per batch
-
-    Texts go to `prepare` in groups of about `group_size` (whole batches), taken in order of character count; within
-    a group the rows are sorted by their token count (the attention mask) and cut into batches (`length_cuts`),
-    each cut to its own longest row. A cut batch is what `prepare` gives for those texts alone, since padding only
-    fills the positions after (or before) each row's tokens. A group whose features cannot be cut (no attention mask,
-    or one with holes) is prepared again batch by batch, in the order of character count.
-
-    On the STS suite (26,126 distinct sentences, MiniLM) this tokenises in about half the time of a token-count pass
-    followed by `preprocess` per batch. Batches of 128 compute 0.6 % padding (3.8 % in batches of exactly 128 rows,
-    before `length_cuts`); groups of 256 would leave more, one group of everything a little less at a 1.5x slower
-    tokenisation.
-
-    With `copies` (a dict the caller passes and reads after), a text whose token ids equal an earlier one's in its
-    group (e.g. "The cat" and "the cat" under an uncased tokenizer) is not batched again: copies[its index] = the
-    index of the text it equals, so that both get one embedding and their cosines tie exactly, as they do in exact
-    arithmetic (bench/eval_speed.py's same-scores check).
-    """
-    by_chars = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
-    group_size = max(group_size // batch_size, 1) * batch_size
-    for start in range(0, len(by_chars), group_size):
-        indices = by_chars[start : start + group_size]
-        features = prepare([sentences[i] for i in indices])
-        mask = features.get("attention_mask")
-        side = None
-        if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[0] == len(indices):
-            lengths = mask.sum(dim=1)  # (g,)
-            side = _padding_side(mask, lengths)
-        if side is None:
-            for k in range(0, len(indices), batch_size):
-                yield indices[k : k + batch_size], prepare([sentences[i] for i in indices[k : k + batch_size]])
-            continue
-        rows = torch.sort(lengths, descending=True, stable=True).indices  # (g,)
-        if copies is not None and isinstance(features.get("input_ids"), Tensor):
-            rows = _first_of_equal_rows(features["input_ids"], rows, indices, copies)
-        for start, end in length_cuts(lengths[rows].tolist(), batch_size):
-            batch = rows[start:end]
-            width = int(lengths[batch].max())
-            yield [indices[r] for r in batch.tolist()], trim_padding(features, batch, width, side, len(indices),
-                                                                      mask.shape[1])  # fmt: skip
-
-
-def _first_of_equal_rows(input_ids: Tensor, rows: Tensor, indices: list[int], copies: dict[int, int]) -> Tensor:
-    """`rows` without those whose padded token ids (g, T) repeat an earlier kept row's; each dropped row's sentence
-    index is mapped to the kept one's in `copies`. -> the kept rows, in order"""
-    first: dict[tuple, int] = {}
-    kept = []
-    ids = input_ids.tolist()
-    for row in rows.tolist():
-        key = tuple(ids[row])
-        if key in first:
-            copies[indices[row]] = indices[first[key]]
-        else:
-            first[key] = row
-            kept.append(row)
-    return torch.tensor(kept, dtype=torch.long)
 
 
 def simcse_encode_fn(
@@ -218,7 +132,10 @@ def sentence_transformers_encode_fn(
     # a slow import: only where its models are used
     from sentence_transformers.util import batch_to_device
 
-    prepare = getattr(model, "preprocess", None) or model.tokenize  # sentence-transformers < 6: `tokenize`
+    # the first module's own preprocess, as SentenceTransformer.preprocess calls it once it has checked each input's
+    # modality (a quarter of the tokenising time on the STS suite; the inputs here are texts for a text model)
+    first = model[0]
+    prepare = getattr(first, "preprocess", None) or first.tokenize  # sentence-transformers < 6: `tokenize`
 
     def forward(features: dict[str, Tensor]) -> Tensor:
         with torch.inference_mode():
@@ -237,14 +154,8 @@ def sentence_transformers_encode_fn(
                 yield features
 
         device = model.device if side_by_side else None
-        total = -(-len(sentences) // batch_size)  # at most: every group but the last is whole batches
-        pieces = map_batches(forward, batches(), device, show_progress_bar, total=total)
-        computed = torch.cat(pieces)  # (n - len(copies), D)
-        out = computed.new_empty(len(sentences), computed.shape[1])
-        out[torch.as_tensor(order, dtype=torch.long)] = computed
-        if copies:
-            out[list(copies)] = out[list(copies.values())]
-        return out
+        pieces = map_batches(forward, batches(), device, show_progress_bar)  # how many batches: known at the end
+        return place_rows(torch.cat(pieces), order, copies, len(sentences))  # (n - len(copies), D) -> (n, D)
 
     return encode
 

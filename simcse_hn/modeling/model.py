@@ -27,10 +27,11 @@ from simcse_hn.files import (
 from simcse_hn.modeling import lora
 from simcse_hn.modeling.batching import (
     ENCODER_INPUTS,
+    iter_prepared_batches,
     length_groups_of,
     map_batches,
+    place_rows,
     restore_order,
-    token_length_order,
 )
 from simcse_hn.modeling.loading import encoder_files, finish_tokenizer_config, is_decoder_only
 from simcse_hn.modeling.packing import (
@@ -47,8 +48,6 @@ from simcse_hn.run_record import RunRecord
 from simcse_hn.testing.models import BUILTIN_MODELS, build_builtin
 
 logger = logging.getLogger(__name__)
-
-
 
 
 class MLPHead(nn.Module):
@@ -237,20 +236,24 @@ class SimCSEModel(nn.Module):
     ) -> Tensor:
         """Embeddings (n, D), float32 on the CPU, in eval mode, in the order of `sentences`.
 
-        The sentences are tokenised once, together, and fed in batches of equal token length, longest first
-        (`token_length_order`): batches sorted by character count leave a third of a batch's tokens as padding on the
-        STS suite (MiniLM's tokenizer, batch 32), these under 1 %. On a CPU the batches run side by side on the cores
-        (`map_batches`). The embeddings stay on the device until the end: one copy to the CPU."""
+        The sentences are tokenised once, in groups, and fed in batches of equal token length, longest first
+        (`iter_prepared_batches`): batches sorted by character count leave a third of a batch's tokens as padding on
+        the STS suite (MiniLM's tokenizer, batch 32), these under 1 %; a sentence whose token ids equal another's is
+        encoded once. On a CPU the batches run side by side on the cores (`map_batches`) while the next groups are
+        tokenised. The embeddings stay on the device until the end: one copy to the CPU."""
         if not sentences:
             return torch.empty(0, self.config.hidden_size)
         device = next(self.parameters()).device
-        encoded, batches = token_length_order(tokenizer, sentences, batch_size, max_length)
-        keys = [k for k in ENCODER_INPUTS if k in encoded]
-        # padded here, in the caller's thread, while the first batches already run (on the tokenizer's padding side;
-        # the poolers read the mask)
-        features = (
-            tokenizer.pad({k: [encoded[k][i] for i in index] for k in keys}, return_tensors="pt") for index in batches
-        )
+        order: list[int] = []
+        copies: dict[int, int] = {}  # a sentence tokenised as an earlier one: that one's embedding
+
+        def prepare(texts: list[str]) -> dict:  # on the tokenizer's padding side: the poolers read the mask
+            return tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+
+        def batches():  # tokenised in the caller's thread while the first batches already run
+            for indices, features in iter_prepared_batches(prepare, sentences, batch_size, copies=copies):
+                order.extend(indices)
+                yield features
 
         def forward(batch) -> Tensor:
             with torch.inference_mode():  # a worker thread does not inherit the caller's mode
@@ -259,11 +262,10 @@ class SimCSEModel(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            pieces = map_batches(forward, features, device, show_progress_bar, total=len(batches))
+            pieces = map_batches(forward, batches(), device, show_progress_bar)
         finally:
             self.train(was_training)
-        embeddings = torch.cat(pieces).float().cpu()  # (n, D), in batch order
-        return restore_order(embeddings, [i for index in batches for i in index])
+        return place_rows(torch.cat(pieces).float().cpu(), order, copies, len(sentences))  # (n, D)
 
     # --- saving and loading ---
 
