@@ -9,6 +9,7 @@
 # bench/results/speed_round_TAG.log.
 #
 #   flock /tmp/simcse-cpu.lock bash bench/speed_round.sh round1      # then again with round2
+#   bash bench/speed_round.sh round3 training sts                   # only the benches named (training, sts, losses)
 #   bash bench/speed_round.sh --quick rehearsal                     # tiny settings: proves the script runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,13 @@ if [[ "${1:-}" == "--quick" ]]; then
     quick=(--quick)
     shift
 fi
-tag="${1:?usage: bench/speed_round.sh [--quick] TAG}"
+tag="${1:?usage: bench/speed_round.sh [--quick] TAG [training] [sts] [losses]}"
+shift
+if [[ $# -gt 0 ]]; then benches=("$@"); else benches=(training sts losses); fi
+for name in "${benches[@]}"; do
+    [[ "$name" =~ ^(training|sts|losses)$ ]] || { echo "speed_round.sh: unknown bench '$name' (training, sts, losses)" >&2; exit 2; }
+done
+wanted() { [[ " ${benches[*]} " == *" $1 "* ]]; }
 log="bench/results/speed_round_${tag}.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's simcse_hn, whatever is installed
 
@@ -34,12 +41,17 @@ run() {  # NAME COMMAND...: one bench, its load before and after and its wall ti
 
 echo "speed round ${tag}: commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +dirty), $(date -u +%FT%TZ)" \
     | tee "$log"
-run training python -m bench.train_throughput --sections versus "${quick[@]}" --name "train_throughput_versus_${tag}"
-run sts python -m bench.eval_speed --our_batch_size 128 "${quick[@]}" --output "bench/results/eval_speed_${tag}"
-if [[ ${#quick[@]} -gt 0 ]]; then
+echo "benches: ${benches[*]}" | tee -a "$log"
+if wanted training; then
+    run training python -m bench.train_throughput --sections versus "${quick[@]}" --name "train_throughput_versus_${tag}"
+fi
+if wanted sts; then
+    run sts python -m bench.eval_speed --our_batch_size 128 "${quick[@]}" --output "bench/results/eval_speed_${tag}"
+fi
+if wanted losses && [[ ${#quick[@]} -gt 0 ]]; then
     run losses python -m bench.loss_overhead --quick --skip_train_step --name "loss_overhead_${tag}"
-else
+elif wanted losses; then
     run losses python -m bench.loss_overhead --name "loss_overhead_${tag}"
 fi
-echo "records: bench/results/{train_throughput_versus,eval_speed,loss_overhead}_${tag}.{json,md}; log: ${log}" \
+echo "records: bench/results/{train_throughput_versus,eval_speed,loss_overhead}_${tag}.{json,md} (those run); log: ${log}" \
     | tee -a "$log"
