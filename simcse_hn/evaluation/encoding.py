@@ -133,7 +133,7 @@ def sentence_transformers_encode_fn(
     from sentence_transformers.util import batch_to_device
 
     # the first module's own preprocess, as SentenceTransformer.preprocess calls it once it has checked each input's
-    # modality (a quarter of the tokenising time on the STS suite; the inputs here are texts for a text model)
+    # modality (a tenth of the tokenising time on the STS suite; the inputs here are texts for a text model)
     first = model[0]
     prepare = getattr(first, "preprocess", None) or first.tokenize  # sentence-transformers < 6: `tokenize`
 

@@ -149,8 +149,8 @@ def iter_prepared_batches(
     group_size = max(group_size // batch_size, 1) * batch_size
     first = min(2 * batch_size, group_size)  # a small first group: the first batches start without waiting
     starts = [*range(0, min(first, len(by_chars)), first), *range(first, len(by_chars), group_size)]
-    for start, end in zip(starts, [*starts[1:], len(by_chars)]):
-        indices = by_chars[start:end]
+    for group_start, group_end in zip(starts, [*starts[1:], len(by_chars)]):
+        indices = by_chars[group_start:group_end]
         features = prepare([sentences[i] for i in indices])
         mask = features.get("attention_mask")
         side = None
@@ -167,8 +167,8 @@ def iter_prepared_batches(
         for start, end in length_cuts(lengths[rows].tolist(), batch_size):
             batch = rows[start:end]
             width = int(lengths[batch].max())
-            yield [indices[r] for r in batch.tolist()], trim_padding(features, batch, width, side, len(indices),
-                                                                      mask.shape[1])  # fmt: skip
+            cut = trim_padding(features, batch, width, side, len(indices), mask.shape[1])
+            yield [indices[r] for r in batch.tolist()], cut
 
 
 def _first_of_equal_rows(input_ids: Tensor, rows: Tensor, indices: list[int], copies: dict[int, int]) -> Tensor:

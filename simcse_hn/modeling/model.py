@@ -238,9 +238,9 @@ class SimCSEModel(nn.Module):
 
         The sentences are tokenised once, in groups, and fed in batches of equal token length, longest first
         (`iter_prepared_batches`): batches sorted by character count leave a third of a batch's tokens as padding on
-        the STS suite (MiniLM's tokenizer, batch 32), these under 1 %; a sentence whose token ids equal another's is
-        encoded once. On a CPU the batches run side by side on the cores (`map_batches`) while the next groups are
-        tokenised. The embeddings stay on the device until the end: one copy to the CPU."""
+        the STS suite (MiniLM's tokenizer, batch 32), these under 1 %; a sentence whose token ids equal another's in
+        its group is encoded once. On a CPU the batches run side by side on the cores (`map_batches`) while the next
+        groups are tokenised. The embeddings stay on the device until the end: one copy to the CPU."""
         if not sentences:
             return torch.empty(0, self.config.hidden_size)
         device = next(self.parameters()).device
