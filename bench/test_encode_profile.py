@@ -10,6 +10,7 @@ import bench.encode_profile as encode_profile
 
 def test_the_quick_profile_writes_a_record_whose_shares_add_up(tmp_path, monkeypatch):
     monkeypatch.setattr(encode_profile, "RESULTS", tmp_path)
+    monkeypatch.setattr(encode_profile, "bench_work_dir", lambda: tmp_path)  # the tiny encoder's folder too
     encode_profile.main(["--quick", "--batch_size", "32"])
     record = json.loads((tmp_path / "encode_profile_quick.json").read_text())
     result = record["result"]
