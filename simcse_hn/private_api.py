@@ -64,6 +64,10 @@ OTHER_PRIVATE_MEMBERS = (
                   "before os._exit (training.process_exit).", use="calls"),
     PrivateMember("accelerate.state.PartialState", "_prepare_backend", None, "the CPU stand-in for FSDP and "
                   "DeepSpeed runs them on gloo (testing.sharded_cpu; tests only).", essential=False),
+    PrivateMember("argparse.ArgumentDefaultsHelpFormatter", "_get_help_string", ("action",), "a built-in "
+                  "objective's option flag states its objective's default in its help; argparse would add \"(default: "
+                  "None)\" after it, the flag's value when unset (configuration.help_format). argparse documents no "
+                  "hook per flag. Without it --help shows both defaults.", essential=False),
     PrivateMember("argparse.ArgumentParser()", "_actions", None, "a parser's flags in its order, which the flag "
                   "tables record (cli.flag_table.describe); argparse lists them nowhere public. Without it the tables "
                   "cannot be rewritten; the command line's front still reads the committed ones.", essential=False,

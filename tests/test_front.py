@@ -216,6 +216,9 @@ def test_help_all_is_the_real_parsers_help_and_the_reference_lists_every_flag(ca
     page = reference.PAGE.read_text(encoding="utf-8")
     names = flag_table.flag_names(flag_table.load("train"))
     assert len(names) > 150 and [name for name in names if f"`--{name}`" not in page and name != "help"] == []
+    # an objective's option flag is None when unset: its help and its row name the objective's default alone
+    assert "(default: 0.1) (default: None)" not in " ".join(text.split())
+    assert "| `--hcl_beta` | float |  | HCL concentration beta (tilt beta/t per unit cosine). (default: 0.1) |" in page
 
 
 def test_help_names_one_flag_or_one_group_and_a_misspelt_one_gets_the_closest(capsys):
@@ -223,6 +226,7 @@ def test_help_names_one_flag_or_one_group_and_a_misspelt_one_gets_the_closest(ca
     assert code == 0 and "--loss" in text and "--temperature" not in text
     code, text = help_text(["--help", "hcl"], capsys)
     assert code == 0 and "--hcl_beta" in text and "--hcl_tau_plus" in text and "--loss {" not in text
+    assert "(default: 0.1)" in text and "(default: None)" not in text  # the objective's default, and only it
     code, text = help_text(["--help", "lss"], capsys)
     assert (code, text) == (2, "error: --help lss: no such flag or group (did you mean --loss?)\n")
 

@@ -15,6 +15,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from simcse_hn.configuration.help_format import DefaultsHelpFormatter
+
 TABLES = Path(__file__).resolve().parent / "flags"
 # argparse's action classes by the names add_argument takes (their class names are argparse's own)
 ACTIONS = {
@@ -36,6 +38,7 @@ _FORMATTERS = {
         argparse.ArgumentDefaultsHelpFormatter,
         argparse.RawDescriptionHelpFormatter,
         argparse.RawTextHelpFormatter,
+        DefaultsHelpFormatter,
     )
 }
 _PLAIN_TYPES = {"int": int, "float": float, "str": str, "dict": dict}

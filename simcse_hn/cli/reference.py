@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from simcse_hn.cli import flag_table
+from simcse_hn.configuration.help_format import states_default
 
 COMMAND = "python -m simcse_hn.cli.reference"
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
@@ -122,7 +123,8 @@ def train_flags(table: dict) -> list[str]:
         for flag in flags:
             names = ", ".join(f"`{name}`" for name in flag["option_strings"] if "-" not in name[2:])
             default = flag["default"]["shown"] if isinstance(flag["default"], dict) else flag["default"]
-            shown = "" if flag["action"] != "store" or default == argparse.SUPPRESS else f"`{cell(default)}`"
+            hidden = flag["action"] != "store" or default == argparse.SUPPRESS or states_default(flag["help"])
+            shown = "" if hidden else f"`{cell(default)}`"
             lines.append(f"| {names} | {cell(value_name(flag))} | {shown} | {cell(flag['help'] or '')} |")
     return lines
 

@@ -17,6 +17,7 @@ from transformers import HfArgumentParser
 from simcse_hn.configuration.arguments import DataArguments, ModelArguments
 from simcse_hn.configuration.command_line import configured_argv, one_line, unknown_arguments
 from simcse_hn.configuration.data_format import declared_data
+from simcse_hn.configuration.help_format import DefaultsHelpFormatter
 from simcse_hn.configuration.objective import HELP_GROUPS as OBJECTIVE_HELP_GROUPS
 from simcse_hn.configuration.resolved import resolve_run
 from simcse_hn.configuration.training_arguments import SimCSETrainingArguments
@@ -45,6 +46,7 @@ class _Parser(HfArgumentParser):
     def __init__(self, dataclass_types):
         super().__init__(
             dataclass_types,
+            formatter_class=DefaultsHelpFormatter,
             usage="train.py [--config FILE.yaml] [--FLAG VALUE ...]  (or: accelerate launch train.py ...)",
             description="Train a SimCSE sentence encoder (simcse-hn). simcse-hn's own flags come first, by group; "
             "the Trainer's follow.",
