@@ -65,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pooler",
         default=None,
-        help="Evaluate as a SimCSEModel with this pooler: cls, cls_before_pooler, avg, avg_first_last, avg_top2. "
-        "Default: the pooler saved in simcse_config.json, else the model's sentence-transformers modules when it has "
-        "modules.json, else 'cls'.",
+        help="Evaluate as a SimCSEModel with this pooler: cls, cls_before_pooler, avg, avg_first_last, avg_top2, "
+        "last (a decoder's last token). Default: the pooler saved in simcse_config.json, else the model's "
+        "sentence-transformers modules when it has modules.json, else 'cls'.",
     )
     parser.add_argument(
         "--data_dir",

@@ -97,8 +97,9 @@ class ModelArguments:
             f"must be >= 2, got {self.inference_max_seq_length}",
         )
         if self.lora_r is None:
-            check_field(self.lora_target_modules is None, "lora_target_modules",
-                        "needs lora_r (LoRA is off without it)")
+            check_field(
+                self.lora_target_modules is None, "lora_target_modules", "needs lora_r (LoRA is off without it)"
+            )
         else:
             check_field(self.lora_r >= 1, "lora_r", f"must be >= 1, got {self.lora_r}")
             check_field(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
@@ -158,7 +159,8 @@ class DataArguments:
         default=0.0,
         metadata={
             "help": "ESimCSE's word repetition at this rate (e.g. 0.3; 0: off): each sentence's second view repeats "
-            "k of its subword tokens in place, k uniform below min(10, rate x its token count), drawn from the seed "
+            "k of its subword tokens in place, k uniform below min(10, rate x its token count, 1 + its tokens but "
+            "the special ones), drawn from the seed "
             "and the sentence. Single sentences only (paired data has its own positives)."
         },
     )
