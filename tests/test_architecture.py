@@ -305,8 +305,9 @@ def test_the_layout_check_fails_on_each_rederivation(tmp_path, source, expected)
 
 # --- every private member of another library, listed (simcse_hn.private_api) ---
 
-# Underscored names that are documented, public API: NamedTuple's methods, os._exit.
-DOCUMENTED = {"_asdict", "_replace", "_fields", "_make", "_exit"}
+# Underscored names that are documented, public API: the standard library's (namedtuple's, os._exit), and the two
+# methods evaluate's docs tell a new metric to implement (evaluate.Metric's `_info` and `_compute`)
+DOCUMENTED = {"_asdict", "_replace", "_fields", "_make", "_exit", "_info", "_compute"}
 
 
 def _private(name: str) -> bool:
@@ -335,9 +336,11 @@ def private_members_used(root: Path) -> dict[str, str]:
         imported = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in ast.walk(tree)
                     if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
                     and not node.module.startswith(root.name) for alias in node.names}  # fmt: skip
+        imported |= {alias.asname or alias.name: alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                     for alias in node.names if not alias.name.startswith(root.name)}  # fmt: skip
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                bases = [_import(imported[b.id]) for b in node.bases if isinstance(b, ast.Name) and b.id in imported]
+                bases = [_import(path) for path in (_dotted(base, imported) for base in node.bases) if path]
                 for item in node.body:
                     if isinstance(item, ast.FunctionDef) and _private(item.name):
                         if any(hasattr(base, item.name) for base in bases):
@@ -366,6 +369,18 @@ def _private_by_name(node: ast.AST) -> str | None:
     if not (isinstance(name, ast.Constant) and isinstance(name.value, str) and _private(name.value)):
         return None
     return None if _named(target, "self") or _named(target, "cls") else name.value
+
+
+def _dotted(node: ast.AST, imported: dict[str, str]) -> str | None:
+    """The import path of a base class written `Name` or `module.Name` (`argparse.HelpFormatter`), when its first
+    name was imported from another library; else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in imported:
+        return None
+    return ".".join([imported[node.id], *reversed(parts)])
 
 
 def _import(path: str) -> object:
@@ -407,11 +422,14 @@ def test_the_private_member_check_fails_on_an_unlisted_use_and_a_stale_entry(tmp
         "configuration/p.py": "from transformers import HfArgumentParser\n\n\nclass P(HfArgumentParser):\n"
                               "    def _add_dataclass_arguments(self, dtype):\n        self._own = 1\n"
                               "        return self._own\n",
+        "configuration/f.py": "import argparse\n\n\nclass F(argparse.HelpFormatter):\n"
+                              "    def _get_help_string(self, action):\n        return action.help\n",
         "modeling/s.py": BY_NAME,
     })  # fmt: skip
     unlisted = "is private to another library and not in simcse_hn.private_api"
     assert private_member_problems(package, {"_run_exitfuncs"}) == [
         "_run_exitfuncs: listed in simcse_hn.private_api, used nowhere",
+        f"simcse_hn.configuration.f:5: _get_help_string {unlisted}",
         f"simcse_hn.configuration.p:5: _add_dataclass_arguments {unlisted}",
         f"simcse_hn.modeling.s:2: _orig_mod {unlisted}",
         f"simcse_hn.modeling.s:3: _fingerprint {unlisted}",
@@ -422,5 +440,5 @@ def test_the_private_member_check_fails_on_an_unlisted_use_and_a_stale_entry(tmp
         f"simcse_hn.training.a:4: _foreach_abs {unlisted}",
     ]
     listed = {"_foreach_abs", "_add_dataclass_arguments", "_orig_mod", "_fingerprint", "_flag", "_hidden"}
-    listed |= {"_own", "_state"}
+    listed |= {"_own", "_state", "_get_help_string"}
     assert private_member_problems(package, listed) == []
