@@ -4,6 +4,7 @@ data is read."""
 
 from __future__ import annotations
 
+import datasets
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -11,8 +12,10 @@ from test_hub import train_args
 from transformers import BertConfig, DebertaV2Config, MPNetConfig, RobertaConfig
 
 from simcse_hn.cli import run_data, train
+from simcse_hn.files import CODE_MODELS
 from simcse_hn.modeling.loading import model_max_length
 from simcse_hn.modeling.model import SimCSEModel
+from simcse_hn.testing.models import BUILTIN_MODELS
 
 
 @pytest.fixture
@@ -103,6 +106,32 @@ def _case(tmp_path, name):
             ["--push_to_hub", "true", "--hub_model_id", "me/not a name"],
             "hub_model_id: Repo id must use alphanumeric chars, '-', '_' or '.'.",
         ),
+        # the Trainer's settings it takes unchecked: a traceback once the model had loaded, or a run of no step
+        "accumulation of no step": (
+            ["--gradient_accumulation_steps", "0"],
+            "gradient_accumulation_steps: must be >= 1, got 0",
+        ),
+        "an evaluation batch of none": (["--per_device_eval_batch_size", "0"], "per_device_eval_batch_size: must be"),
+        "negative data workers": (["--dataloader_num_workers", "-1"], "dataloader_num_workers: must be >= 0, got -1"),
+        "a seed numpy refuses": (["--seed", "-1"], "seed: must be in [0, 2**32 - 1] (numpy's seeds), got -1"),
+        "zero max_steps": (["--max_steps", "0"], "max_steps: must be > 0, or -1 (the default) for num_train_epochs"),
+        "zero epochs": (
+            ["--max_steps", "-1", "--num_train_epochs", "0"],
+            "num_train_epochs: must be > 0 when max_steps is not set, got 0 (the run would train no step)",
+        ),
+        "a misspelt report_to": (
+            ["--report_to", "tensorbord"],
+            "report_to: unknown integration 'tensorbord' (did you mean 'tensorboard'?); choose from none, all, ",
+        ),
+        "a Trainer check names its field": (
+            ["--warmup_steps", "-1"],
+            "warmup_steps: Got warmup_steps = -1.0, Expected value warmup_steps >= 0",
+        ),
+        "a misspelt builtin model": (
+            ["--model_name_or_path", "builtin:tiny-brt"],
+            "model_name_or_path: builtin:tiny-brt is not a builtin model (did you mean builtin:tiny-bert?); ",
+        ),
+        "a folder for the train file": (["--train_file", str(tmp_path)], f"train_file: {tmp_path} is a folder; "),
     }[name]
 
 
@@ -121,6 +150,16 @@ CASES = [
     "output folder is a file",
     "a yaml list for one number",
     "invalid hub repo id",
+    "accumulation of no step",
+    "an evaluation batch of none",
+    "negative data workers",
+    "a seed numpy refuses",
+    "zero max_steps",
+    "zero epochs",
+    "a misspelt report_to",
+    "a Trainer check names its field",
+    "a misspelt builtin model",
+    "a folder for the train file",
 ]
 
 
@@ -133,6 +172,29 @@ def test_a_mistake_is_one_line_before_any_model_or_data_loads(tmp_path, name, no
     assert train.main(argv + extra) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_a_report_to_whose_package_is_missing_and_a_name_no_file_or_dataset_has(tmp_path, nothing_loads, capsys,
+                                                                                monkeypatch):  # fmt: skip
+    from transformers.integrations import integration_utils
+
+    monkeypatch.setattr(integration_utils, "get_available_reporting_integrations", lambda: [])
+    assert train.main(train_args(tmp_path / "out", "--report_to", "tensorboard")) == 2
+    err = capsys.readouterr().err
+    assert err == "error: report_to: 'tensorboard' needs its Python package, which is not installed here\n"
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'wiki1m' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)  # a local file's name without its suffix, taken for an id
+    assert train.main(train_args(tmp_path / "out", "--train_file", "wiki1m")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: train_file: wiki1m is neither a file here nor a Hub dataset that loads (Connection")
+    assert err.count("\n") == 1, err
+
+
+def test_the_builtin_names_the_light_checks_know_are_the_models_built_in_code():
+    assert CODE_MODELS == BUILTIN_MODELS
 
 
 def test_position_limits_from_the_config():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import types
 import typing
 from dataclasses import fields
@@ -107,7 +108,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     except ConfigError as e:
         raise configured.located(e) from None
     except ValueError as e:  # TrainingArguments' own checks
-        raise ConfigError(str(e).strip().splitlines()[0]) from None
+        raise configured.located(ConfigError(_named(str(e).strip().splitlines()[0], known))) from None
     except ImportError as e:  # a launch config for DeepSpeed without deepspeed installed
         raise ConfigError(f"deepspeed: {str(e).strip().splitlines()[0]} (pip install deepspeed)") from None
     return model_args, data_args, training_args
+
+
+def _named(message: str, known: set[str]) -> str:
+    """A message of TrainingArguments' own ('Got warmup_steps = -1.0, Expected ...') led by the field it names, as
+    every other error is: 'warmup_steps: Got ...'; as it is when it names none."""
+    words = re.findall(r"--([a-z][a-z0-9_]*)", message) + re.findall(r"[a-z][a-z0-9]*_[a-z0-9_]+", message)
+    name = next((word for word in words if word in known), None)
+    return f"{name}: {message}" if name and not message.startswith(f"{name}:") else message

@@ -21,7 +21,7 @@ from simcse_hn.configuration.objective import (
     resolve_objective_arguments,
 )
 from simcse_hn.configuration.resolved import sentence_negatives
-from simcse_hn.errors import ConfigError
+from simcse_hn.errors import ConfigError, did_you_mean
 from simcse_hn.losses.registry import BASELINE
 from simcse_hn.losses.targets import FORMS
 from simcse_hn.progress import live
@@ -228,7 +228,9 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
         )
         if self.disable_tqdm is None and not live():  # a log file: each log a line, no bar's \r and \x1b[A
             self.disable_tqdm = True
+        _check_trainer_values(self)
         super().__post_init__()
+        _check_report_to(self.report_to)
         # the objective's own values here; what it refuses of the run (check_for_training), with the data's format,
         # the engine and the rest of the run's combinations: simcse_hn.configuration.resolved (parse_args and train.py)
         self._objective = resolve_objective_arguments(self)
@@ -294,6 +296,41 @@ class SimCSETrainingArguments(TrainingArguments, ObjectiveFlags):
 # words of the optimizers' own error messages -> the field they are about
 OPTIMIZER_FIELDS = (("learning rate", "learning_rate"), ("epsilon", "adam_epsilon"), ("index 0", "adam_beta1"),
                     ("index 1", "adam_beta2"), ("weight_decay", "weight_decay"))  # fmt: skip
+
+
+def _check_trainer_values(args: TrainingArguments) -> None:
+    """The Trainer's settings it takes unchecked and then fails on, with a traceback once the model has loaded (a
+    zero division, a DataLoader's or numpy's refusal), or runs on silently (no step at all, or one step for 0)."""
+    for name, least in (("gradient_accumulation_steps", 1), ("per_device_eval_batch_size", 1),
+                        ("dataloader_num_workers", 0)):  # fmt: skip
+        value = getattr(args, name)
+        check_field(value >= least, name, f"must be >= {least}, got {value}")
+    check_field(0 <= args.seed < 2**32, "seed", f"must be in [0, 2**32 - 1] (numpy's seeds), got {args.seed}")
+    check_field(args.max_steps != 0, "max_steps", "must be > 0, or -1 (the default) for num_train_epochs, got 0")
+    check_field(
+        args.max_steps > 0 or args.num_train_epochs > 0,
+        "num_train_epochs",
+        f"must be > 0 when max_steps is not set, got {args.num_train_epochs:g} (the run would train no step)",
+    )
+
+
+def _check_report_to(report_to: list[str]) -> None:
+    """Each --report_to integration known to transformers and installed here: else the Trainer refuses it with a
+    traceback once the model has loaded."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    for name in report_to:
+        if name not in INTEGRATION_TO_CALLBACK:
+            hint = did_you_mean(name, INTEGRATION_TO_CALLBACK)
+            known = ", ".join(["none", "all", *INTEGRATION_TO_CALLBACK])
+            check_field(False, "report_to", f"unknown integration {name!r}{hint}; choose from {known}")
+        # flyte and azure_ml: transformers lists no installed check of its own for them
+        installed = name in ("flyte", "azure_ml") or name in get_available_reporting_integrations()
+        check_field(installed, "report_to", f"{name!r} needs its Python package, which is not installed here")
+
 
 def _check_repo_id(repo_id: str) -> None:
     try:
