@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from simcse_hn.errors import ConfigError, DataError
+from simcse_hn.errors import ConfigError, DataError, did_you_mean
 
 SIMCSE_CONFIG = "simcse_config.json"  # pooler, loss, hyper-parameters, training budget (SimCSEModel.save_pretrained)
 HEAD_WEIGHTS = "simcse_head.safetensors"  # SimCSE's MLP head
@@ -55,6 +55,12 @@ PACKAGED_MODELS = {
         "sentence-transformers/all-MiniLM-L6-v2",
     ),
 }
+
+
+# Models built in code (simcse_hn.testing.models: TINY_MODEL, TINY_LLAMA; named here for the checks that import no
+# torch), and every builtin name a model flag takes
+CODE_MODELS = ("builtin:tiny-bert", "builtin:tiny-llama")
+BUILTIN_NAMES = (*CODE_MODELS, *PACKAGED_MODELS)
 
 
 def source_record(name: str | None) -> dict | None:
@@ -196,6 +202,15 @@ def check_model_folder(name_or_path: str, field: str = "model_name_or_path") -> 
                 raise ConfigError(f"{field}: {name_or_path}: {problem}")
     elif is_local_path(name_or_path):
         raise ConfigError(f"{field}: no such model folder: {name_or_path}")
+    check_builtin(name_or_path, field)
+
+
+def check_builtin(name: str, field: str) -> None:
+    """A `builtin:` name that is none of BUILTIN_NAMES (a typo would else be taken for a Hub id, and refused in
+    the Hub's words): a ConfigError naming `field` and the closest builtin."""
+    if name.startswith("builtin:") and name not in BUILTIN_NAMES:
+        hint = did_you_mean(name, BUILTIN_NAMES, str)
+        raise ConfigError(f"{field}: {name} is not a builtin model{hint}; the builtins: {', '.join(BUILTIN_NAMES)}")
 
 
 def file_sha256(path: str) -> str:
