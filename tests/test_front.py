@@ -275,6 +275,7 @@ def test_what_sts_refuses_of_its_flags_it_refuses_early_and_in_the_run_alike(tmp
         (["--model", "builtin:tiny-bert", "--data_dir", "./nowhere"], "--data_dir: no such folder: ./nowhere"),
         (["--model", "builtin:tiny-bert", "--pooler", "avgg"], "--pooler: no pooler 'avgg' (did you mean 'avg'?)"),
         (["--model", "builtin:tiny-bert", "--baseline", "./none:avg"], "--baseline ./none:avg: './none' is neither"),
+        (["--model", "builtin:tiny-brt"], "--model: builtin:tiny-brt is not a builtin model (did you mean builtin:ti"),
     ]
     for argv, words in cases:
         argv = argv + ["--output", str(tmp_path / "out")]

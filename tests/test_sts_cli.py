@@ -256,6 +256,10 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
         (["--model", "user/nowhere", "--tasks", "sts12"], "could not load model"),
         (["--model", "builtin:tiny-bert", "--pooler", "max"], "--pooler: no pooler 'max'; choose from cls, "),
         (["--model", "builtin:tiny-bert", "--batch_size", "0"], "--batch_size must be >= 1"),
+        (["--model", "builtin:tiny-bert", "--max_seq_length", "0"], "--max_seq_length must be >= 2, got 0"),
+        (["--model", "builtin:tiny-bert", "--max_seq_length", "129"], "--max_seq_length: 129 is above the 128 "),
+        (["--model", "builtin:tiny-brt"], "--model: builtin:tiny-brt is not a builtin model (did you mean "),
+        (["--model", "builtin:tiny-bert", "--baseline", "builtin:tiny-brt:avg"], "--baseline builtin:tiny-brt:avg: "),
     ]
     if not torch.cuda.is_available():
         cases.append((["--model", "builtin:tiny-bert", "--device", "cuda"], "--device cuda: no CUDA device"))

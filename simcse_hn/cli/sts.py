@@ -222,6 +222,8 @@ def run(args: argparse.Namespace, script: str | None = None) -> int:
             raise DataError(f"--device {args.device}: no CUDA device is available here")
     if args.batch_size < 1:
         raise DataError(f"--batch_size must be >= 1, got {args.batch_size}")
+    if args.max_seq_length is not None and args.max_seq_length < 2:  # 0 would read as unset, < 0 fail in a tokenizer
+        raise DataError(f"--max_seq_length must be >= 2, got {args.max_seq_length}")
     try:
         names = parse_tasks(args.tasks)
     except ValueError as e:

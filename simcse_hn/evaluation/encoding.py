@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from simcse_hn.errors import DataError
 from simcse_hn.files import SIMCSE_CONFIG
 from simcse_hn.modeling.batching import (
     iter_prepared_batches,
@@ -18,7 +19,7 @@ from simcse_hn.modeling.batching import (
     restore_order,
     token_length_order,
 )
-from simcse_hn.modeling.loading import inference_max_length, load_tokenizer
+from simcse_hn.modeling.loading import inference_max_length, load_tokenizer, model_max_length
 from simcse_hn.modeling.model import SimCSEModel
 from simcse_hn.testing.models import BUILTIN_MODELS
 
@@ -180,6 +181,7 @@ def load_encoder(
 
         model = SentenceTransformer(name_or_path, device=device)
         if max_seq_length is not None:
+            _check_length(name_or_path, getattr(getattr(model[0], "auto_model", None), "config", None), max_seq_length)
             model.max_seq_length = max_seq_length
         modules = [type(module).__name__ for module in model]
         info = {"backend": "sentence-transformers", "pooler": None, "modules": modules, "device": device,
@@ -188,9 +190,18 @@ def load_encoder(
 
     model = SimCSEModel.from_pretrained(name_or_path, pooler=pooler).to(device)
     tokenizer = load_tokenizer(name_or_path)
+    if max_seq_length is not None:
+        _check_length(name_or_path, model.config, max_seq_length)
     length = max_seq_length or inference_max_length(name_or_path, model.config, tokenizer)
     info = {"backend": "simcse", "pooler": model.pooler, "modules": None, "device": device, "max_seq_length": length}
     return simcse_encode_fn(model, tokenizer, batch_size, length, show_progress_bar), info
+
+
+def _check_length(name_or_path: str, config, max_seq_length: int) -> None:
+    """A --max_seq_length beyond the encoder's position embeddings fails in the middle of encoding: refused now."""
+    limit = model_max_length(config) if config is not None else None
+    if limit is not None and max_seq_length > limit:
+        raise DataError(f"--max_seq_length: {max_seq_length} is above the {limit} positions of {name_or_path}")
 
 
 # --- reports: the SimCSE paper's table and a chart, for one run or several side by side ---
