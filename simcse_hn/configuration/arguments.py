@@ -224,6 +224,8 @@ class DataArguments:
             path = getattr(self, name)
             if path is not None and not is_hub_id(path):
                 hint = f" ({STS_DATA_HINT})" if name == "eval_file" else ""
+                inside = f" (an STS folder's: {os.path.join(path, 'stsb.jsonl')})" if name == "eval_file" else ""
+                check_field(not os.path.isdir(path), name, f"{path} is a folder; give a file{inside}")
                 check_field(os.path.isfile(path), name, f"file not found: {path}{hint}")
         check_field(
             self.train_file is None or self.dataset_name is None,

@@ -142,15 +142,23 @@ def read_csv_table(path: str) -> tuple[list[str] | None, Iterator[tuple[int, lis
     return header, records()
 
 
-def load_hub_dataset(name: str, data_files: str | None = None, split: str = "train", config_name: str | None = None):
-    """A Hub dataset's `split` (with its `config_name` and `data_files`) through `datasets`; a failure is one line."""
+def load_hub_dataset(
+    name: str, data_files: str | None = None, split: str = "train", config_name: str | None = None, field: str = ""
+):
+    """A Hub dataset's `split` (with its `config_name` and `data_files`) through `datasets`; a failure is one line,
+    naming `field` when given (train_file: a name that is no file here was taken for a Hub id)."""
     import datasets  # a slow import: only where a Hub dataset or Arrow is used
 
     try:
         config = {"name": config_name} if config_name else {}  # the dataset's configuration (subset)
         return datasets.load_dataset(name, data_files=data_files, split=split, **config)
     except Exception as e:  # network, missing repo, missing file: all user-facing
-        raise DataError(f"{name}: could not load dataset ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        if field == "train_file":
+            problem = f"train_file: {name} is neither a file here nor a Hub dataset that loads ({reason})"
+        else:
+            problem = f"{field + ': ' if field else ''}{name}: could not load dataset ({reason})"
+        raise DataError(problem) from None
 
 
 def _read_hub_column(
