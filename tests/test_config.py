@@ -157,3 +157,15 @@ def test_a_local_corpus_on_the_command_line_replaces_the_configs_hub_dataset():
     assert (data_args.train_file, data_args.dataset_name, data_args.train_source) == (corpus, None, corpus)
     _, data_args, _ = parse_args(["--config", str(ROOT / "configs" / "unsup_bert_base_hcl.yaml")])
     assert data_args.train_source == "princeton-nlp/datasets-for-simcse"
+
+
+def test_a_yaml_value_the_command_line_replaces_is_not_read(tmp_path):
+    """A key the command line gives too wins there: the YAML's value, never used, fails nothing (it used to fail the
+    run in words that named neither it nor its file); a YAML value the command line leaves is read and named."""
+    config = tmp_path / "c.yaml"
+    config.write_text("max_steps: 2.5\n", encoding="utf-8")
+    _, _, args = parse_args(["--config", str(config), "--max_steps", "3", "--output_dir", str(tmp_path)])
+    _, _, same = parse_args(["--config", str(config), "--max_steps=3", "--output_dir", str(tmp_path)])
+    assert args.max_steps == same.max_steps == 3
+    with pytest.raises(ConfigError, match=rf"^max_steps: invalid int value: '2.5' \(in {config}\)$"):
+        parse_args(["--config", str(config), "--output_dir", str(tmp_path)])

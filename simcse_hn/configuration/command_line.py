@@ -51,7 +51,10 @@ def configured_argv(argv: list[str] | None, known: set[str], takes_lists: set[st
     for alternatives in ALTERNATIVE_FIELDS:  # a source given on the command line replaces the YAML's other one
         if any(f"--{name}" in rest for name in alternatives):
             config = {k: v for k, v in config.items() if k not in alternatives or f"--{k}" in rest}
-    yaml_argv = yaml_to_argv(config, known_args.config, known, takes_lists)
+    given = {item.split("=", 1)[0][2:] for item in rest if item.startswith("--")}
+    # a key the command line gives too is not read from the YAML: its value there, never used, cannot fail the run
+    read = {key: value for key, value in config.items() if key not in given}
+    yaml_argv = yaml_to_argv(read, known_args.config, known, takes_lists)
     return ConfiguredArgv(yaml_argv + rest, config, known_args.config, rest)
 
 
