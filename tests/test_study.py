@@ -63,6 +63,18 @@ def test_arms_that_train_alike_and_values_train_py_refuses_are_named_unless_the_
     assert found.startswith(f"{path}:8: arms.hcl: hcl_beta") and "-1" in found and "arm.yaml" not in found
 
 
+def test_a_value_of_the_wrong_kind_is_a_line_and_a_base_value_every_arm_refuses_is_named_once_at_the_base(tmp_path):
+    path = tmp_path / "study.yaml"
+    listed = PLAN.replace("baseline: infonce", "baseline: [infonce]")  # was a TypeError's traceback
+    assert problems(write_plan(tmp_path, listed)) == [
+        f"{path}:9: baseline: ['infonce'] is not one of the arms (infonce, hcl)"
+    ]
+    numbered = PLAN.replace("hcl: {loss: hcl, hcl_beta: 0.5}", "2: {loss: hcl}")  # YAML's number: a traceback too
+    assert problems(write_plan(tmp_path, numbered)) == [f"{path}:8: arms.2: an arm's name is text; quote it: '2'"]
+    base = PLAN.replace("max_steps: 4", "max_steps: [4]")  # once, on the base's line, not on every arm's
+    assert problems(write_plan(tmp_path, base)) == [f"{path}:5: base.max_steps: expected one value, got a list [4]"]
+
+
 def test_a_local_path_that_is_not_there_is_refused_at_the_plan_not_taken_for_a_hub_id(tmp_path):
     """train_file and eval_file are files whatever their name; a model name is a path unless it is a Hub id or a
     builtin; the evaluation's data_dir is a folder. Each one missing is a line of its own, before any lock."""

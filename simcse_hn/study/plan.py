@@ -231,12 +231,19 @@ def _check_resolved(plan: Plan, problem) -> None:
         problem((*part, key), f"{value}: no such file or folder (relative to the plan; a local path, not a Hub id)")
     if missing:  # train.py's reading would stop at the same paths
         return
-    resolved = {}
+    resolved, refused = {}, {}
     for arm in plan.arms:
         try:
             resolved[arm] = json.dumps(resolve_config(plan.folder, plan.config(arm)), sort_keys=True)
         except ConfigError as e:
-            problem(("arms", arm), str(e))
+            refused[arm] = str(e)
+    first = next(iter(refused.values()), "")
+    key = first.split(":")[0]
+    if len(refused) == len(plan.arms) and set(refused.values()) == {first} and key in plan.base:
+        problem(("base", key), first.removeprefix(f"{key}: "))  # the base's own value, refused in every arm: once
+    else:
+        for arm, message in refused.items():
+            problem(("arms", arm), message)
     tuned = set(pilot["tune"]) if isinstance(pilot.get("tune"), dict) else set()
     seen: dict[str, str] = {}
     for arm, settings in resolved.items():

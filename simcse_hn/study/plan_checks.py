@@ -38,6 +38,10 @@ def configs(path: str, raw: dict, problem) -> tuple[dict, dict[str, dict]]:
     keys_of_train(("base",), base, problem)
     arms = mapping(raw, "arms", problem)
     for arm, overrides in list(arms.items()):
+        if not isinstance(arm, str):  # YAML reads `2:` as a number; names are joined into lines and file names
+            problem(("arms", str(arm)), f"an arm's name is text; quote it: '{arm}'")
+            del arms[arm]
+            arm = str(arm)
         arms[arm] = overrides or {}
         if not isinstance(arms[arm], dict):
             problem(("arms", arm), "an arm is a mapping of train.py keys (or {} for the base as it is)")
@@ -45,8 +49,9 @@ def configs(path: str, raw: dict, problem) -> tuple[dict, dict[str, dict]]:
         keys_of_train(("arms", arm), arms[arm], problem)
     if len(arms) < 2:
         problem(("arms",), f"a comparison needs two arms or more, got {len(arms)}")
-    if raw.get("baseline") not in arms:
-        problem(("baseline",), f"{raw.get('baseline')!r} is not one of the arms ({', '.join(map(str, arms))})")
+    baseline = raw.get("baseline")
+    if isinstance(baseline, (dict, list)) or baseline not in arms:  # a list or mapping: unhashable, never an arm
+        problem(("baseline",), f"{baseline!r} is not one of the arms ({', '.join(map(str, arms))})")
     return base, arms
 
 
