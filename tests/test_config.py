@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -41,8 +42,11 @@ def test_yaml_gives_defaults_and_cli_overrides(tmp_path):
         (["--progcl_mode", "both"], "progcl_mode: invalid choice: 'both' (choose from 'weight', 'mix')"),
         (["--temperature", "abc"], "temperature: invalid float value: 'abc'"),
         (["--train_file", "no/such/file.txt"], "train_file: file not found: no/such/file.txt"),
-        (["--eval_file", "../shared/data/sts/no.jsonl"], "eval_file: file not found: ../shared/data/sts/no.jsonl "
-         "(`simcse-hn-sts-data --output DIR` builds the STS folder from the Hub)"),
+        (
+            ["--eval_file", "../shared/data/sts/no.jsonl"],
+            "eval_file: file not found: ../shared/data/sts/no.jsonl "
+            "(`simcse-hn-sts-data --output DIR` builds the STS folder from the Hub)",
+        ),
     ],
 )
 def test_bad_values_fail_with_a_one_line_error(argv, field, tmp_path):
@@ -169,3 +173,18 @@ def test_a_yaml_value_the_command_line_replaces_is_not_read(tmp_path):
     assert args.max_steps == same.max_steps == 3
     with pytest.raises(ConfigError, match=rf"^max_steps: invalid int value: '2.5' \(in {config}\)$"):
         parse_args(["--config", str(config), "--output_dir", str(tmp_path)])
+
+
+def test_a_yaml_key_without_a_value_is_refused_where_its_default_is_not_none(tmp_path):
+    """`learning_rate:` reads as null: a forgotten value, which used to leave the default silently; a key whose
+    default is None (eval_file) takes null as that default."""
+    config = tmp_path / "c.yaml"
+    config.write_text("learning_rate:\neval_file:\n", encoding="utf-8")
+    expected = "learning_rate: no value (YAML reads it as null); give one, or leave the key out for the default 3e-05"
+    expected = rf"^{re.escape(expected)} \(in {config}\)$"
+    with pytest.raises(ConfigError, match=expected):
+        parse_args(["--config", str(config), "--output_dir", str(tmp_path)])
+    _, data_args, args = parse_args(
+        ["--config", str(config), "--learning_rate", "1e-5", "--output_dir", str(tmp_path)]
+    )
+    assert (args.learning_rate, data_args.eval_file) == (1e-5, None)

@@ -16,7 +16,7 @@ from dataclasses import fields
 from transformers import HfArgumentParser
 
 from simcse_hn.configuration.arguments import DataArguments, ModelArguments
-from simcse_hn.configuration.command_line import configured_argv, one_line, unknown_arguments
+from simcse_hn.configuration.command_line import ConfiguredArgv, configured_argv, one_line, unknown_arguments
 from simcse_hn.configuration.data_format import declared_data
 from simcse_hn.configuration.help_format import DefaultsHelpFormatter
 from simcse_hn.configuration.objective import HELP_GROUPS as OBJECTIVE_HELP_GROUPS
@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     parser = build_parser()
     configured = configured_argv(argv, known, set(list_fields()))
     try:
+        _no_empty_values(parser, configured)
         _, extras = parser.parse_known_args(configured.argv)  # a misspelt flag first: it often explains the rest
         if extras:
             raise ConfigError(unknown_arguments(extras, known, parser.prog))
@@ -112,6 +113,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     except ImportError as e:  # a launch config for DeepSpeed without deepspeed installed
         raise ConfigError(f"deepspeed: {str(e).strip().splitlines()[0]} (pip install deepspeed)") from None
     return model_args, data_args, training_args
+
+
+def _no_empty_values(parser: HfArgumentParser, configured: ConfiguredArgv) -> None:
+    """A YAML key without a value (`learning_rate:` reads as null) where the flag's default is not None: a value
+    forgotten, which would silently leave the default. Null where the default is None is that default."""
+    for key, value in configured.config.items():
+        default = parser.get_default(key)
+        if value is None and default is not None and f"--{key}" not in configured.rest:
+            hint = f"give one, or leave the key out for the default {default!r}"
+            raise ConfigError(f"{key}: no value (YAML reads it as null); {hint}")
 
 
 def _named(message: str, known: set[str]) -> str:
