@@ -190,6 +190,11 @@ def test_a_report_to_whose_package_is_missing_and_a_name_no_file_or_dataset_has(
     assert train.main(train_args(tmp_path / "out", "--train_file", "wiki1m")) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: train_file: wiki1m is neither a file here nor a Hub dataset that loads (Connection")
+    assert err.count("\n") == 1
+    streamed = train_args(tmp_path / "out", "--train_file", "wiki1m", "--streaming", "true")  # read by another path
+    assert train.main(streamed) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: train_file: wiki1m is neither a file here nor a Hub dataset that loads (Connection")
     assert err.count("\n") == 1, err
 
 

@@ -30,8 +30,11 @@ def no_text_field(where: str, column: str, columns) -> DataError:
     pair = next((pair for pair in NAMED_PAIRS if set(pair) <= set(columns or ())), None)
     if pair is None:
         return DataError(f"{where}: no field {column!r} (set --text_column)")
-    return DataError(f"{where}: no field {column!r}, and its columns {list(columns)} are paired data ({pair[0]!r}, "
-                     f"{pair[1]!r}): train on them with --data_format pairs, read into memory (not with streaming)")
+    return DataError(
+        f"{where}: no field {column!r}, and its columns {list(columns)} are paired data ({pair[0]!r}, "
+        f"{pair[1]!r}): train on them with --data_format pairs, read into memory (not with streaming)"
+    )
+
 
 def short(value, limit: int = 40) -> str:
     text = repr(value)
@@ -225,10 +228,11 @@ def load_sentences(
 # --- streamed training sentences (datasets' streaming): memory stays flat whatever the corpus size ---
 
 
-def _open_stream(path: str, column: str, data_files: str | None, config_name: str | None, split: str):
+def _open_stream(path: str, column: str, data_files: str | None, config_name: str | None, split: str, field: str = ""):
     """-> (the raw records of `path` as a datasets.IterableDataset, "text" | "json" | "csv" | "hub"). Local files go
     through datasets' own text/json/csv readers in streaming mode; a Hub id through load_dataset(streaming=True).
-    What the reader rejects up front (a missing file, a JSON schema it cannot infer) is a DataError."""
+    What the reader rejects up front (a missing file, a JSON schema it cannot infer) is a DataError, naming `field`
+    when given (train_file: a name that is no file here was taken for a Hub id)."""
     import datasets  # a slow import: only where a Hub dataset or Arrow is used
 
     suffix = os.path.splitext(path)[1].lower()
@@ -251,14 +255,25 @@ def _open_stream(path: str, column: str, data_files: str | None, config_name: st
         return datasets.load_dataset(**{"split": "train", **source}, streaming=True), kind
     except Exception as e:  # network, missing repo or file, unreadable first block: all user-facing
         reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-        raise DataError(f"{path}: could not stream the corpus ({reason})") from None
+        if kind == "hub" and field == "train_file":
+            raise DataError(
+                f"train_file: {path} is neither a file here nor a Hub dataset that loads ({reason})"
+            ) from None
+        raise DataError(f"{field + ': ' if field else ''}{path}: could not stream the corpus ({reason})") from None
 
 
-def stream_columns(path: str, text_column: str = "text", data_files: str | None = None,
-                   config_name: str | None = None, split: str = "train") -> list[str] | None:  # fmt: skip
+def stream_columns(
+    path: str,
+    text_column: str = "text",
+    data_files: str | None = None,
+    config_name: str | None = None,
+    split: str = "train",
+    field: str = "",
+) -> list[str] | None:
     """The columns of a streamed corpus's first record (only that record is read): what decides its data format, as a
-    table's columns do in memory. None for a text file (one sentence per line)."""
-    raw, kind = _open_stream(path, text_column, data_files, config_name, split)
+    table's columns do in memory. None for a text file (one sentence per line). `field`: the flag that named `path`,
+    for the error."""
+    raw, kind = _open_stream(path, text_column, data_files, config_name, split, field)
     if kind == "text":
         return None
     try:
@@ -337,8 +352,13 @@ def load_sentence_stream(
         raise DataError(f"{path}: {found} sentences, fewer than one batch ({min_sentences} across processes)")
     if world_size > 1:
         by_file = stream.n_shards % world_size == 0
-        logger.info("%s: %d file(s) streamed by %d processes, split by %s", path, stream.n_shards, world_size,
-                    "file" if by_file else "sentence (every process reads the whole stream)")
+        logger.info(
+            "%s: %d file(s) streamed by %d processes, split by %s",
+            path,
+            stream.n_shards,
+            world_size,
+            "file" if by_file else "sentence (every process reads the whole stream)",
+        )
         stream = split_dataset_by_node(stream, rank=rank, world_size=world_size)
     stream = stream.repeat(None)
     if shuffle_buffer:
