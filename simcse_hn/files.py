@@ -201,8 +201,16 @@ def check_model_folder(name_or_path: str, field: str = "model_name_or_path") -> 
             if name.endswith(".safetensors") and (problem := safetensors_problem(os.path.join(name_or_path, name))):
                 raise ConfigError(f"{field}: {name_or_path}: {problem}")
     elif is_local_path(name_or_path):
-        raise ConfigError(f"{field}: no such model folder: {name_or_path}")
+        raise ConfigError(no_model_folder(name_or_path, field))
     check_builtin(name_or_path, field)
+
+
+def no_model_folder(path: str, field: str) -> str:
+    """The line for a local model path that is no folder: a file (a weights or config file given for its folder),
+    or nothing at all."""
+    if os.path.isfile(path):
+        return f"{field}: {path} is a file; give the model's folder (the one holding config.json)"
+    return f"{field}: no such model folder: {path}"
 
 
 def check_builtin(name: str, field: str) -> None:

@@ -117,6 +117,7 @@ def bad_runs(tmp_path) -> list[tuple[list[str], str | None]]:
         (["--model_name_or_path", "./nowhere"], "model_name_or_path: no such model folder: ./nowhere"),
         (["--model_name_or_path", "runs/a/b"], "model_name_or_path: no such model folder: runs/a/b"),
         (["--model_name_or_path", str(no_config)], f"model_name_or_path: {no_config} is not a model folder"),
+        (["--model_name_or_path", CORPUS], f"model_name_or_path: {CORPUS} is a file; give the model's folder"),
         (["--guide_model", "./nowhere"], "guide_model: no such model folder: ./nowhere"),
         (["--topic_batches", "true", "--topic_encoder", "./nowhere"], "topic_encoder: no such model folder"),
         (["--config", str(tmp_path / "none.yaml")], "config: file not found: "),
@@ -276,6 +277,7 @@ def test_what_sts_refuses_of_its_flags_it_refuses_early_and_in_the_run_alike(tmp
         (["--model", "builtin:tiny-bert", "--pooler", "avgg"], "--pooler: no pooler 'avgg' (did you mean 'avg'?)"),
         (["--model", "builtin:tiny-bert", "--baseline", "./none:avg"], "--baseline ./none:avg: './none' is neither"),
         (["--model", "builtin:tiny-brt"], "--model: builtin:tiny-brt is not a builtin model (did you mean builtin:ti"),
+        (["--model", CORPUS], f"--model: {CORPUS} is a file; give the model's folder (the one holding config.json)"),
     ]
     for argv, words in cases:
         argv = argv + ["--output", str(tmp_path / "out")]

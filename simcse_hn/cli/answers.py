@@ -24,7 +24,7 @@ from simcse_hn.configuration.arguments import DataArguments, ModelArguments
 from simcse_hn.configuration.command_line import TRAIN_SOURCE_REQUIRED, configured_argv, one_line, unknown_arguments
 from simcse_hn.data.sts import STS_DATA_HINT
 from simcse_hn.errors import ConfigError, DataError, UserError, did_you_mean
-from simcse_hn.files import PACKAGED_MODELS, check_builtin, check_model_folder, is_local_path
+from simcse_hn.files import PACKAGED_MODELS, check_builtin, check_model_folder, is_local_path, no_model_folder
 
 # train.py --help: the flags most runs set, by --help's groups; every other one is behind --help-all, --help FLAG
 # and docs/reference.md
@@ -239,7 +239,7 @@ def check_sts_flags(args: argparse.Namespace) -> None:
     read (cli.sts.run): a local --model or --baseline path that is not there, a --data_dir that is no folder, an
     unknown --pooler. DataError, one line."""
     if is_local_path(args.model) and not os.path.isdir(args.model):
-        raise DataError(f"--model: no such model folder: {args.model}")
+        raise DataError(no_model_folder(args.model, "--model"))
     check_builtin(args.model, "--model")
     for spec in args.baseline:
         head, _, tail = spec.rpartition(":")
