@@ -137,7 +137,7 @@ class RunBuilder:
                 data_args.train_data_files,
                 data_args.dataset_split,
                 data_args.dataset_config_name,
-                field="dataset_name" if data_args.dataset_name else "train_file",
+                field=data_args.train_source_field,
             )
         self.data = resolve_data(data_args, self.hub_dataset)
         resolve_run(data_args, args, self.data).check()

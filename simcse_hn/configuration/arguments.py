@@ -244,6 +244,11 @@ class DataArguments:
         return self.dataset_name or self.train_file
 
     @property
+    def train_source_field(self) -> str:
+        """The flag that names `train_source`, for its errors."""
+        return "dataset_name" if self.dataset_name else "train_file"
+
+    @property
     def column_flags(self) -> bool:
         """Whether any pair column flag is set (they mean paired data)."""
         return any(v is not None for v in (self.anchor_column, self.positive_column, self.negative_columns))

@@ -69,7 +69,7 @@ def resolve_data(data_args, dataset=None) -> ResolvedData:
     source = data_args.train_source
     hub = {"config_name": data_args.dataset_config_name, "split": data_args.dataset_split}
     if data_args.streaming:
-        field = "dataset_name" if data_args.dataset_name else "train_file"
+        field = data_args.train_source_field
         columns = stream_columns(source, data_args.text_column, data_args.train_data_files, **hub, field=field)
         where = f"{source}: record 1 has the columns {columns}"
     elif is_table(source):

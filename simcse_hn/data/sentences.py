@@ -156,12 +156,16 @@ def load_hub_dataset(
         config = {"name": config_name} if config_name else {}  # the dataset's configuration (subset)
         return datasets.load_dataset(name, data_files=data_files, split=split, **config)
     except Exception as e:  # network, missing repo, missing file: all user-facing
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-        if field == "train_file":
-            problem = f"train_file: {name} is neither a file here nor a Hub dataset that loads ({reason})"
-        else:
-            problem = f"{field + ': ' if field else ''}{name}: could not load dataset ({reason})"
-        raise DataError(problem) from None
+        raise _not_loaded(name, field, "could not load dataset", e, hub=True) from None
+
+
+def _not_loaded(name: str, field: str, failed: str, error: Exception, hub: bool) -> DataError:
+    """One line for a corpus `datasets` could not open: a train_file taken for a Hub id (`hub`) says it is neither;
+    anything else is `failed`, with the flag that named it when known."""
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    if hub and field == "train_file":
+        return DataError(f"train_file: {name} is neither a file here nor a Hub dataset that loads ({reason})")
+    return DataError(f"{field + ': ' if field else ''}{name}: {failed} ({reason})")
 
 
 def _read_hub_column(
@@ -254,12 +258,7 @@ def _open_stream(path: str, column: str, data_files: str | None, config_name: st
     try:
         return datasets.load_dataset(**{"split": "train", **source}, streaming=True), kind
     except Exception as e:  # network, missing repo or file, unreadable first block: all user-facing
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-        if kind == "hub" and field == "train_file":
-            raise DataError(
-                f"train_file: {path} is neither a file here nor a Hub dataset that loads ({reason})"
-            ) from None
-        raise DataError(f"{field + ': ' if field else ''}{path}: could not stream the corpus ({reason})") from None
+        raise _not_loaded(path, field, "could not stream the corpus", e, hub=kind == "hub") from None
 
 
 def stream_columns(
