@@ -188,3 +188,5 @@ def test_a_yaml_key_without_a_value_is_refused_where_its_default_is_not_none(tmp
         ["--config", str(config), "--learning_rate", "1e-5", "--output_dir", str(tmp_path)]
     )
     assert (args.learning_rate, data_args.eval_file) == (1e-5, None)
+    _, _, args = parse_args(["--config", str(config), "--learning_rate=2e-5", "--output_dir", str(tmp_path)])
+    assert args.learning_rate == 2e-5  # the flag's other spelling gives the value too

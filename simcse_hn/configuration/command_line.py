@@ -32,13 +32,23 @@ class ConfiguredArgv:
     path: str | None
     rest: list[str]
 
+    @property
+    def given(self) -> set[str]:
+        """The fields the command line sets (`--name value`, `--name=value`): the YAML's value of each is not read."""
+        return given_flags(self.rest)
+
     def located(self, error: ConfigError) -> ConfigError:
         """`error`, with the YAML file named when the field it names came from there and not from the command
         line."""
         name = str(error).split(":")[0]
-        if name in self.config and f"--{name}" not in self.rest:
+        if name in self.config and name not in self.given:
             return ConfigError(f"{error} (in {self.path})")
         return error
+
+
+def given_flags(rest: list[str]) -> set[str]:
+    """The names of the flags in a command line (`--name value` or `--name=value`)."""
+    return {item.split("=", 1)[0][2:] for item in rest if item.startswith("--")}
 
 
 def configured_argv(argv: list[str] | None, known: set[str], takes_lists: set[str]) -> ConfiguredArgv:
@@ -48,10 +58,10 @@ def configured_argv(argv: list[str] | None, known: set[str], takes_lists: set[st
     pre.add_argument("--config")
     known_args, rest = pre.parse_known_args(argv)
     config = load_yaml(known_args.config) if known_args.config else {}
+    given = given_flags(rest)
     for alternatives in ALTERNATIVE_FIELDS:  # a source given on the command line replaces the YAML's other one
-        if any(f"--{name}" in rest for name in alternatives):
-            config = {k: v for k, v in config.items() if k not in alternatives or f"--{k}" in rest}
-    given = {item.split("=", 1)[0][2:] for item in rest if item.startswith("--")}
+        if any(name in given for name in alternatives):
+            config = {k: v for k, v in config.items() if k not in alternatives or k in given}
     # a key the command line gives too is not read from the YAML: its value there, never used, cannot fail the run
     read = {key: value for key, value in config.items() if key not in given}
     yaml_argv = yaml_to_argv(read, known_args.config, known, takes_lists)

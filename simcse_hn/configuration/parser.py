@@ -120,7 +120,7 @@ def _no_empty_values(parser: HfArgumentParser, configured: ConfiguredArgv) -> No
     forgotten, which would silently leave the default. Null where the default is None is that default."""
     for key, value in configured.config.items():
         default = parser.get_default(key)
-        if value is None and default is not None and f"--{key}" not in configured.rest:
+        if value is None and default is not None and key not in configured.given:
             hint = f"give one, or leave the key out for the default {default!r}"
             raise ConfigError(f"{key}: no value (YAML reads it as null); {hint}")
 
